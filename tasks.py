@@ -1,0 +1,102 @@
+"""Invoke tasks: the commands a Spark owner types. Thin: the logic lives in the sparkspec package."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from invoke import Collection, Exit, task
+
+from sparkspec import ansible_run
+from sparkspec.errors import UserError
+from sparkspec.sim import Sim
+
+ROOT = Path(__file__).resolve().parent
+
+
+def _inventory(c, inventory: str | None) -> str:
+    return inventory or c.config.sparkspec.inventory
+
+
+def _fail(exc: UserError) -> Exit:
+    return Exit(f"sparkspec: error: {exc}", code=exc.exit_code)
+
+
+def _play(c, playbook: str, host: str, inventory: str | None, extra_vars: dict | None = None,
+          tags: str = "", skip_tags: str = "", check: bool = False) -> ansible_run.PlayResult:
+    inv = _inventory(c, inventory)
+    try:
+        result = ansible_run.run_playbook(playbook, inv, host, extra_vars=extra_vars,
+                                          tags=[t for t in tags.split(",") if t],
+                                          skip_tags=[t for t in skip_tags.split(",") if t], check=check)
+    except UserError as exc:
+        raise _fail(exc) from None
+    if result.rc != 0:
+        raise Exit(f"sparkspec: error: {ansible_run.failure_summary(result, host)}", code=2)
+    print(f"sparkspec: {playbook} on {host}: changed={result.changed.get(host, 0)}")
+    return result
+
+
+@task(help={"host": "inventory host to provision", "inventory": "inventory folder (default from invoke.yaml)",
+            "method": "override sparkspec_method for this run", "tags": "comma-separated phase tags to run",
+            "skip-tags": "phase tags to skip", "check": "dry run (Ansible check mode with diff)"})
+def provision(c, host, inventory=None, method=None, tags="", skip_tags="", check=False):
+    """Run the whole pipeline on a host: preflight, tools, checkpoints, vLLM, deploy, verify."""
+    extra = {"sparkspec_method": method} if method else None
+    _play(c, "provision.yml", host, inventory, extra, tags, skip_tags, check)
+
+
+@task(help={"rebuild": "rebuild the image even if one with the same recipe exists"})
+def sim_up(c, rebuild=False):
+    """Start the simulated Spark (builds its image once): systemd container, sshd on loopback."""
+    sim = Sim(ROOT)
+    try:
+        if rebuild:
+            sim.down()
+            sim.podman("rmi", "-f", sim.image, check=False)
+        state = sim.up()
+    except UserError as exc:
+        raise _fail(exc) from None
+    print(f"sim: {sim.container} {state} (image {sim.image}, ssh root@127.0.0.1 -p {sim.ssh_port})")
+
+
+@task
+def sim_down(c):
+    """Stop and remove the simulated Spark container (the cached image stays)."""
+    try:
+        print(f"sim: {Sim(ROOT).down()}")
+    except UserError as exc:
+        raise _fail(exc) from None
+
+
+@task(help={"command": "command to run instead of a shell"})
+def sim_ssh(c, command=""):
+    """Open a shell (or run a command) on the simulated Spark over SSH, as Ansible does."""
+    sim = Sim(ROOT)
+    c.run(" ".join(sim.ssh_argv(*([command] if command else []))), pty=not command, echo=False)
+
+
+@task(help={"fix": "let ansible-lint apply its fixes"})
+def lint(c, fix=False):
+    """ansible-lint (production profile) and yamllint over the whole project."""
+    bindir = Path(sys.executable).parent
+    c.run(f"{bindir}/yamllint -s .")
+    c.run(f"{bindir}/ansible-lint --profile production {'--fix' if fix else ''}".strip())
+
+
+@task(help={"k": "pytest -k expression", "x": "stop at the first failure"})
+def test(c, k="", x=False):
+    """Every test: lint, unit tests, then the simulated-Spark tests (podman, systemd, real vLLM)."""
+    lint(c)
+    bindir = Path(sys.executable).parent
+    args = (f" -k {k!r}" if k else "") + (" -x" if x else "")
+    c.run(f"{bindir}/pytest{args}", pty=False)
+
+
+sim = Collection("sim")
+sim.add_task(sim_up, "up")
+sim.add_task(sim_down, "down")
+sim.add_task(sim_ssh, "ssh")
+
+ns = Collection(provision, lint, test, sim)
+ns.configure({"sparkspec": {"inventory": "inventories/sim", "sim_host": "sim01"}})

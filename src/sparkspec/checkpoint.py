@@ -16,7 +16,7 @@ import math
 import os
 import re
 import shutil
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,8 @@ from typing import Any
 from sparkspec.ckpt_stream import (HASH_NAME, Piece, Progress, copy_file, fsync_dir, fsync_path, new_hash,
                                    write_pieces)
 from sparkspec.errors import UserError
-from sparkspec.safetensors_io import INDEX_NAME, Header, encode_header, read_header, read_index, write_index
+from sparkspec.safetensors_io import (INDEX_NAME, Header, TensorInfo, encode_header, read_header, read_index,
+                                      write_index)
 
 EXTRA_FILE = "model_extra_tensors.safetensors"
 MANIFEST_NAME = "sparkspec-manifest.json"
@@ -65,6 +66,9 @@ def _revision(directory: Path) -> str | None:
     real = directory.resolve()
     if real.parent.name == "snapshots":
         return real.name
+    marker = directory / ".sparkspec-revision"  # written by sparkspec fetch
+    if marker.is_file():
+        return marker.read_text().strip() or None
     try:
         from huggingface_hub._local_folder import read_download_metadata
 
@@ -107,38 +111,87 @@ def text_config(config: dict[str, Any]) -> dict[str, Any]:
     return inner if isinstance(inner, dict) else config
 
 
-def _fp8_source(int4_t: Any, int4_file: Path, fp8_w: Any, fp8_w_file: Path, scale: Any, scale_file: Path,
-                block: tuple[int, int]) -> None:
-    """Check that FP8 ``X.weight`` + scale can stand in for the INT4 module's tensors."""
-    if fp8_w.dtype != "F8_E4M3":
-        raise UserError(f"{fp8_w_file}: {fp8_w.name} has a weight_scale_inv but dtype {fp8_w.dtype}, "
-                        f"expected F8_E4M3; dtype mismatch between sources, check --fp8")
-    if int4_t.name.endswith(".weight") and int4_t.dtype not in ("BF16", "F16", "F32"):
-        raise UserError(f"{int4_file}: {int4_t.name} is {int4_t.dtype}, expected a 16/32-bit float to replace "
-                        f"with FP8 from {fp8_w_file}; dtype mismatch between sources, check --int4")
-    if int4_t.name.endswith(".qweight"):
-        rows, cols = int4_t.shape
-        want = (cols, rows * 8)
-    else:
-        want = int4_t.shape
-    if tuple(fp8_w.shape) != tuple(want):
-        raise UserError(f"{fp8_w_file}: {fp8_w.name} is {list(fp8_w.shape)} but {int4_file} has {int4_t.name} "
-                        f"{int4_t.dtype} {list(int4_t.shape)} (weight {list(want)}); shape mismatch between "
-                        "sources, check that --int4 and --fp8 are the same model")
-    want_scale = (math.ceil(want[0] / block[0]), math.ceil(want[1] / block[1]))
-    if scale.dtype not in ("BF16", "F32") or tuple(scale.shape) != want_scale:
-        raise UserError(f"{scale_file}: {scale.name} is {scale.dtype} {list(scale.shape)}, expected BF16 or "
-                        f"F32 {list(want_scale)} for block {list(block)}; re-fetch the FP8 source")
-
-
-def plan_assembly(int4: Path, fp8: Path, patterns: Iterable[str] = (), expect_fp8: int | None = None) -> Plan:
-    int4, fp8 = Path(int4), Path(fp8)
+def _compile(patterns: Iterable[str]) -> list[re.Pattern[str]]:
     regexes = []
     for pat in patterns:
         try:
             regexes.append(re.compile(pat))
         except re.error as exc:
             raise UserError(f"--fp8-pattern {pat!r}: not a valid regular expression ({exc}); fix it") from None
+    return regexes
+
+
+def fp8_candidates(int4_names: Iterable[str], fp8_names: Collection[str], patterns: Iterable[str] = ()
+                   ) -> list[str]:
+    """Modules X that may take FP8, from tensor names only (e.g. an index, before reading headers).
+
+    Default rule: the INT4 model shards keep ``X.weight`` (16-bit) and the FP8 checkpoint has ``X.weight``
+    and ``X.weight_scale_inv``. A ``--fp8-pattern`` (re.search on X) also admits INT4 ``X.qweight`` modules.
+    ``mtp.*`` is never a candidate (add-mtp's job). Fetch ``X.weight`` + ``X.weight_scale_inv`` for each.
+    """
+    regexes = _compile(patterns)
+    out = set()
+    for name in int4_names:
+        module = module_of(name)
+        if module is None or name.startswith("mtp."):
+            continue
+        if not (name.endswith(".weight") or (name.endswith(".qweight") and any(r.search(module)
+                                                                               for r in regexes))):
+            continue
+        if f"{module}.weight" in fp8_names and f"{module}.weight_scale_inv" in fp8_names:
+            out.add(module)
+    return sorted(out)
+
+
+def _label(side: str, name: str) -> str:
+    return f"{side} {name}"
+
+
+def fp8_selection(int4_tensors: Mapping[str, TensorInfo], fp8_tensors: Mapping[str, TensorInfo],
+                  patterns: Iterable[str] = (), block: Sequence[int] = (128, 128),
+                  source: Callable[[str, str], str] = _label) -> list[str]:
+    """The validated modules to take in FP8 (sorted): the candidates whose FP8 ``X.weight`` is F8_E4M3 of
+    the INT4 module's [out, in] with a BF16/F32 scale of [ceil(out/b0), ceil(in/b1)]; fused groups whole.
+
+    ``int4_tensors``: the INT4 model shards' tensors by name; ``fp8_tensors``: FP8 tensors by name (at least
+    each candidate's weight and scale). ``source(side, name)`` names the file holding a tensor ("int4" or
+    "fp8" side) in error messages. Raises UserError on a dtype or shape mismatch between the sources.
+    """
+    chosen = []
+    for module in fp8_candidates(int4_tensors, fp8_tensors, patterns):
+        t = int4_tensors.get(f"{module}.weight") or int4_tensors[f"{module}.qweight"]
+        w, scale = fp8_tensors[f"{module}.weight"], fp8_tensors[f"{module}.weight_scale_inv"]
+        if w.dtype != "F8_E4M3":
+            raise UserError(f"{source('fp8', w.name)}: {w.name} has a weight_scale_inv but dtype {w.dtype}, "
+                            "expected F8_E4M3; dtype mismatch between sources, check --fp8")
+        if t.name.endswith(".weight") and t.dtype not in ("BF16", "F16", "F32"):
+            raise UserError(f"{source('int4', t.name)}: {t.name} is {t.dtype}, expected a 16/32-bit float to "
+                            "replace with FP8; dtype mismatch between sources, check --int4")
+        want = (t.shape[1], t.shape[0] * 8) if t.name.endswith(".qweight") and len(t.shape) == 2 else t.shape
+        if tuple(w.shape) != tuple(want):
+            raise UserError(f"{source('fp8', w.name)}: {w.name} is {list(w.shape)} but "
+                            f"{source('int4', t.name)} has {t.name} {t.dtype} {list(t.shape)} (weight "
+                            f"{list(want)}); shape mismatch between sources, check --int4 and --fp8 are one model")
+        want_scale = tuple(math.ceil(d / b) for d, b in zip(want, block))
+        if scale.dtype not in ("BF16", "F32") or tuple(scale.shape) != want_scale:
+            raise UserError(f"{source('fp8', scale.name)}: {scale.name} is {scale.dtype} {list(scale.shape)}, "
+                            f"expected BF16 or F32 {list(want_scale)} for block {list(block)}; re-fetch it")
+        chosen.append(module)
+    int4_modules = {module_of(n) for n in int4_tensors}
+    for module in chosen:
+        parent, _, leaf = module.rpartition(".")
+        for group in FUSED_GROUPS:
+            missing = [f"{parent}.{o}" for o in sorted(group - {leaf}) if leaf in group
+                       and f"{parent}.{o}" in int4_modules and f"{parent}.{o}" not in chosen]
+            if missing:
+                raise UserError(f"{source('fp8', module + '.weight')}: {module} would be FP8 but {missing[0]} "
+                                "not; vLLM fuses them, so make --fp8-pattern cover the whole group or none")
+    return chosen
+
+
+def plan_assembly(int4: Path, fp8: Path, patterns: Iterable[str] = (), expect_fp8: int | None = None) -> Plan:
+    int4, fp8, patterns = Path(int4), Path(fp8), list(patterns)
+    _compile(patterns)
     index4 = read_index(int4)["weight_map"]
     shard_files = sorted({f for t, f in index4.items() if f != EXTRA_FILE and not t.startswith("mtp.")})
     if not shard_files:
@@ -149,50 +202,34 @@ def plan_assembly(int4: Path, fp8: Path, patterns: Iterable[str] = (), expect_fp
     fp8_config = _load_json(fp8 / "config.json")
     block = tuple((fp8_config.get("quantization_config") or {}).get("weight_block_size") or (128, 128))
     index8 = read_index(fp8)["weight_map"]
+    int4_tensors = {n: t for h in h4.values() for n, t in h.tensors.items() if not n.startswith("mtp.")}
+    int4_file = {n: f for f, h in h4.items() for n in h.tensors}
     h8: dict[str, Header] = {}
+    fp8_tensors: dict[str, TensorInfo] = {}
+    for module in fp8_candidates(int4_tensors, index8, patterns):
+        for name in (f"{module}.weight", f"{module}.weight_scale_inv"):
+            file = index8[name]
+            if file not in h8:
+                h8[file] = read_header(fp8 / file)
+            if name not in h8[file].tensors:
+                raise UserError(f"{fp8 / INDEX_NAME}: maps {name} to {file}, whose header has no such tensor; "
+                                "re-fetch the FP8 source")
+            fp8_tensors[name] = h8[file].tensors[name]
 
-    def fp8_info(name: str) -> tuple[Any, Path]:
-        file = index8[name]
-        if file not in h8:
-            h8[file] = read_header(fp8 / file)
-        if name not in h8[file].tensors:
-            raise UserError(f"{fp8 / INDEX_NAME}: maps {name} to {file}, whose header has no such tensor; "
-                            "re-fetch the FP8 source")
-        return h8[file].tensors[name], fp8 / file
+    def where(side: str, name: str) -> str:
+        return str(int4 / int4_file[name]) if side == "int4" else str(fp8 / index8[name])
 
-    # Which modules take FP8: default rule (INT4 keeps X.weight 16-bit) or a user pattern.
-    replaced: dict[str, tuple[Piece, Piece]] = {}
-    int4_modules: dict[str, set[str]] = {}
-    for file, header in h4.items():
-        for name, t in header.tensors.items():
-            module = module_of(name)
-            if module is None or name.startswith("mtp."):
-                continue
-            int4_modules.setdefault(module, set()).add(name)
-            by_pattern = name.endswith(".qweight") and any(r.search(module) for r in regexes)
-            if not (name.endswith(".weight") or by_pattern):
-                continue
-            if f"{module}.weight" not in index8 or f"{module}.weight_scale_inv" not in index8:
-                continue
-            w, w_file = fp8_info(f"{module}.weight")
-            s, s_file = fp8_info(f"{module}.weight_scale_inv")
-            _fp8_source(t, int4 / file, w, w_file, s, s_file, block)  # type: ignore[arg-type]
-            replaced[module] = (Piece(w.name, w.dtype, w.shape, w_file, h8[w_file.name].data_start + w.begin,
-                                      w.nbytes),
-                                Piece(s.name, s.dtype, s.shape, s_file, h8[s_file.name].data_start + s.begin,
-                                      s.nbytes))
-    if not replaced:
+    modules = fp8_selection(int4_tensors, fp8_tensors, patterns, block, where)
+    if not modules:
         raise UserError(f"{fp8}: no tensor of {int4} has an F8_E4M3 X.weight with X.weight_scale_inv there; "
                         "check that --fp8 is the FP8 checkpoint of the same model (or widen with --fp8-pattern)")
-    for module in replaced:
-        parent, _, leaf = module.rpartition(".")
-        for group in FUSED_GROUPS:
-            if leaf in group:
-                missing = [f"{parent}.{o}" for o in sorted(group - {leaf})
-                           if f"{parent}.{o}" in int4_modules and f"{parent}.{o}" not in replaced]
-                if missing:
-                    raise UserError(f"{fp8}: {module} would be FP8 but {missing[0]} not; vLLM fuses them, so "
-                                    "widen or narrow --fp8-pattern to cover the whole group")
+    replaced: dict[str, tuple[Piece, Piece]] = {}
+    for module in modules:
+        pair = []
+        for name in (f"{module}.weight", f"{module}.weight_scale_inv"):
+            t, file = fp8_tensors[name], index8[name]
+            pair.append(Piece(name, t.dtype, t.shape, fp8 / file, h8[file].data_start + t.begin, t.nbytes))
+        replaced[module] = (pair[0], pair[1])
 
     shards: dict[str, list[Piece]] = {}
     for file, header in h4.items():
@@ -214,7 +251,7 @@ def plan_assembly(int4: Path, fp8: Path, patterns: Iterable[str] = (), expect_fp
     tc = text_config(config)
     if expect_fp8 is None and tc.get("shared_expert_intermediate_size") and tc.get("num_hidden_layers"):
         expect_fp8 = 3 * int(tc["num_hidden_layers"])
-    fp8_modules = sorted(replaced)
+    fp8_modules = modules
     scale_dtypes = sorted({replaced[m][1].dtype for m in fp8_modules})
     out_config = dict(config)
     out_config[CONFIG_KEY] = {"fp8_layers": fp8_modules, "fp8_weight_block_size": list(block),

@@ -127,7 +127,8 @@ class ServerStats:
 
 @dataclass
 class Cut:
-    """Fault for tests of interrupted transfers: close the connection after ``after`` body bytes."""
+    """Fault for tests of interrupted transfers: the next ``times`` responses for a path that reach ``after``
+    body bytes are cut there (connection closed mid-body)."""
 
     path_suffix: str
     after: int
@@ -244,7 +245,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _stream(self, path: Path, key: str, start: int, end: int) -> None:
         hub = self.server.hub
-        limit = hub.take_cut(key)
+        cut = hub.find_cut(key)
+        limit = cut.after if cut is not None else None
         sent = 0
         with open(path, "rb") as fh:
             fh.seek(start)
@@ -263,7 +265,8 @@ class _Handler(BaseHTTPRequestHandler):
                 with hub.stats.lock:
                     hub.stats.file_bytes[key] += len(chunk)
                     hub.stats.body_bytes += len(chunk)
-                if limit is not None and sent >= limit:
+                if cut is not None and limit is not None and sent >= limit:
+                    hub.spend_cut(cut)
                     self.wfile.flush()
                     self.connection.shutdown(socket.SHUT_RDWR)
                     self.close_connection = True
@@ -316,9 +319,12 @@ class HubServer:
     def serve_forever(self) -> None:
         self._httpd.serve_forever()
 
+    def close(self) -> None:
+        self._httpd.server_close()
+
     def stop(self) -> None:
         self._httpd.shutdown()
-        self._httpd.server_close()
+        self.close()
         if self._thread is not None:
             self._thread.join()
 
@@ -332,13 +338,13 @@ class HubServer:
         with self.stats.lock:
             self.cuts.append(Cut(path_suffix, after, times))
 
-    def take_cut(self, key: str) -> int | None:
+    def find_cut(self, key: str) -> Cut | None:
         with self.stats.lock:
-            for cut in self.cuts:
-                if cut.times > 0 and key.endswith(cut.path_suffix):
-                    cut.times -= 1
-                    return cut.after
-        return None
+            return next((c for c in self.cuts if c.times > 0 and key.endswith(c.path_suffix)), None)
+
+    def spend_cut(self, cut: Cut) -> None:
+        with self.stats.lock:
+            cut.times -= 1
 
     def check_token(self, authorization: str | None) -> None:
         if not self.tokens:

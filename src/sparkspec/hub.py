@@ -1,0 +1,496 @@
+"""Fetch checkpoints with pinned revisions: whole repos (snapshot_download) and the FP8 subset that
+``checkpoint assemble`` needs, read as HTTP byte ranges.
+
+A :class:`Source` is a hub repo (huggingface.co, or the mirror in ``HF_ENDPOINT`` / ``endpoint``) or, for
+air-gapped sites, a local directory holding the same files (``local_path``). The token comes from the caller
+(a token file written from Ansible Vault) or from huggingface_hub's own lookup (``HF_TOKEN``); it is never
+printed. Every transfer writes ``NAME.part`` and renames it when complete, so a re-run after an interruption
+skips finished files. ``.sparkspec-fetch/fetch.json`` in the destination records what was fetched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx2
+from huggingface_hub import HfApi, hf_hub_download, hf_hub_url, snapshot_download
+from huggingface_hub._local_folder import read_download_metadata
+from huggingface_hub.errors import (
+    GatedRepoError,
+    HfHubHTTPError,
+    LocalEntryNotFoundError,
+    RemoteEntryNotFoundError,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
+from huggingface_hub.hf_api import RepoFile
+from huggingface_hub.utils import build_hf_headers, filter_repo_objects, hf_raise_for_status, http_stream_backoff
+from huggingface_hub.utils import tqdm as hf_tqdm
+
+from sparkspec.checkpoint import plan_assembly
+from sparkspec.ckpt_stream import Piece
+from sparkspec.errors import UserError
+from sparkspec.hubserver import COMMIT_RE, REVISION_FILE, listed
+from sparkspec.safetensors_io import INDEX_NAME, Header, encode_header, parse_header, read_index, write_index
+
+STATE_DIR = ".sparkspec-fetch"
+CHUNK = 1 << 20
+TOKEN_HINT = "set HF_TOKEN or sparkspec_hf_token in the vault"
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Source:
+    repo: str
+    revision: str = "main"
+    endpoint: str | None = None  # None: HF_ENDPOINT, else huggingface.co
+    token: str | None = None  # None: huggingface_hub's lookup (HF_TOKEN)
+    local_path: str | None = None  # air-gapped: a directory with the repo's files
+    retries: int = 5
+
+    @property
+    def label(self) -> str:
+        return self.local_path or f"{self.repo}@{self.revision}"
+
+
+@dataclass
+class Plan:
+    commit: str
+    files: dict[str, int]  # path -> size, after allow_patterns
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.files.values())
+
+
+@dataclass
+class FetchResult:
+    repo: str
+    commit: str
+    dest: str
+    mode: str
+    changed: bool
+    files: list[str] = field(default_factory=list)
+    bytes_fetched: int = 0  # every body byte transferred in this run
+    tensor_bytes_fetched: int = 0  # tensor data transferred in this run (headers excluded)
+    tensor_bytes_used: int = 0  # tensor data the local checkpoint holds for assemble
+    header_bytes: int = 0
+    tensors: int = 0
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def read_token_file(path: str | os.PathLike[str]) -> str:
+    try:
+        token = Path(path).read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read the HF token file ({exc.strerror}); {TOKEN_HINT}") from None
+    if not token:
+        raise UserError(f"{path}: the HF token file is empty; {TOKEN_HINT}")
+    return token
+
+
+@contextlib.contextmanager
+def hub_errors(source: Source, path: str | None = None) -> Iterator[None]:
+    """Turn huggingface_hub / network failures into one-line UserErrors naming repo, revision and file."""
+    where = f"{source.repo}@{source.revision}" + (f": {path}" if path else "")
+    try:
+        yield
+    except RevisionNotFoundError:
+        raise UserError(f"{source.repo}: revision {source.revision} not found (404); pin an existing "
+                        "revision") from None
+    except RemoteEntryNotFoundError:
+        raise UserError(f"{where}: file not found in the repo (404); check the file name and "
+                        "revision") from None
+    except (RepositoryNotFoundError, GatedRepoError, HfHubHTTPError) as exc:
+        status = exc.response.status_code if exc.response is not None else None
+        if status in (401, 403):
+            raise UserError(f"{where}: HF token rejected ({status}); {TOKEN_HINT}") from None
+        if status == 404:
+            raise UserError(f"{source.repo}: repository not found (404); check the repo id and "
+                            "HF_ENDPOINT") from None
+        raise UserError(f"{where}: hub answered HTTP {status}; retry later or check HF_ENDPOINT") from None
+    except (httpx2.TransportError, LocalEntryNotFoundError) as exc:
+        raise UserError(f"{where}: transfer failed ({exc.__class__.__name__}); check the network or "
+                        "HF_ENDPOINT, then re-run to resume") from None
+
+
+class Reader:
+    """A source resolved to one commit: its file sizes and byte-range reads (hub or local directory)."""
+
+    def __init__(self, source: Source) -> None:
+        self.source = source
+        self.endpoint = source.endpoint or os.environ.get("HF_ENDPOINT") or None
+        if source.local_path:
+            root = Path(source.local_path)
+            if not root.is_dir():
+                raise UserError(f"{root}: local_path is not a directory; point it at a copy of the repo")
+            self.files = {p.relative_to(root).as_posix(): p.stat().st_size
+                          for p in sorted(root.rglob("*")) if p.is_file() and listed(p.relative_to(root).as_posix())}
+            marker = root / REVISION_FILE
+            self.commit = (marker.read_text().strip() if marker.is_file()
+                           else root.name if COMMIT_RE.fullmatch(root.name) else "local")
+            return
+        api = HfApi(endpoint=self.endpoint, token=source.token)
+        with hub_errors(source):
+            info = api.repo_info(source.repo, revision=source.revision)
+            assert info.sha is not None
+            self.commit = info.sha
+            self.files = {f.path: f.size for f in api.list_repo_tree(source.repo, recursive=True,
+                                                                       revision=self.commit)
+                          if isinstance(f, RepoFile)}
+
+    def size(self, path: str) -> int:
+        if path not in self.files:
+            raise UserError(f"{self.source.label}: {path} not found (404); check the repo and revision")
+        return self.files[path]
+
+    def chunks(self, path: str, start: int, end: int) -> Iterator[bytes]:
+        """Bytes [start, end) of ``path``, streamed."""
+        if self.source.local_path:
+            with open(Path(self.source.local_path) / path, "rb") as fh:
+                fh.seek(start)
+                while start < end and (chunk := fh.read(min(CHUNK, end - start))):
+                    start += len(chunk)
+                    yield chunk
+            return
+        url = hf_hub_url(self.source.repo, path, revision=self.commit, endpoint=self.endpoint)
+        failures = 0
+        with hub_errors(self.source, path):
+            while start < end:
+                headers = build_hf_headers(token=self.source.token)
+                headers.update({"Range": f"bytes={start}-{end - 1}", "Accept-Encoding": "identity"})
+                try:
+                    # status retries (429/5xx) inside; a body cut mid-way resumes below from the next byte
+                    with http_stream_backoff("GET", url, headers=headers, max_retries=self.source.retries,
+                                             retry_on_exceptions=()) as response:
+                        hf_raise_for_status(response)
+                        if response.status_code != 206 and (start, end) != (0, self.size(path)):
+                            raise UserError(f"{url}: the server ignored the Range header (HTTP "
+                                            f"{response.status_code}); use --mode full with this mirror")
+                        for chunk in response.iter_bytes(CHUNK):
+                            start += len(chunk)
+                            failures = 0
+                            yield chunk
+                except httpx2.TransportError as exc:
+                    failures += 1
+                    if failures > self.source.retries:
+                        raise
+                    logger.warning("%s: %s; resuming at byte %d", path, exc.__class__.__name__, start)
+                    time.sleep(min(2.0 ** (failures - 1), 8.0))
+
+    def read(self, path: str, start: int, length: int) -> bytes:
+        return b"".join(self.chunks(path, start, start + length))
+
+
+def plan(source: Source, allow_patterns: Sequence[str] | None = None) -> Plan:
+    """The commit a revision resolves to and the sizes of the files a fetch would bring (disk preflight)."""
+    reader = Reader(source)
+    names = filter_repo_objects(list(reader.files), allow_patterns=allow_patterns)
+    return Plan(reader.commit, {name: reader.files[name] for name in names})
+
+
+def preflight(dest: Path, needed: int) -> None:
+    probe = dest
+    while not probe.exists():
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    if needed > free:
+        raise UserError(f"{dest}: needs {_gib(needed)} free for the download but {probe} has {_gib(free)}; "
+                        "free space or choose another destination")
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.2f} GiB"
+
+
+# --- resumable state ----------------------------------------------------------------------------------
+def _state(dest: Path) -> dict[str, Any]:
+    try:
+        return json.loads((dest / STATE_DIR / "fetch.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _save_state(dest: Path, doc: dict[str, Any]) -> None:
+    path = dest / STATE_DIR / "fetch.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def _begin(dest: Path, key: str, sizes: dict[str, int], doc: dict[str, Any]) -> dict[str, int]:
+    """Record a fetch as started; return the files still to transfer. Files are renamed into place only when
+    complete, so one of the right size left by an earlier run of the same ``key`` is done; files from a run
+    with another key (commit, mode, selection) are removed first."""
+    state = _state(dest)
+    if state.get("key") != key:
+        for rel in sizes:
+            with contextlib.suppress(FileNotFoundError):
+                (dest / rel).unlink()
+    _save_state(dest, {**doc, "key": key, "complete": False})
+    return {rel: size for rel, size in sizes.items()
+            if not ((dest / rel).is_file() and (dest / rel).stat().st_size == size)}
+
+
+def _write_file(dest: Path, rel: str, parts: Iterable[bytes]) -> int:
+    """Write ``rel`` from ``parts`` through ``rel.part`` + fsync + rename; return bytes written."""
+    target = dest / rel
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(target.name + ".part")
+    written = 0
+    try:
+        with open(tmp, "wb") as fh:
+            for part in parts:
+                fh.write(part)
+                written += len(part)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except OSError as exc:
+        raise UserError(f"{tmp}: cannot write ({exc.strerror}); free space or fix permissions, then re-run "
+                        "to resume") from None
+    os.replace(tmp, target)
+    return written
+
+
+def _counted(chunks: Iterable[bytes], tally: list[int], bar: Any) -> Iterator[bytes]:
+    for chunk in chunks:
+        tally[0] += len(chunk)
+        bar.update(len(chunk))
+        yield chunk
+
+
+# --- whole repos ----------------------------------------------------------------------------------------
+def fetch_repo(repo: str, revision: str, dest: str | os.PathLike[str],
+               allow_patterns: Sequence[str] | None = None, token: str | None = None,
+               endpoint: str | None = None, local_path: str | None = None, max_workers: int = 8) -> FetchResult:
+    """Download (or copy from ``local_path``) the repo's files at the pinned revision into ``dest``."""
+    source = Source(repo, revision, endpoint, token, local_path)
+    out = Path(dest)
+    reader = Reader(source)
+    files = {rel: reader.files[rel] for rel in filter_repo_objects(list(reader.files), allow_patterns=allow_patterns)}
+    out.mkdir(parents=True, exist_ok=True)
+    doc = {"repo": repo, "revision": revision, "commit": reader.commit, "mode": "repo"}
+    todo = _begin(out, f"{reader.commit}:repo", files, doc) if local_path else {
+        rel: size for rel, size in files.items() if not _hub_complete(out, rel, size, reader.commit)}
+    preflight(out, sum(todo.values()))
+    if local_path:
+        for rel in todo:
+            _fetch_whole(reader, rel, out)
+    elif todo:
+        with hub_errors(source):
+            snapshot_download(repo, revision=reader.commit, local_dir=out, allow_patterns=list(todo),
+                              token=token, endpoint=reader.endpoint, max_workers=max_workers)
+    _save_state(out, {**doc, "key": f"{reader.commit}:repo", "complete": True, "files": files})
+    return FetchResult(repo, reader.commit, str(out), "repo", bool(todo), sorted(files),
+                       bytes_fetched=sum(todo.values()))
+
+
+def _hub_complete(dest: Path, rel: str, size: int, commit: str) -> bool:
+    """huggingface_hub's own record of a finished local-dir download of this commit."""
+    target = dest / rel
+    if not (target.is_file() and target.stat().st_size == size):
+        return False
+    meta = read_download_metadata(dest, rel)
+    return meta is not None and meta.commit_hash == commit
+
+
+def _copy_local(src: Path, target: Path) -> None:
+    """Hard-link when on the same filesystem (no bytes duplicated), else copy via ``.part`` + rename."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(target.name + ".part")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    try:
+        os.link(src, tmp)
+    except OSError:
+        try:
+            shutil.copyfile(src, tmp)
+        except OSError as exc:
+            raise UserError(f"{target}: cannot copy from {src} ({exc.strerror}); free space or fix "
+                            "permissions") from None
+    os.replace(tmp, target)
+
+
+# --- the FP8 subset ----------------------------------------------------------------------------------------
+@dataclass
+class _Shard:
+    name: str
+    header: Header
+    pieces: list[Piece]  # selected tensors, in source order
+
+    def prefix(self) -> bytes:
+        return encode_header([(p.name, p.dtype, p.shape, p.nbytes) for p in self.pieces], self.header.metadata)[0]
+
+    def ranges(self) -> list[tuple[int, int]]:
+        """Absolute byte ranges of the selected tensors, adjacent ones merged."""
+        merged: list[tuple[int, int]] = []
+        for p in self.pieces:
+            if merged and merged[-1][1] == p.offset:
+                merged[-1] = (merged[-1][0], p.offset + p.nbytes)
+            else:
+                merged.append((p.offset, p.offset + p.nbytes))
+        return merged
+
+
+def _cached(reader: Reader, cache: Path, rel: str, fetch: Callable[[Callable[[int, int], bytes]], Any],
+            tally: list[int]) -> tuple[Any, bytes]:
+    """Run ``fetch(read)`` over ``rel``'s leading bytes, kept per commit in ``cache`` so that a re-run of the
+    same commit transfers nothing; returns its result and the bytes it read."""
+    path = cache / rel
+    if path.is_file():
+        raw = path.read_bytes()
+        return fetch(lambda offset, length: raw[offset: offset + length]), raw
+    got = bytearray()
+
+    def read(offset: int, length: int) -> bytes:
+        data = reader.read(rel, offset, length)
+        got.extend(data)
+        tally[0] += len(data)
+        return data
+
+    result = fetch(read)
+    _write_file(cache, rel, [bytes(got)])
+    return result, bytes(got)
+
+
+def _header_view(reader: Reader, view: Path, cache: Path, config: Path, tally: list[int]) -> dict[str, Header]:
+    """A stand-in FP8 directory for assemble's planner: the real index and config.json, and each shard as a
+    sparse file with its real header at its real size (the data region is a hole and is never fetched)."""
+    if view.exists():
+        shutil.rmtree(view)
+    view.mkdir(parents=True)
+    _, index_bytes = _cached(reader, cache, INDEX_NAME, lambda read: read(0, reader.size(INDEX_NAME)), tally)
+    (view / INDEX_NAME).write_bytes(index_bytes)
+    shutil.copyfile(config, view / "config.json")
+    headers: dict[str, Header] = {}
+    for shard in sorted(set(read_index(view)["weight_map"].values())):
+        size = reader.size(shard)
+        headers[shard], raw = _cached(
+            reader, cache, shard, lambda read: parse_header(read, size, f"{reader.source.label}: {shard}"), tally)
+        with open(view / shard, "wb") as fh:
+            fh.write(raw)
+            fh.truncate(size)
+        if os.stat(view / shard).st_blocks * 512 > len(raw) + (4 << 20):
+            raise UserError(f"{view}: this filesystem does not keep sparse files; use --mode full or another "
+                            "--dest")
+    return headers
+
+
+def _have(reader: Reader, dest: Path, rel: str) -> bool:
+    size = reader.size(rel)
+    if reader.source.local_path:
+        return (dest / rel).is_file() and (dest / rel).stat().st_size == size
+    return _hub_complete(dest, rel, size, reader.commit)
+
+
+def _fetch_whole(reader: Reader, rel: str, dest: Path) -> int:
+    """One whole file into ``dest``: hf_hub_download (resumable, records the commit) or a local copy/link."""
+    if reader.source.local_path:
+        _copy_local(Path(reader.source.local_path) / rel, dest / rel)
+    else:
+        with hub_errors(reader.source, rel):
+            hf_hub_download(reader.source.repo, rel, revision=reader.commit, local_dir=dest,
+                            endpoint=reader.endpoint, token=reader.source.token)
+    return reader.size(rel)
+
+
+def fetch_fp8_subset(repo: str, revision: str, int4_dir: str | os.PathLike[str], dest: str | os.PathLike[str],
+                     patterns: Sequence[str] = (), token: str | None = None, endpoint: str | None = None,
+                     local_path: str | None = None, mode: str = "ranges", retries: int = 5) -> FetchResult:
+    """Build in ``dest`` a small FP8 source checkpoint holding only the tensors ``checkpoint assemble`` takes
+    from the FP8 repo, plus its config and other non-weight files. The selection is assemble's own planner
+    (``plan_assembly``) run on a header-only view of the remote shards. ``mode="ranges"`` fetches only those
+    tensors' byte ranges; ``mode="full"`` downloads the whole shards that hold them."""
+    if mode not in ("ranges", "full"):
+        raise UserError(f"--mode {mode}: unknown; use ranges or full")
+    source = Source(repo, revision, endpoint, token, local_path, retries)
+    out, int4 = Path(dest), Path(int4_dir)
+    reader = Reader(source)
+    read_index(int4)  # fail early, naming the INT4 index, before any transfer
+    tally = [0]  # body bytes transferred outside the tensor data
+    out.mkdir(parents=True, exist_ok=True)
+    side = sorted(rel for rel in reader.files if not rel.endswith(".safetensors") and rel != INDEX_NAME)
+    if "config.json" not in side:
+        raise UserError(f"{source.label}: config.json not found (404); check the repo and revision")
+    preflight(out, sum(reader.files[rel] for rel in side))
+    for rel in side:
+        if not _have(reader, out, rel):
+            tally[0] += _fetch_whole(reader, rel, out)
+    view, cache = out / STATE_DIR / "view", out / STATE_DIR / "headers" / reader.commit
+    for old in (out / STATE_DIR / "headers").glob("*"):
+        if old != cache:
+            shutil.rmtree(old)
+    try:
+        headers = _header_view(reader, view, cache, out / "config.json", tally)
+        plan = plan_assembly(int4, view, patterns)
+    finally:
+        shutil.rmtree(view, ignore_errors=True)
+    picked: dict[str, list[Piece]] = {}
+    for pieces in plan.shards.values():
+        for piece in pieces:
+            if piece.src.parent == view:
+                picked.setdefault(piece.src.name, []).append(piece)
+    shards = [_Shard(name, headers[name], sorted(pieces, key=lambda p: p.offset))
+              for name, pieces in sorted(picked.items())]
+    used = sum(p.nbytes for s in shards for p in s.pieces)
+    names = sorted(p.name for s in shards for p in s.pieces)
+    if mode == "full":
+        sizes = {s.name: s.header.file_size for s in shards}
+        weight_map = {t: s.name for s in shards for t in s.header.tensors}
+        total_size = sum(s.header.data_size for s in shards)
+    else:
+        sizes = {s.name: len(s.prefix()) + sum(p.nbytes for p in s.pieces) for s in shards}
+        weight_map = {p.name: s.name for s in shards for p in s.pieces}
+        total_size = used
+    key = f"{reader.commit}:{mode}:" + hashlib.sha256("\n".join(names).encode()).hexdigest()
+    todo = _begin(out, key, sizes, {"repo": repo, "revision": revision, "commit": reader.commit, "mode": mode})
+    for stale in out.glob("*.safetensors"):
+        if stale.name not in sizes:
+            stale.unlink()
+    preflight(out, sum(todo.values()))
+    fetched = [0]
+    to_fetch = sum(sizes[s.name] if mode == "full" else sum(p.nbytes for p in s.pieces)
+                   for s in shards if s.name in todo)
+    with hf_tqdm(total=to_fetch, unit="B", unit_scale=True, desc=f"FP8 tensors of {repo}") as bar:
+        for shard in (s for s in shards if s.name in todo):
+            if mode == "full":
+                body = reader.chunks(shard.name, 0, sizes[shard.name])
+                _write_file(out, shard.name, _counted(body, fetched, bar))
+            else:
+                body = (chunk for start, end in shard.ranges() for chunk in reader.chunks(shard.name, start, end))
+                _write_file(out, shard.name, _prefixed(shard.prefix(), _counted(body, fetched, bar)))
+    index_changed = _write_index_if_changed(out, weight_map, total_size)
+    _save_state(out, {"key": key, "repo": repo, "revision": revision, "commit": reader.commit, "mode": mode,
+                      "complete": True, "endpoint": None if local_path else reader.endpoint,
+                      "local_path": local_path, "files": sizes, "tensors": names})
+    header_bytes = sum(h.data_start for h in headers.values())
+    return FetchResult(repo, reader.commit, str(out), mode, bool(todo) or index_changed, sorted(sizes),
+                       bytes_fetched=tally[0] + fetched[0], tensor_bytes_fetched=fetched[0],
+                       tensor_bytes_used=used, header_bytes=header_bytes, tensors=len(names))
+
+
+def _prefixed(prefix: bytes, body: Iterable[bytes]) -> Iterator[bytes]:
+    yield prefix
+    yield from body
+
+
+def _write_index_if_changed(out: Path, weight_map: dict[str, str], total_size: int) -> bool:
+    if (out / INDEX_NAME).is_file():
+        current = read_index(out)
+        if current["weight_map"] == weight_map and current.get("metadata", {}).get("total_size") == total_size:
+            return False
+    write_index(out, weight_map, total_size)
+    return True

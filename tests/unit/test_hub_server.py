@@ -1,0 +1,140 @@
+"""The local HF-compatible endpoint, exercised through huggingface_hub 2.4 and raw HTTP on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import httpx2
+import pytest
+from huggingface_hub import HfApi, HfFileSystem, hf_hub_download, snapshot_download
+from huggingface_hub.errors import RemoteEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
+
+from sparkspec.cli import main
+from sparkspec.hubserver import REVISION_FILE, HubServer, publish
+
+
+@pytest.fixture()
+def repo_dir(tmp_path: Path) -> Path:
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    (src / "model.safetensors").write_bytes(os.urandom(300_000))
+    (src / "config.json").write_text('{"model_type": "tiny"}\n')
+    (src / "sub" / "notes.txt").write_text("hello\n")
+    return src
+
+
+@pytest.fixture()
+def served(tmp_path: Path, repo_dir: Path):
+    root = tmp_path / "root"
+    changed, revision, _ = publish(root, "org/tiny", repo_dir)
+    assert changed
+    with HubServer(root) as server:
+        yield server, revision
+
+
+def test_publish_sets_revision_and_is_idempotent(tmp_path: Path, repo_dir: Path) -> None:
+    root = tmp_path / "root"
+    changed, rev1, files = publish(root, "org/tiny", repo_dir)
+    assert changed and len(rev1) == 40
+    assert (root / "org" / "tiny" / REVISION_FILE).read_text().strip() == rev1
+    assert sorted(files) == ["config.json", "model.safetensors", "sub/notes.txt"]
+    assert publish(root, "org/tiny", repo_dir)[:2] == (False, rev1)
+    (repo_dir / "config.json").write_text('{"model_type": "tiny2"}\n')
+    changed, rev2, _ = publish(root, "org/tiny", repo_dir)
+    assert changed and rev2 != rev1
+    assert (root / "org" / "tiny" / "config.json").read_text() == '{"model_type": "tiny2"}\n'
+
+
+def test_snapshot_pinned_revision_and_api(served, repo_dir: Path, tmp_path: Path) -> None:
+    server, revision = served
+    api = HfApi(endpoint=server.url)
+    info = api.model_info("org/tiny", files_metadata=True)
+    assert info.sha == revision
+    sizes = {s.rfilename: s.size for s in info.siblings}
+    assert sizes == {"config.json": 23, "model.safetensors": 300_000, "sub/notes.txt": 6}
+    tree = {f.path for f in api.list_repo_tree("org/tiny", revision=revision)}
+    assert tree == {"config.json", "model.safetensors", "sub"}
+    assert [p.path for p in api.get_paths_info("org/tiny", ["sub/notes.txt", "missing"], revision=revision)] \
+        == ["sub/notes.txt"]
+
+    dest = tmp_path / "dest"
+    snapshot_download("org/tiny", revision=revision, local_dir=dest, endpoint=server.url)
+    for rel in ("config.json", "model.safetensors", "sub/notes.txt"):
+        assert (dest / rel).read_bytes() == (repo_dir / rel).read_bytes()
+    served_bytes = server.stats.file_bytes["org/tiny/model.safetensors"]
+    assert served_bytes == 300_000
+    server.stats.reset()
+    snapshot_download("org/tiny", revision=revision, local_dir=dest, endpoint=server.url)
+    assert server.stats.file_bytes["org/tiny/model.safetensors"] == 0  # complete files are not fetched again
+
+
+def test_range_reads_count_only_the_range(served, repo_dir: Path) -> None:
+    server, revision = served
+    url = f"{server.url}/org/tiny/resolve/{revision}/model.safetensors"
+    r = httpx2.get(url, headers={"Range": "bytes=1000-1999"})
+    assert r.status_code == 206
+    assert r.headers["Content-Range"] == "bytes 1000-1999/300000"
+    assert r.content == (repo_dir / "model.safetensors").read_bytes()[1000:2000]
+    assert r.headers["X-Repo-Commit"] == revision
+    assert server.stats.file_bytes["org/tiny/model.safetensors"] == 1000
+    assert httpx2.get(url, headers={"Range": "bytes=300000-"}).status_code == 416
+    head = httpx2.head(url)
+    assert head.status_code == 200 and head.headers["Content-Length"] == "300000" and head.headers["ETag"]
+
+    fs = HfFileSystem(endpoint=server.url)
+    with fs.open("org/tiny/model.safetensors", "rb", revision=revision, cache_type="none") as fh:
+        fh.seek(5000)
+        assert fh.read(10) == (repo_dir / "model.safetensors").read_bytes()[5000:5010]
+
+
+def test_not_found_errors_carry_hub_error_codes(served, tmp_path: Path) -> None:
+    server, revision = served
+    cache = tmp_path / "cache"
+    with pytest.raises(RepositoryNotFoundError):
+        hf_hub_download("org/nope", "config.json", endpoint=server.url, cache_dir=cache)
+    with pytest.raises(RevisionNotFoundError):
+        hf_hub_download("org/tiny", "config.json", revision="0" * 40, endpoint=server.url, cache_dir=cache)
+    with pytest.raises(RemoteEntryNotFoundError):
+        hf_hub_download("org/tiny", "nope.json", revision=revision, endpoint=server.url, cache_dir=cache)
+    r = httpx2.get(f"{server.url}/org/tiny/resolve/main/nope.json")
+    assert (r.status_code, r.headers["X-Error-Code"], r.headers["X-Repo-Commit"]) == (404, "EntryNotFound", revision)
+
+
+def test_token_check(tmp_path: Path, repo_dir: Path) -> None:
+    root = tmp_path / "root"
+    publish(root, "org/tiny", repo_dir)
+    with HubServer(root, tokens=["hf_good"]) as server:
+        url = f"{server.url}/api/models/org/tiny"
+        missing = httpx2.get(url)
+        wrong = httpx2.get(url, headers={"Authorization": "Bearer hf_bad"})
+        good = httpx2.get(url, headers={"Authorization": "Bearer hf_good"})
+        assert (missing.status_code, missing.headers["X-Error-Code"]) == (401, "RepoNotFound")
+        assert (wrong.status_code, wrong.headers["X-Error-Message"]) == \
+            (401, "Invalid credentials in Authorization header")
+        assert good.status_code == 200 and good.json()["id"] == "org/tiny"
+        assert HfApi(endpoint=server.url, token="hf_good").model_info("org/tiny").sha == good.json()["sha"]
+
+
+def test_cut_interrupts_a_transfer(served) -> None:
+    server, revision = served
+    server.cut("model.safetensors", after=4096)
+    url = f"{server.url}/org/tiny/resolve/{revision}/model.safetensors"
+    with pytest.raises(httpx2.RemoteProtocolError):
+        httpx2.get(url)
+    assert server.stats.file_bytes["org/tiny/model.safetensors"] == 4096
+    assert len(httpx2.get(url).content) == 300_000  # one-shot fault
+
+
+def test_cli_publish_json(tmp_path: Path, repo_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["hub", "publish", "--root", str(tmp_path / "root"), "--repo", "org/tiny", "--from", str(repo_dir),
+            "--json"]
+    assert main(args) == 0
+    first = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert first["changed"] is True and first["files"] == 3
+    assert main(args) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["changed"] is False
+    assert main(["hub", "publish", "--root", str(tmp_path / "root"), "--repo", "bad", "--from", str(repo_dir)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "org/name" in err[0]

@@ -37,11 +37,11 @@ from huggingface_hub.hf_api import RepoFile
 from huggingface_hub.utils import build_hf_headers, filter_repo_objects, hf_raise_for_status, http_stream_backoff
 from huggingface_hub.utils import tqdm as hf_tqdm
 
-from sparkspec.checkpoint import plan_assembly
-from sparkspec.ckpt_stream import Piece
+from sparkspec.checkpoint import EXTRA_FILE, fp8_candidates, fp8_selection
 from sparkspec.errors import UserError
 from sparkspec.hubserver import COMMIT_RE, REVISION_FILE, listed
-from sparkspec.safetensors_io import INDEX_NAME, Header, encode_header, parse_header, read_index, write_index
+from sparkspec.safetensors_io import INDEX_NAME, Header, TensorInfo, encode_header, parse_header, read_header, \
+    read_index, write_index
 
 STATE_DIR = ".sparkspec-fetch"
 CHUNK = 1 << 20
@@ -329,30 +329,30 @@ def _copy_local(src: Path, target: Path) -> None:
 class _Shard:
     name: str
     header: Header
-    pieces: list[Piece]  # selected tensors, in source order
+    tensors: list[TensorInfo]  # selected, in source order
 
     def prefix(self) -> bytes:
-        return encode_header([(p.name, p.dtype, p.shape, p.nbytes) for p in self.pieces], self.header.metadata)[0]
+        return encode_header([(t.name, t.dtype, t.shape, t.nbytes) for t in self.tensors], self.header.metadata)[0]
 
     def ranges(self) -> list[tuple[int, int]]:
         """Absolute byte ranges of the selected tensors, adjacent ones merged."""
         merged: list[tuple[int, int]] = []
-        for p in self.pieces:
-            if merged and merged[-1][1] == p.offset:
-                merged[-1] = (merged[-1][0], p.offset + p.nbytes)
+        for t in self.tensors:
+            start, end = self.header.data_start + t.begin, self.header.data_start + t.end
+            if merged and merged[-1][1] == start:
+                merged[-1] = (merged[-1][0], end)
             else:
-                merged.append((p.offset, p.offset + p.nbytes))
+                merged.append((start, end))
         return merged
 
 
-def _cached(reader: Reader, cache: Path, rel: str, fetch: Callable[[Callable[[int, int], bytes]], Any],
-            tally: list[int]) -> tuple[Any, bytes]:
-    """Run ``fetch(read)`` over ``rel``'s leading bytes, kept per commit in ``cache`` so that a re-run of the
-    same commit transfers nothing; returns its result and the bytes it read."""
-    path = cache / rel
+def _cached(reader: Reader, path: Path, rel: str, parse: Callable[[Callable[[int, int], bytes]], Any],
+            tally: list[int]) -> Any:
+    """``parse(read)`` over the leading bytes of ``rel``; the bytes read are kept in ``path`` (per commit) so
+    that a re-run of the same commit transfers nothing."""
     if path.is_file():
         raw = path.read_bytes()
-        return fetch(lambda offset, length: raw[offset: offset + length]), raw
+        return parse(lambda offset, length: raw[offset: offset + length])
     got = bytearray()
 
     def read(offset: int, length: int) -> bytes:
@@ -361,32 +361,51 @@ def _cached(reader: Reader, cache: Path, rel: str, fetch: Callable[[Callable[[in
         tally[0] += len(data)
         return data
 
-    result = fetch(read)
-    _write_file(cache, rel, [bytes(got)])
-    return result, bytes(got)
+    result = parse(read)
+    _write_file(path.parent, path.name, [bytes(got)])
+    return result
 
 
-def _header_view(reader: Reader, view: Path, cache: Path, config: Path, tally: list[int]) -> dict[str, Header]:
-    """A stand-in FP8 directory for assemble's planner: the real index and config.json, and each shard as a
-    sparse file with its real header at its real size (the data region is a hole and is never fetched)."""
-    if view.exists():
-        shutil.rmtree(view)
-    view.mkdir(parents=True)
-    _, index_bytes = _cached(reader, cache, INDEX_NAME, lambda read: read(0, reader.size(INDEX_NAME)), tally)
-    (view / INDEX_NAME).write_bytes(index_bytes)
-    shutil.copyfile(config, view / "config.json")
+def _select(reader: Reader, int4: Path, patterns: Sequence[str], config: Path, cache: Path,
+            tally: list[int]) -> list[_Shard]:
+    """The FP8 tensors assemble will take, by assemble's own rule (``fp8_candidates`` on names, then
+    ``fp8_selection`` on headers): the FP8 index, then only the headers of shards holding candidates."""
+    label = reader.source.label
+    index4 = read_index(int4)["weight_map"]
+    int4_file = {t: f for t, f in index4.items() if f != EXTRA_FILE and not t.startswith("mtp.")}
+    int4_tensors = {n: t for f in sorted(set(int4_file.values())) for n, t in read_header(int4 / f).tensors.items()
+                    if not n.startswith("mtp.")}
+    _cached(reader, cache / INDEX_NAME, INDEX_NAME, lambda read: read(0, reader.size(INDEX_NAME)), tally)
+    index8: dict[str, str] = read_index(cache)["weight_map"]
+    names = [f"{m}.{leaf}" for m in fp8_candidates(int4_tensors, index8, patterns)
+             for leaf in ("weight", "weight_scale_inv")]
     headers: dict[str, Header] = {}
-    for shard in sorted(set(read_index(view)["weight_map"].values())):
+    for shard in sorted({index8[n] for n in names}):
         size = reader.size(shard)
-        headers[shard], raw = _cached(
-            reader, cache, shard, lambda read: parse_header(read, size, f"{reader.source.label}: {shard}"), tally)
-        with open(view / shard, "wb") as fh:
-            fh.write(raw)
-            fh.truncate(size)
-        if os.stat(view / shard).st_blocks * 512 > len(raw) + (4 << 20):
-            raise UserError(f"{view}: this filesystem does not keep sparse files; use --mode full or another "
-                            "--dest")
-    return headers
+        headers[shard] = _cached(reader, cache / f"{shard}.header", shard,
+                                 lambda read: parse_header(read, size, f"{label}: {shard}"), tally)
+    missing = [n for n in names if n not in headers[index8[n]].tensors]
+    if missing:
+        raise UserError(f"{label}: {INDEX_NAME} maps {missing[0]} to {index8[missing[0]]}, whose header has no "
+                        "such tensor; the repo is inconsistent, pin another revision")
+    fp8_tensors = {n: headers[index8[n]].tensors[n] for n in names}
+    try:
+        qc = json.loads(config.read_text(encoding="utf-8")).get("quantization_config") or {}
+    except (OSError, ValueError, AttributeError):
+        raise UserError(f"{config}: not a JSON config; re-fetch it") from None
+    block = tuple(qc.get("weight_block_size") or (128, 128))
+
+    def where(side: str, name: str) -> str:
+        return f"{label}: {index8[name]}" if side == "fp8" else str(int4 / index4[name])
+
+    modules = fp8_selection(int4_tensors, fp8_tensors, patterns, block, where)
+    if not modules:
+        raise UserError(f"{label}: no tensor of {int4} has an F8_E4M3 X.weight with X.weight_scale_inv there; "
+                        "check that the repos are one model's INT4/FP8 pair (or widen with --fp8-pattern)")
+    picked: dict[str, list[TensorInfo]] = {}
+    for n in (f"{m}.{leaf}" for m in modules for leaf in ("weight", "weight_scale_inv")):
+        picked.setdefault(index8[n], []).append(fp8_tensors[n])
+    return [_Shard(shard, headers[shard], sorted(ts, key=lambda t: t.begin)) for shard, ts in sorted(picked.items())]
 
 
 def _have(reader: Reader, dest: Path, rel: str) -> bool:
@@ -411,9 +430,9 @@ def fetch_fp8_subset(repo: str, revision: str, int4_dir: str | os.PathLike[str],
                      patterns: Sequence[str] = (), token: str | None = None, endpoint: str | None = None,
                      local_path: str | None = None, mode: str = "ranges", retries: int = 5) -> FetchResult:
     """Build in ``dest`` a small FP8 source checkpoint holding only the tensors ``checkpoint assemble`` takes
-    from the FP8 repo, plus its config and other non-weight files. The selection is assemble's own planner
-    (``plan_assembly``) run on a header-only view of the remote shards. ``mode="ranges"`` fetches only those
-    tensors' byte ranges; ``mode="full"`` downloads the whole shards that hold them."""
+    from the FP8 repo (assemble's rule, see :func:`_select`), plus its config and other non-weight files.
+    ``mode="ranges"`` fetches only those tensors' byte ranges; ``mode="full"`` downloads the whole shards
+    that hold them (for mirrors without Range support)."""
     if mode not in ("ranges", "full"):
         raise UserError(f"--mode {mode}: unknown; use ranges or full")
     source = Source(repo, revision, endpoint, token, local_path, retries)
@@ -429,31 +448,20 @@ def fetch_fp8_subset(repo: str, revision: str, int4_dir: str | os.PathLike[str],
     for rel in side:
         if not _have(reader, out, rel):
             tally[0] += _fetch_whole(reader, rel, out)
-    view, cache = out / STATE_DIR / "view", out / STATE_DIR / "headers" / reader.commit
+    cache = out / STATE_DIR / "headers" / reader.commit
     for old in (out / STATE_DIR / "headers").glob("*"):
         if old != cache:
             shutil.rmtree(old)
-    try:
-        headers = _header_view(reader, view, cache, out / "config.json", tally)
-        plan = plan_assembly(int4, view, patterns)
-    finally:
-        shutil.rmtree(view, ignore_errors=True)
-    picked: dict[str, list[Piece]] = {}
-    for pieces in plan.shards.values():
-        for piece in pieces:
-            if piece.src.parent == view:
-                picked.setdefault(piece.src.name, []).append(piece)
-    shards = [_Shard(name, headers[name], sorted(pieces, key=lambda p: p.offset))
-              for name, pieces in sorted(picked.items())]
-    used = sum(p.nbytes for s in shards for p in s.pieces)
-    names = sorted(p.name for s in shards for p in s.pieces)
+    shards = _select(reader, int4, patterns, out / "config.json", cache, tally)
+    used = sum(t.nbytes for s in shards for t in s.tensors)
+    names = sorted(t.name for s in shards for t in s.tensors)
     if mode == "full":
         sizes = {s.name: s.header.file_size for s in shards}
         weight_map = {t: s.name for s in shards for t in s.header.tensors}
         total_size = sum(s.header.data_size for s in shards)
     else:
-        sizes = {s.name: len(s.prefix()) + sum(p.nbytes for p in s.pieces) for s in shards}
-        weight_map = {p.name: s.name for s in shards for p in s.pieces}
+        sizes = {s.name: len(s.prefix()) + sum(t.nbytes for t in s.tensors) for s in shards}
+        weight_map = {t.name: s.name for s in shards for t in s.tensors}
         total_size = used
     key = f"{reader.commit}:{mode}:" + hashlib.sha256("\n".join(names).encode()).hexdigest()
     todo = _begin(out, key, sizes, {"repo": repo, "revision": revision, "commit": reader.commit, "mode": mode})
@@ -462,7 +470,7 @@ def fetch_fp8_subset(repo: str, revision: str, int4_dir: str | os.PathLike[str],
             stale.unlink()
     preflight(out, sum(todo.values()))
     fetched = [0]
-    to_fetch = sum(sizes[s.name] if mode == "full" else sum(p.nbytes for p in s.pieces)
+    to_fetch = sum(sizes[s.name] if mode == "full" else sum(t.nbytes for t in s.tensors)
                    for s in shards if s.name in todo)
     with hf_tqdm(total=to_fetch, unit="B", unit_scale=True, desc=f"FP8 tensors of {repo}") as bar:
         for shard in (s for s in shards if s.name in todo):
@@ -476,7 +484,7 @@ def fetch_fp8_subset(repo: str, revision: str, int4_dir: str | os.PathLike[str],
     _save_state(out, {"key": key, "repo": repo, "revision": revision, "commit": reader.commit, "mode": mode,
                       "complete": True, "endpoint": None if local_path else reader.endpoint,
                       "local_path": local_path, "files": sizes, "tensors": names})
-    header_bytes = sum(h.data_start for h in headers.values())
+    header_bytes = sum(p.stat().st_size for p in cache.glob("*.header"))
     return FetchResult(repo, reader.commit, str(out), mode, bool(todo) or index_changed, sorted(sizes),
                        bytes_fetched=tally[0] + fetched[0], tensor_bytes_fetched=fetched[0],
                        tensor_bytes_used=used, header_bytes=header_bytes, tensors=len(names))

@@ -1,0 +1,100 @@
+"""Fixtures of the checkpoint tests (all named ckpt_*): generated real-format checkpoints and the real CLI."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from sparkspec import testckpt
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class CliResult:
+    rc: int
+    stdout: str
+    stderr: str
+
+    @property
+    def json(self) -> dict:
+        import json
+
+        return json.loads(self.stdout.strip().splitlines()[-1])
+
+
+def run_cli(*args: str | os.PathLike[str], env: dict[str, str] | None = None) -> CliResult:
+    proc = subprocess.run([sys.executable, "-m", "sparkspec.cli", *map(str, args)], capture_output=True,
+                          text=True, cwd=REPO, env={**os.environ, **(env or {})}, timeout=300)
+    return CliResult(proc.returncode, proc.stdout, proc.stderr)
+
+
+def tree_digest(root: Path) -> dict[str, tuple[str, int]]:
+    """sha256 and mtime_ns of every file under root (hidden included)."""
+    out = {}
+    for path in sorted(root.rglob("*")):
+        if path.is_file():
+            out[str(path.relative_to(root))] = (hashlib.sha256(path.read_bytes()).hexdigest(),
+                                                path.stat().st_mtime_ns)
+    return out
+
+
+@dataclass
+class CkptPair:
+    int4: Path
+    fp8: Path
+    out: Path
+    spec: testckpt.ModelSpec
+
+
+@pytest.fixture(scope="session")
+def ckpt_sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Pristine generated checkpoints (never modified; tests copy them)."""
+    root = tmp_path_factory.mktemp("ckpt_sources")
+    spec = testckpt.ModelSpec()
+    testckpt.write_int4_autoround(root / "int4", spec, index_lists_mtp=False)
+    testckpt.write_int4_autoround(root / "int4_listed", spec, index_lists_mtp=True)
+    testckpt.write_fp8(root / "fp8", spec)
+    testckpt.write_fp8(root / "fp8_f32", spec, scale_dtype="F32")
+    return {p.name: p for p in root.iterdir()}
+
+
+@pytest.fixture
+def ckpt_pair(ckpt_sources: dict[str, Path], tmp_path: Path) -> CkptPair:
+    for name in ("int4", "int4_listed", "fp8", "fp8_f32"):
+        shutil.copytree(ckpt_sources[name], tmp_path / name)
+    return CkptPair(tmp_path / "int4", tmp_path / "fp8", tmp_path / "out", testckpt.ModelSpec())
+
+
+@pytest.fixture
+def ckpt_cli() -> Callable[..., CliResult]:
+    return run_cli
+
+
+@pytest.fixture
+def ckpt_tmpfs(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
+    """Mount small tmpfs filesystems (root needed); skip with the reason when mounting is refused."""
+    mounts: list[Path] = []
+
+    def mount(size: str) -> Path:
+        point = tmp_path / f"tmpfs-{uuid.uuid4().hex[:8]}"
+        point.mkdir()
+        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(point)],
+                              capture_output=True, text=True)
+        if proc.returncode:
+            pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
+        mounts.append(point)
+        return point
+
+    yield mount
+    for point in reversed(mounts):
+        subprocess.run(["umount", "-l", str(point)], check=False)

@@ -69,13 +69,17 @@ def _revision(directory: Path) -> str | None:
     marker = directory / ".sparkspec-revision"  # written by sparkspec fetch
     if marker.is_file():
         return marker.read_text().strip() or None
-    try:
-        from huggingface_hub._local_folder import read_download_metadata
-
-        meta = read_download_metadata(directory, "config.json") or read_download_metadata(directory, INDEX_NAME)
-        return meta.commit_hash if meta else None
-    except Exception:  # noqa: BLE001 - revision is informative only
-        return None
+    # huggingface_hub's local-dir download metadata: first line is the commit. Read it directly:
+    # huggingface_hub's own reader creates .cache folders, and sources must never be modified.
+    for name in ("config.json", INDEX_NAME):
+        meta = directory / ".cache" / "huggingface" / "download" / f"{name}.metadata"
+        try:
+            commit = meta.read_text().split("\n", 1)[0].strip()
+        except OSError:
+            continue
+        if commit:
+            return commit
+    return None
 
 
 def _stat(path: Path) -> dict[str, int]:

@@ -7,14 +7,18 @@ import os
 import re
 import subprocess
 import sys
+import textwrap
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from itertools import takewhile
 from pathlib import Path
+
+import yaml
 
 from sparkspec.errors import UserError
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
-_FAILED = re.compile(r"^(fatal|failed): \[(?P<host>[^\]]+)\].*?(=>|!)")
+_FAILED = re.compile(r"^(fatal|failed): \[(?P<host>[^\]]+)\]")
 _MSG = re.compile(r"^\s*msg: (?P<msg>.+)$|\"msg\": \"(?P<jmsg>(?:[^\"\\]|\\.)*)\"")
 _RECAP = re.compile(r"^(?P<host>\S+)\s+: ok=(?P<ok>\d+)\s+changed=(?P<changed>\d+)\s+unreachable=(?P<unreachable>\d+)"
                     r"\s+failed=(?P<failed>\d+)")
@@ -114,21 +118,38 @@ def failure_summary(result: PlayResult, host: str) -> str:
     if result.rc == 4 or "UNREACHABLE!" in result.output:
         return (f"host {host} is unreachable over SSH ({_first_msg(result.output, 'UNREACHABLE') or 'no answer'}); "
                 f"check ansible_host/ansible_port/ansible_user in the inventory and that sshd runs")
-    msg = _first_msg(result.output, "fatal")
-    if msg:
-        return msg
+    failure = _first_failure(result.output)
+    errors = failure.get("argument_errors")
+    if errors:
+        return "; ".join(" ".join(str(e).split()) for e in errors)
+    if failure.get("msg"):
+        return " ".join(str(failure["msg"]).split())
     return f"ansible-playbook exited {result.rc}: {_last_line(result.output)}"
 
 
-def _first_msg(output: str, marker: str) -> str:
+def _first_failure(output: str) -> dict:
+    """The result dict of the first failed task, from the default callback's YAML (or JSON) output."""
     lines = output.splitlines()
     for i, line in enumerate(lines):
+        head, sep, rest = line.partition("=> ")
+        if not sep or not _FAILED.match(line):
+            continue
+        text = rest if rest.strip() else "\n".join(
+            takewhile(lambda ln: ln.startswith((" ", "\t")) or not ln.strip(), lines[i + 1:]))
+        try:
+            data = yaml.safe_load(textwrap.dedent(text))
+        except yaml.YAMLError:
+            return {}
+        return data if isinstance(data, dict) else {}
+    return {}
+
+
+def _first_msg(output: str, marker: str) -> str:
+    for line in output.splitlines():
         if marker in line:
-            for follow in lines[i:i + 40]:
-                m = _MSG.search(follow)
-                if m:
-                    text = m.group("msg") or m.group("jmsg") or ""
-                    return text.strip().strip("'\"")
+            m = _MSG.search(line)
+            if m:
+                return (m.group("msg") or m.group("jmsg") or "").strip()
     return ""
 
 

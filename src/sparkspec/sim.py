@@ -159,13 +159,12 @@ class Sim:
     def up(self, log=print) -> str:
         """Start the container (building the image first if needed). Returns what it did."""
         built = self.build_image(log)
-        current = self.running_image()
-        if current == self.image and not built:
-            self.wait_ready()
-            return "already running"
-        if current is not None:
-            self.podman("rm", "-f", self.container)
         self.ensure_key()
+        current = self.running_image()
+        if current == self.image and not built and self.ssh_ok():
+            return "already running"
+        if current is not None:  # another recipe, another checkout's key, or stopped: start afresh
+            self.podman("rm", "-f", "-t", "5", self.container)
         mounts = [(str(self.key.with_suffix(".pub")), "/root/.ssh/authorized_keys"),
                   (str(self.host_ca()), HOST_CA_IN_CONTAINER), *self.extra_mounts]
         if Path("/opt/wheels").is_dir():

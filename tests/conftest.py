@@ -1,0 +1,35 @@
+"""Shared fixtures: the project root and the simulated Spark."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+@pytest.fixture(scope="session")
+def project_root() -> Path:
+    return ROOT
+
+
+@pytest.fixture(scope="session")
+def sim():
+    """The simulated Spark, started once per test session (the image is built once and cached)."""
+    from sparkspec.sim import Sim
+
+    sim = Sim(ROOT)
+    sim.up(log=lambda msg: print(msg, file=sys.stderr))
+    return sim
+
+
+def run_cli(*argv: str, env: dict[str, str] | None = None, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    """Run a project command (invoke task or sparkspec CLI) the way a user would, from the project root."""
+    full_env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", **(env or {})}
+    return subprocess.run(list(argv), cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout,
+                          check=False)

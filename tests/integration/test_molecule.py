@@ -1,0 +1,24 @@
+"""Each role's molecule scenarios, in the simulated Spark's image: converge, idempotence, verify."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.conftest import BIN, ROOT, run_cli
+
+pytestmark = [pytest.mark.sim, pytest.mark.slow]
+
+SCENARIOS = sorted(p.parent for p in ROOT.glob("roles/*/molecule/*/molecule.yml"))
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=[f"{p.parts[-3]}-{p.name}" for p in SCENARIOS])
+def test_molecule_scenario(sim, scenario):
+    env = {"SPARKSPEC_SIM_IMAGE": sim.image, "CONTAINERS_CONF": str(sim.state / "containers.conf"),
+           "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "ANSIBLE_FORCE_COLOR": "0", "NO_COLOR": "1"}
+    result = run_cli("sh", "-c", f"cd {scenario.parent.parent} && {BIN}/molecule test -s {scenario.name}",
+                     env=env, timeout=1200)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-6000:]
+    assert "idempotence" in output

@@ -1,0 +1,89 @@
+"""Bad input is refused before anything changes, with one line that names the problem."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import BIN, ROOT, run_cli
+
+pytestmark = pytest.mark.sim
+
+
+def _error_line(stderr: str) -> str:
+    lines = [ln for ln in stderr.strip().splitlines() if ln.startswith("sparkspec: error:")]
+    assert len(lines) == 1, f"expected one error line, got stderr:\n{stderr}"
+    return lines[0]
+
+
+def _sim_inventory_copy(tmp_path: Path, mutate) -> Path:
+    inv = tmp_path / "inv"
+    shutil.copytree(ROOT / "inventories/sim", inv)
+    hosts = yaml.safe_load((inv / "hosts.yml").read_text())
+    hosts["all"]["children"]["sparks"]["hosts"]["sim01"]["ansible_ssh_private_key_file"] = str(ROOT / ".sim/id_ed25519")
+    group_vars = yaml.safe_load((inv / "group_vars/all.yml").read_text())
+    mutate(hosts["all"]["children"]["sparks"]["hosts"]["sim01"], group_vars)
+    (inv / "hosts.yml").write_text(yaml.safe_dump(hosts))
+    (inv / "group_vars/all.yml").write_text(yaml.safe_dump(group_vars))
+    return inv
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        ({"method": "warp"}, "sparkspec_method must be one of: baseline, ngram, mtp, eagle3, dflash"),
+        ({"disk": "-5"}, "preflight_required_disk_gb '-5' is not a number >= 0"),
+        ({"disk": "lots"}, "preflight_required_disk_gb 'lots' is not a number >= 0"),
+        ({"disk": "99999999"}, "the sim-tiny pipeline needs 99999999 GB"),
+    ],
+    ids=["unknown-method", "negative-disk", "non-numeric-disk", "disk-too-small"],
+)
+def test_bad_values_refused_in_preflight(sim, extra, expected):
+    argv = [f"{BIN}/invoke", "provision", "--host", "sim01"]
+    if "method" in extra:
+        argv += ["--method", extra["method"]]
+    env = {}
+    if "disk" in extra:
+        env["ANSIBLE_EXTRA_VARS_FILE"] = ""
+        argv = [f"{BIN}/ansible-playbook", "-i", "inventories/sim", "--limit", "sim01", "playbooks/provision.yml",
+                "-e", f"preflight_required_disk_gb={extra['disk']}"]
+    result = run_cli(*argv, env=env)
+    assert result.returncode != 0
+    assert expected in result.stdout + result.stderr, result.stdout[-3000:] + result.stderr
+    # Nothing ran past preflight, nothing changed.
+    assert "TASK [sparkspec_tools" not in result.stdout
+    assert "changed=0" in result.stdout
+
+
+def test_unknown_method_is_one_line_from_invoke(sim):
+    result = run_cli(f"{BIN}/invoke", "provision", "--host", "sim01", "--method", "warp")
+    assert result.returncode == 2
+    assert "sparkspec_method must be one of" in _error_line(result.stderr)
+
+
+def test_host_not_in_inventory(sim):
+    result = run_cli(f"{BIN}/invoke", "provision", "--host", "spark99")
+    assert result.returncode == 2
+    line = _error_line(result.stderr)
+    assert "host 'spark99' is not in inventory" in line and "sim01" in line
+
+
+def test_missing_required_variable(sim, tmp_path):
+    inv = _sim_inventory_copy(tmp_path, lambda host, gv: gv.pop("sparkspec_profile"))
+    result = run_cli(f"{BIN}/invoke", "provision", "--host", "sim01", "--inventory", str(inv))
+    assert result.returncode == 2
+    assert "missing required arguments: sparkspec_profile" in _error_line(result.stderr)
+    assert "TASK [sparkspec_tools" not in result.stdout
+
+
+def test_unreachable_host(sim, tmp_path):
+    def to_closed_port(host, _gv):
+        host["ansible_port"] = 1  # nothing listens on port 1 of loopback
+
+    inv = _sim_inventory_copy(tmp_path, to_closed_port)
+    result = run_cli(f"{BIN}/invoke", "provision", "--host", "sim01", "--inventory", str(inv), timeout=300)
+    assert result.returncode == 2
+    assert "host sim01 is unreachable over SSH" in _error_line(result.stderr)

@@ -65,8 +65,12 @@ class Source:
 
 @dataclass
 class Plan:
-    commit: str
+    reader: Reader
     files: dict[str, int]  # path -> size, after allow_patterns
+
+    @property
+    def commit(self) -> str:
+        return self.reader.commit
 
     @property
     def total_bytes(self) -> int:
@@ -198,7 +202,7 @@ def plan(source: Source, allow_patterns: Sequence[str] | None = None) -> Plan:
     """The commit a revision resolves to and the sizes of the files a fetch would bring (disk preflight)."""
     reader = Reader(source)
     names = filter_repo_objects(list(reader.files), allow_patterns=allow_patterns)
-    return Plan(reader.commit, {name: reader.files[name] for name in names})
+    return Plan(reader, {name: reader.files[name] for name in names})
 
 
 def preflight(dest: Path, needed: int) -> None:
@@ -231,16 +235,15 @@ def _save_state(dest: Path, doc: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def _begin(dest: Path, key: str, sizes: dict[str, int], doc: dict[str, Any]) -> dict[str, int]:
+def _begin(dest: Path, key: str, sizes: dict[str, int]) -> dict[str, int]:
     """Record a fetch as started; return the files still to transfer. Files are renamed into place only when
     complete, so one of the right size left by an earlier run of the same ``key`` is done; files from a run
     with another key (commit, mode, selection) are removed first."""
-    state = _state(dest)
-    if state.get("key") != key:
+    if _state(dest).get("key") != key:
         for rel in sizes:
             with contextlib.suppress(FileNotFoundError):
                 (dest / rel).unlink()
-    _save_state(dest, {**doc, "key": key, "complete": False})
+    _save_state(dest, {"key": key, "complete": False})
     return {rel: size for rel, size in sizes.items()
             if not ((dest / rel).is_file() and (dest / rel).stat().st_size == size)}
 
@@ -265,63 +268,64 @@ def _write_file(dest: Path, rel: str, parts: Iterable[bytes]) -> int:
     return written
 
 
-def _counted(chunks: Iterable[bytes], tally: list[int], bar: Any) -> Iterator[bytes]:
-    for chunk in chunks:
-        tally[0] += len(chunk)
-        bar.update(len(chunk))
-        yield chunk
-
-
 # --- whole repos ----------------------------------------------------------------------------------------
 def fetch_repo(repo: str, revision: str, dest: str | os.PathLike[str],
                allow_patterns: Sequence[str] | None = None, token: str | None = None,
                endpoint: str | None = None, local_path: str | None = None, max_workers: int = 8) -> FetchResult:
     """Download (or copy from ``local_path``) the repo's files at the pinned revision into ``dest``."""
-    source = Source(repo, revision, endpoint, token, local_path)
+    p = plan(Source(repo, revision, endpoint, token, local_path), allow_patterns)
     out = Path(dest)
-    reader = Reader(source)
-    files = {rel: reader.files[rel] for rel in filter_repo_objects(list(reader.files), allow_patterns=allow_patterns)}
-    out.mkdir(parents=True, exist_ok=True)
-    doc = {"repo": repo, "revision": revision, "commit": reader.commit, "mode": "repo"}
-    todo = _begin(out, f"{reader.commit}:repo", files, doc) if local_path else {
-        rel: size for rel, size in files.items() if not _hub_complete(out, rel, size, reader.commit)}
+    todo = {rel: size for rel, size in p.files.items() if not _have(p.reader, out, rel)}
     preflight(out, sum(todo.values()))
+    out.mkdir(parents=True, exist_ok=True)
     if local_path:
         for rel in todo:
-            _fetch_whole(reader, rel, out)
+            _fetch_whole(p.reader, rel, out)
     elif todo:
-        with hub_errors(source):
-            snapshot_download(repo, revision=reader.commit, local_dir=out, allow_patterns=list(todo),
-                              token=token, endpoint=reader.endpoint, max_workers=max_workers)
-    _save_state(out, {**doc, "key": f"{reader.commit}:repo", "complete": True, "files": files})
-    return FetchResult(repo, reader.commit, str(out), "repo", bool(todo), sorted(files),
+        with hub_errors(p.reader.source):
+            snapshot_download(repo, revision=p.commit, local_dir=out, allow_patterns=list(todo), token=token,
+                              endpoint=p.reader.endpoint, max_workers=max_workers)
+    _save_state(out, {"repo": repo, "revision": revision, "commit": p.commit, "mode": "repo", "files": p.files})
+    return FetchResult(repo, p.commit, str(out), "repo", bool(todo), sorted(p.files),
                        bytes_fetched=sum(todo.values()))
 
 
-def _hub_complete(dest: Path, rel: str, size: int, commit: str) -> bool:
-    """huggingface_hub's own record of a finished local-dir download of this commit."""
-    target = dest / rel
+def _have(reader: Reader, dest: Path, rel: str) -> bool:
+    """A whole file already in place: for the hub, huggingface_hub's record of a finished download of this
+    commit; for a local source, the same size."""
+    target, size = dest / rel, reader.size(rel)
     if not (target.is_file() and target.stat().st_size == size):
         return False
+    if reader.source.local_path:
+        return True
     meta = read_download_metadata(dest, rel)
-    return meta is not None and meta.commit_hash == commit
+    return meta is not None and meta.commit_hash == reader.commit
+
+
+def _fetch_whole(reader: Reader, rel: str, dest: Path) -> int:
+    """One whole file into ``dest``: hf_hub_download (resumable, records the commit) or a local copy/link."""
+    if reader.source.local_path:
+        _copy_local(Path(reader.source.local_path) / rel, dest / rel)
+    else:
+        with hub_errors(reader.source, rel):
+            hf_hub_download(reader.source.repo, rel, revision=reader.commit, local_dir=dest,
+                            endpoint=reader.endpoint, token=reader.source.token)
+    return reader.size(rel)
 
 
 def _copy_local(src: Path, target: Path) -> None:
     """Hard-link when on the same filesystem (no bytes duplicated), else copy via ``.part`` + rename."""
-    target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(target.name + ".part")
-    with contextlib.suppress(FileNotFoundError):
-        tmp.unlink()
     try:
-        os.link(src, tmp)
-    except OSError:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp.unlink(missing_ok=True)
         try:
+            os.link(src, tmp)
+        except OSError:
             shutil.copyfile(src, tmp)
-        except OSError as exc:
-            raise UserError(f"{target}: cannot copy from {src} ({exc.strerror}); free space or fix "
-                            "permissions") from None
-    os.replace(tmp, target)
+        os.replace(tmp, target)
+    except OSError as exc:
+        raise UserError(f"{target}: cannot copy from {src} ({exc.strerror}); free space or fix permissions") from None
 
 
 # --- the FP8 subset ----------------------------------------------------------------------------------------
@@ -333,6 +337,15 @@ class _Shard:
 
     def prefix(self) -> bytes:
         return encode_header([(t.name, t.dtype, t.shape, t.nbytes) for t in self.tensors], self.header.metadata)[0]
+
+    def body(self, reader: Reader, tally: list[int], bar: Any) -> Iterator[bytes]:
+        """The subset file: a fresh header, then the selected tensors' bytes as fetched."""
+        yield self.prefix()
+        for start, end in self.ranges():
+            for chunk in reader.chunks(self.name, start, end):
+                tally[0] += len(chunk)
+                bar.update(len(chunk))
+                yield chunk
 
     def ranges(self) -> list[tuple[int, int]]:
         """Absolute byte ranges of the selected tensors, adjacent ones merged."""
@@ -408,24 +421,6 @@ def _select(reader: Reader, int4: Path, patterns: Sequence[str], config: Path, c
     return [_Shard(shard, headers[shard], sorted(ts, key=lambda t: t.begin)) for shard, ts in sorted(picked.items())]
 
 
-def _have(reader: Reader, dest: Path, rel: str) -> bool:
-    size = reader.size(rel)
-    if reader.source.local_path:
-        return (dest / rel).is_file() and (dest / rel).stat().st_size == size
-    return _hub_complete(dest, rel, size, reader.commit)
-
-
-def _fetch_whole(reader: Reader, rel: str, dest: Path) -> int:
-    """One whole file into ``dest``: hf_hub_download (resumable, records the commit) or a local copy/link."""
-    if reader.source.local_path:
-        _copy_local(Path(reader.source.local_path) / rel, dest / rel)
-    else:
-        with hub_errors(reader.source, rel):
-            hf_hub_download(reader.source.repo, rel, revision=reader.commit, local_dir=dest,
-                            endpoint=reader.endpoint, token=reader.source.token)
-    return reader.size(rel)
-
-
 def fetch_fp8_subset(repo: str, revision: str, int4_dir: str | os.PathLike[str], dest: str | os.PathLike[str],
                      patterns: Sequence[str] = (), token: str | None = None, endpoint: str | None = None,
                      local_path: str | None = None, mode: str = "ranges", retries: int = 5) -> FetchResult:
@@ -435,19 +430,18 @@ def fetch_fp8_subset(repo: str, revision: str, int4_dir: str | os.PathLike[str],
     that hold them (for mirrors without Range support)."""
     if mode not in ("ranges", "full"):
         raise UserError(f"--mode {mode}: unknown; use ranges or full")
-    source = Source(repo, revision, endpoint, token, local_path, retries)
+    reader = Reader(Source(repo, revision, endpoint, token, local_path, retries))
     out, int4 = Path(dest), Path(int4_dir)
-    reader = Reader(source)
     read_index(int4)  # fail early, naming the INT4 index, before any transfer
     tally = [0]  # body bytes transferred outside the tensor data
-    out.mkdir(parents=True, exist_ok=True)
-    side = sorted(rel for rel in reader.files if not rel.endswith(".safetensors") and rel != INDEX_NAME)
+    side = [rel for rel in sorted(reader.files) if not rel.endswith(".safetensors") and rel != INDEX_NAME]
     if "config.json" not in side:
-        raise UserError(f"{source.label}: config.json not found (404); check the repo and revision")
-    preflight(out, sum(reader.files[rel] for rel in side))
+        raise UserError(f"{reader.source.label}: config.json not found (404); check the repo and revision")
+    side = [rel for rel in side if not _have(reader, out, rel)]
+    preflight(out, sum(reader.size(rel) for rel in side))
+    out.mkdir(parents=True, exist_ok=True)
     for rel in side:
-        if not _have(reader, out, rel):
-            tally[0] += _fetch_whole(reader, rel, out)
+        tally[0] += _fetch_whole(reader, rel, out)
     cache = out / STATE_DIR / "headers" / reader.commit
     for old in (out / STATE_DIR / "headers").glob("*"):
         if old != cache:
@@ -455,44 +449,35 @@ def fetch_fp8_subset(repo: str, revision: str, int4_dir: str | os.PathLike[str],
     shards = _select(reader, int4, patterns, out / "config.json", cache, tally)
     used = sum(t.nbytes for s in shards for t in s.tensors)
     names = sorted(t.name for s in shards for t in s.tensors)
+    key = f"{reader.commit}:{mode}:" + hashlib.sha256("\n".join(names).encode()).hexdigest()
     if mode == "full":
-        sizes = {s.name: s.header.file_size for s in shards}
+        todo = {s.name: s.header.file_size for s in shards if not _have(reader, out, s.name)}
         weight_map = {t: s.name for s in shards for t in s.header.tensors}
         total_size = sum(s.header.data_size for s in shards)
     else:
-        sizes = {s.name: len(s.prefix()) + sum(t.nbytes for t in s.tensors) for s in shards}
+        todo = _begin(out, key, {s.name: len(s.prefix()) + sum(t.nbytes for t in s.tensors) for s in shards})
         weight_map = {t.name: s.name for s in shards for t in s.tensors}
         total_size = used
-    key = f"{reader.commit}:{mode}:" + hashlib.sha256("\n".join(names).encode()).hexdigest()
-    todo = _begin(out, key, sizes, {"repo": repo, "revision": revision, "commit": reader.commit, "mode": mode})
     for stale in out.glob("*.safetensors"):
-        if stale.name not in sizes:
+        if stale.name not in {s.name for s in shards}:
             stale.unlink()
     preflight(out, sum(todo.values()))
     fetched = [0]
-    to_fetch = sum(sizes[s.name] if mode == "full" else sum(t.nbytes for t in s.tensors)
-                   for s in shards if s.name in todo)
-    with hf_tqdm(total=to_fetch, unit="B", unit_scale=True, desc=f"FP8 tensors of {repo}") as bar:
-        for shard in (s for s in shards if s.name in todo):
-            if mode == "full":
-                body = reader.chunks(shard.name, 0, sizes[shard.name])
-                _write_file(out, shard.name, _counted(body, fetched, bar))
-            else:
-                body = (chunk for start, end in shard.ranges() for chunk in reader.chunks(shard.name, start, end))
-                _write_file(out, shard.name, _prefixed(shard.prefix(), _counted(body, fetched, bar)))
+    if mode == "full":
+        fetched[0] = sum(_fetch_whole(reader, name, out) for name in todo)
+    else:
+        total = sum(t.nbytes for s in shards if s.name in todo for t in s.tensors)
+        with hf_tqdm(total=total, unit="B", unit_scale=True, desc=f"FP8 tensors of {repo}") as bar:
+            for shard in (s for s in shards if s.name in todo):
+                _write_file(out, shard.name, shard.body(reader, fetched, bar))
     index_changed = _write_index_if_changed(out, weight_map, total_size)
     _save_state(out, {"key": key, "repo": repo, "revision": revision, "commit": reader.commit, "mode": mode,
                       "complete": True, "endpoint": None if local_path else reader.endpoint,
-                      "local_path": local_path, "files": sizes, "tensors": names})
-    header_bytes = sum(p.stat().st_size for p in cache.glob("*.header"))
-    return FetchResult(repo, reader.commit, str(out), mode, bool(todo) or index_changed, sorted(sizes),
-                       bytes_fetched=tally[0] + fetched[0], tensor_bytes_fetched=fetched[0],
-                       tensor_bytes_used=used, header_bytes=header_bytes, tensors=len(names))
-
-
-def _prefixed(prefix: bytes, body: Iterable[bytes]) -> Iterator[bytes]:
-    yield prefix
-    yield from body
+                      "local_path": local_path, "tensors": names})
+    return FetchResult(repo, reader.commit, str(out), mode, bool(todo) or index_changed,
+                       sorted(s.name for s in shards), bytes_fetched=tally[0] + fetched[0],
+                       tensor_bytes_fetched=fetched[0], tensor_bytes_used=used,
+                       header_bytes=sum(p.stat().st_size for p in cache.glob("*.header")), tensors=len(names))
 
 
 def _write_index_if_changed(out: Path, weight_map: dict[str, str], total_size: int) -> bool:

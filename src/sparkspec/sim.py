@@ -61,7 +61,8 @@ class Sim:
 
     @property
     def container(self) -> str:
-        return f"sparkspec-{self.name}"
+        # The port is part of the name: two checkouts can each run a simulated Spark on its own port.
+        return f"sparkspec-{self.name}" if self.ssh_port == 2222 else f"sparkspec-{self.name}-{self.ssh_port}"
 
     @property
     def key(self) -> Path:

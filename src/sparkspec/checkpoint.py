@@ -295,10 +295,18 @@ def _is_current(out: Path, plan: Plan) -> bool:
     return all(index.get(t) == f for t, f in manifest.get("weight_map", {}).items())
 
 
+def _human(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1000
+    return f"{n:.1f} GB"
+
+
 def _io_error(exc: OSError, where: Path, needed: int) -> UserError:
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return UserError(f"{where}: no space left on device while writing the hybrid (needs about "
-                         f"{needed / 1e9:.2f} GB); free space or choose another --out")
+                         f"{_human(needed)}); free space or choose another --out")
     return UserError(f"{where}: {exc.strerror or exc}; check the path and permissions")
 
 
@@ -338,10 +346,12 @@ def assemble(int4: Path, fp8: Path, out: Path, patterns: Iterable[str] = (), exp
                         "choose another --out")
     out.parent.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(out.parent).free
-    needed = plan.total_bytes + sum((int4 / f).stat().st_size for f in plan.side_files) + (1 << 20)
+    n_files = len(plan.shards) + len(plan.side_files) + 3
+    needed = (plan.total_bytes + sum((int4 / f).stat().st_size for f in plan.side_files)
+              + 300 * n_tensors + 16384 * n_files)  # + headers, index, manifest, config, block slack
     if free < needed:
-        raise UserError(f"{out.parent}: {free / 1e9:.2f} GB free, the hybrid needs {needed / 1e9:.2f} GB; "
-                        "free space or choose another --out")
+        raise UserError(f"{out.parent}: {_human(free)} free, the hybrid needs {_human(needed)}; free space or "
+                        "choose another --out")
     lock_fd = os.open(out.parent / f".{out.name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
     tmp = out.parent / f".{out.name}.assemble-tmp"
     try:

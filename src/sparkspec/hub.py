@@ -11,6 +11,7 @@ skips finished files. ``.sparkspec-fetch/fetch.json`` in the destination records
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -34,14 +35,27 @@ from huggingface_hub.errors import (
     RevisionNotFoundError,
 )
 from huggingface_hub.hf_api import RepoFile
-from huggingface_hub.utils import build_hf_headers, filter_repo_objects, hf_raise_for_status, http_stream_backoff
+from huggingface_hub.utils import (
+    build_hf_headers,
+    filter_repo_objects,
+    hf_raise_for_status,
+    http_stream_backoff,
+)
 from huggingface_hub.utils import tqdm as hf_tqdm
 
 from sparkspec.checkpoint import EXTRA_FILE, fp8_candidates, fp8_selection
 from sparkspec.errors import UserError
 from sparkspec.hubserver import COMMIT_RE, REVISION_FILE, listed
-from sparkspec.safetensors_io import INDEX_NAME, Header, TensorInfo, encode_header, parse_header, read_header, \
-    read_index, write_index
+from sparkspec.safetensors_io import (
+    INDEX_NAME,
+    Header,
+    TensorInfo,
+    encode_header,
+    parse_header,
+    read_header,
+    read_index,
+    write_index,
+)
 
 STATE_DIR = ".sparkspec-fetch"
 CHUNK = 1 << 20
@@ -140,8 +154,8 @@ class Reader:
             root = Path(source.local_path)
             if not root.is_dir():
                 raise UserError(f"{root}: local_path is not a directory; point it at a copy of the repo")
-            self.files = {p.relative_to(root).as_posix(): p.stat().st_size
-                          for p in sorted(root.rglob("*")) if p.is_file() and listed(p.relative_to(root).as_posix())}
+            rels = (p.relative_to(root).as_posix() for p in sorted(root.rglob("*")) if p.is_file())
+            self.files = {rel: (root / rel).stat().st_size for rel in rels if listed(rel)}
             marker = root / REVISION_FILE
             self.commit = (marker.read_text().strip() if marker.is_file()
                            else root.name if COMMIT_RE.fullmatch(root.name) else "local")
@@ -201,7 +215,7 @@ class Reader:
 def plan(source: Source, allow_patterns: Sequence[str] | None = None) -> Plan:
     """The commit a revision resolves to and the sizes of the files a fetch would bring (disk preflight)."""
     reader = Reader(source)
-    names = filter_repo_objects(list(reader.files), allow_patterns=allow_patterns)
+    names = filter_repo_objects(list(reader.files), allow_patterns=list(allow_patterns or ["*"]))
     return Plan(reader, {name: reader.files[name] for name in names})
 
 
@@ -271,7 +285,8 @@ def _write_file(dest: Path, rel: str, parts: Iterable[bytes]) -> int:
 # --- whole repos ----------------------------------------------------------------------------------------
 def fetch_repo(repo: str, revision: str, dest: str | os.PathLike[str],
                allow_patterns: Sequence[str] | None = None, token: str | None = None,
-               endpoint: str | None = None, local_path: str | None = None, max_workers: int = 8) -> FetchResult:
+               endpoint: str | None = None, local_path: str | None = None,
+               max_workers: int = 8) -> FetchResult:
     """Download (or copy from ``local_path``) the repo's files at the pinned revision into ``dest``."""
     p = plan(Source(repo, revision, endpoint, token, local_path), allow_patterns)
     out = Path(dest)
@@ -285,7 +300,8 @@ def fetch_repo(repo: str, revision: str, dest: str | os.PathLike[str],
         with hub_errors(p.reader.source):
             snapshot_download(repo, revision=p.commit, local_dir=out, allow_patterns=list(todo), token=token,
                               endpoint=p.reader.endpoint, max_workers=max_workers)
-    _save_state(out, {"repo": repo, "revision": revision, "commit": p.commit, "mode": "repo", "files": p.files})
+    _save_state(out, {"repo": repo, "revision": revision, "commit": p.commit, "mode": "repo",
+                      "files": p.files})
     return FetchResult(repo, p.commit, str(out), "repo", bool(todo), sorted(p.files),
                        bytes_fetched=sum(todo.values()))
 
@@ -325,7 +341,8 @@ def _copy_local(src: Path, target: Path) -> None:
             shutil.copyfile(src, tmp)
         os.replace(tmp, target)
     except OSError as exc:
-        raise UserError(f"{target}: cannot copy from {src} ({exc.strerror}); free space or fix permissions") from None
+        raise UserError(f"{target}: cannot copy from {src} ({exc.strerror}); free space or fix "
+                        "permissions") from None
 
 
 # --- the FP8 subset ----------------------------------------------------------------------------------------
@@ -336,7 +353,8 @@ class _Shard:
     tensors: list[TensorInfo]  # selected, in source order
 
     def prefix(self) -> bytes:
-        return encode_header([(t.name, t.dtype, t.shape, t.nbytes) for t in self.tensors], self.header.metadata)[0]
+        specs = [(t.name, t.dtype, t.shape, t.nbytes) for t in self.tensors]
+        return encode_header(specs, self.header.metadata)[0]
 
     def body(self, reader: Reader, tally: list[int], bar: Any) -> Iterator[bytes]:
         """The subset file: a fresh header, then the selected tensors' bytes as fetched."""
@@ -386,8 +404,8 @@ def _select(reader: Reader, int4: Path, patterns: Sequence[str], config: Path, c
     label = reader.source.label
     index4 = read_index(int4)["weight_map"]
     int4_file = {t: f for t, f in index4.items() if f != EXTRA_FILE and not t.startswith("mtp.")}
-    int4_tensors = {n: t for f in sorted(set(int4_file.values())) for n, t in read_header(int4 / f).tensors.items()
-                    if not n.startswith("mtp.")}
+    int4_tensors = {n: t for f in sorted(set(int4_file.values()))
+                    for n, t in read_header(int4 / f).tensors.items() if not n.startswith("mtp.")}
     _cached(reader, cache / INDEX_NAME, INDEX_NAME, lambda read: read(0, reader.size(INDEX_NAME)), tally)
     index8: dict[str, str] = read_index(cache)["weight_map"]
     names = [f"{m}.{leaf}" for m in fp8_candidates(int4_tensors, index8, patterns)
@@ -395,12 +413,12 @@ def _select(reader: Reader, int4: Path, patterns: Sequence[str], config: Path, c
     headers: dict[str, Header] = {}
     for shard in sorted({index8[n] for n in names}):
         size = reader.size(shard)
-        headers[shard] = _cached(reader, cache / f"{shard}.header", shard,
-                                 lambda read: parse_header(read, size, f"{label}: {shard}"), tally)
+        parse = functools.partial(parse_header, size=size, source=f"{label}: {shard}")
+        headers[shard] = _cached(reader, cache / f"{shard}.header", shard, parse, tally)
     missing = [n for n in names if n not in headers[index8[n]].tensors]
     if missing:
-        raise UserError(f"{label}: {INDEX_NAME} maps {missing[0]} to {index8[missing[0]]}, whose header has no "
-                        "such tensor; the repo is inconsistent, pin another revision")
+        raise UserError(f"{label}: {INDEX_NAME} maps {missing[0]} to {index8[missing[0]]}, whose header has "
+                        "no such tensor; the repo is inconsistent, pin another revision")
     fp8_tensors = {n: headers[index8[n]].tensors[n] for n in names}
     try:
         qc = json.loads(config.read_text(encoding="utf-8")).get("quantization_config") or {}
@@ -413,12 +431,13 @@ def _select(reader: Reader, int4: Path, patterns: Sequence[str], config: Path, c
 
     modules = fp8_selection(int4_tensors, fp8_tensors, patterns, block, where)
     if not modules:
-        raise UserError(f"{label}: no tensor of {int4} has an F8_E4M3 X.weight with X.weight_scale_inv there; "
-                        "check that the repos are one model's INT4/FP8 pair (or widen with --fp8-pattern)")
+        raise UserError(f"{label}: no tensor of {int4} has an F8_E4M3 X.weight with X.weight_scale_inv "
+                        "there; check that the repos are one model's INT4/FP8 pair (or use --fp8-pattern)")
     picked: dict[str, list[TensorInfo]] = {}
     for n in (f"{m}.{leaf}" for m in modules for leaf in ("weight", "weight_scale_inv")):
         picked.setdefault(index8[n], []).append(fp8_tensors[n])
-    return [_Shard(shard, headers[shard], sorted(ts, key=lambda t: t.begin)) for shard, ts in sorted(picked.items())]
+    return [_Shard(shard, headers[shard], sorted(ts, key=lambda t: t.begin))
+            for shard, ts in sorted(picked.items())]
 
 
 def fetch_fp8_subset(repo: str, revision: str, int4_dir: str | os.PathLike[str], dest: str | os.PathLike[str],
@@ -483,7 +502,7 @@ def fetch_fp8_subset(repo: str, revision: str, int4_dir: str | os.PathLike[str],
 def _write_index_if_changed(out: Path, weight_map: dict[str, str], total_size: int) -> bool:
     if (out / INDEX_NAME).is_file():
         current = read_index(out)
-        if current["weight_map"] == weight_map and current.get("metadata", {}).get("total_size") == total_size:
+        if current["weight_map"] == weight_map and current["metadata"].get("total_size") == total_size:
             return False
     write_index(out, weight_map, total_size)
     return True

@@ -17,7 +17,8 @@ from sparkspec.hubserver import HubServer, publish
 
 def _source_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("repo", help="hub repo id, e.g. Qwen/Qwen3.5-122B-A10B-FP8")
-    p.add_argument("--revision", required=True, help="commit id to pin (a branch name resolves to its commit)")
+    p.add_argument("--revision", required=True,
+                   help="commit id to pin (a branch name resolves to its current commit)")
     p.add_argument("--endpoint", help="hub or mirror URL (default: HF_ENDPOINT, else huggingface.co)")
     p.add_argument("--token-file", help="file holding the HF token (default: HF_TOKEN from the environment)")
     p.add_argument("--local-path", help="air-gapped: copy from this directory instead of the hub")
@@ -123,7 +124,8 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         server = HubServer(args.root, args.host, args.port, tokens, verbose=args.verbose)
     except OSError as exc:
-        raise UserError(f"{args.host}:{args.port}: cannot listen ({exc.strerror}); pick another --port") from None
+        raise UserError(f"{args.host}:{args.port}: cannot listen ({exc.strerror}); pick another "
+                        "--port") from None
     signal.signal(signal.SIGTERM, _interrupt)
     print(f"hub: serving {os.path.abspath(args.root)} at {server.url} (tokens: {'on' if tokens else 'off'})",
           file=sys.stderr, flush=True)
@@ -148,7 +150,8 @@ def _publish(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UserError(f"--repo/--revision: {exc}") from None
     except OSError as exc:
-        raise UserError(f"{args.root}: cannot publish ({exc.strerror}); check space and permissions") from None
+        raise UserError(f"{args.root}: cannot publish ({exc.strerror}); check space and "
+                        "permissions") from None
     doc = {"changed": changed, "repo": args.repo, "revision": revision, "files": len(files),
            "bytes": sum(f.size for f in files.values())}
     return _finish(args, doc, f"hub: {args.repo}@{revision} {'published' if changed else 'unchanged'} "

@@ -27,7 +27,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 REVISION_FILE = ".sparkspec-revision"
 COMMIT_RE = re.compile(r"[0-9a-f]{40}")
@@ -145,7 +145,7 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: _Server
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+    def log_message(self, format: str, *args: Any) -> None:
         if self.server.hub.verbose:
             super().log_message(format, *args)
 
@@ -202,6 +202,7 @@ class _Handler(BaseHTTPRequestHandler):
             raise HubError(404, None, "Not Found")
         kind, revision = rest[0], rest[1]
         directory, files, commit = hub.snapshot(repo_id, revision)
+        doc: Any
         if kind == "revision" and method == "GET":
             blobs = urllib.parse.parse_qs(query).get("blobs", ["false"])[0].lower() == "true"
             doc = hub.model_info(repo_id, directory, files, commit, blobs)
@@ -246,31 +247,23 @@ class _Handler(BaseHTTPRequestHandler):
     def _stream(self, path: Path, key: str, start: int, end: int) -> None:
         hub = self.server.hub
         cut = hub.find_cut(key)
-        limit = cut.after if cut is not None else None
-        sent = 0
+        stop = min(end, start + cut.after) if cut is not None else end
         with open(path, "rb") as fh:
             fh.seek(start)
-            while start + sent < end:
-                chunk = fh.read(min(CHUNK, end - start - sent))
-                if not chunk:
-                    break
-                if limit is not None and sent + len(chunk) > limit:
-                    chunk = chunk[: limit - sent]
+            while start < stop and (chunk := fh.read(min(CHUNK, stop - start))):
                 try:
                     self.wfile.write(chunk)
                 except (BrokenPipeError, ConnectionResetError):  # the client went away
                     self.close_connection = True
                     return
-                sent += len(chunk)
+                start += len(chunk)
                 with hub.stats.lock:
                     hub.stats.file_bytes[key] += len(chunk)
                     hub.stats.body_bytes += len(chunk)
-                if cut is not None and limit is not None and sent >= limit:
-                    hub.spend_cut(cut)
-                    self.wfile.flush()
-                    self.connection.shutdown(socket.SHUT_RDWR)
-                    self.close_connection = True
-                    return
+        if cut is not None and stop < end:  # the fault: drop the connection mid-body
+            hub.spend_cut(cut)
+            self.connection.shutdown(socket.SHUT_RDWR)
+            self.close_connection = True
 
 
 def _parse_range(value: str, size: int) -> tuple[int, int]:
@@ -308,10 +301,10 @@ class HubServer:
 
     @property
     def url(self) -> str:
-        host, port = self._httpd.server_address[:2]
+        host, port = self._httpd.socket.getsockname()[:2]
         return f"http://{host}:{port}"
 
-    def start(self) -> HubServer:
+    def start(self) -> Self:
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="hubserver", daemon=True)
         self._thread.start()
         return self
@@ -328,7 +321,7 @@ class HubServer:
         if self._thread is not None:
             self._thread.join()
 
-    def __enter__(self) -> HubServer:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -379,7 +372,8 @@ class HubServer:
             siblings.append(sibling)
         return {"_id": commit[:24], "id": repo_id, "modelId": repo_id, "author": repo_id.split("/")[0],
                 "sha": commit, "private": False, "gated": False, "disabled": False, "downloads": 0,
-                "likes": 0, "tags": [], "siblings": siblings, "usedStorage": sum(f.size for f in files.values())}
+                "likes": 0, "tags": [], "siblings": siblings,
+                "usedStorage": sum(f.size for f in files.values())}
 
     @staticmethod
     def tree(files: dict[str, RepoFile], prefix: str, recursive: bool, commit: str) -> list[dict[str, Any]]:

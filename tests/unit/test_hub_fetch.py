@@ -130,7 +130,8 @@ def test_resume_after_interrupted_fetch(ckpts: dict[str, Path], server: HubServe
     result = fetch_fp8_subset(FP8_REPO, "main", ckpts["int4"], dest, endpoint=server.url)
     assert result.changed
     assert server.stats.file_bytes["Qwen/tiny-FP8/model-00001-of-00003.safetensors"] == 0  # kept
-    assert server.stats.file_bytes["Qwen/tiny-FP8/model-00002-of-00003.safetensors"] == result.tensor_bytes_fetched
+    assert server.stats.file_bytes["Qwen/tiny-FP8/model-00002-of-00003.safetensors"] == \
+        result.tensor_bytes_fetched
     assert not list(dest.glob("*.part"))
     assemble(ckpts["int4"], dest, tmp_path / "hybrid")
     _same_hybrid(tmp_path / "hybrid", reference)
@@ -138,8 +139,10 @@ def test_resume_after_interrupted_fetch(ckpts: dict[str, Path], server: HubServe
 
 def test_full_shard_fallback_and_local_path(ckpts: dict[str, Path], server: HubServer, reference: Path,
                                             tmp_path: Path) -> None:
-    full = fetch_fp8_subset(FP8_REPO, "main", ckpts["int4"], tmp_path / "full", endpoint=server.url, mode="full")
-    assert _shards(tmp_path / "full") == ["model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors"]
+    full = fetch_fp8_subset(FP8_REPO, "main", ckpts["int4"], tmp_path / "full", endpoint=server.url,
+                            mode="full")
+    assert _shards(tmp_path / "full") == ["model-00001-of-00003.safetensors",
+                                          "model-00002-of-00003.safetensors"]
     for name in _shards(tmp_path / "full"):
         assert (tmp_path / "full" / name).read_bytes() == (ckpts["fp8"] / name).read_bytes()
     assert full.tensor_bytes_fetched > full.tensor_bytes_used
@@ -164,7 +167,8 @@ def test_snapshot_of_plain_repo_with_pinned_revision(ckpts: dict[str, Path], ser
     (src / "config.json").write_text('{"model_type": "qwen3", "v": 2}\n')
     _, rev2, _ = publish(ckpts["root"], "org/plain", src)
     with pytest.raises(UserError, match=f"revision {rev1} not found \\(404\\)"):
-        fetch_repo("org/plain", rev1, tmp_path / "old", endpoint=server.url)  # the endpoint keeps one revision
+        # the endpoint serves one revision per repo: the replaced one is gone
+        fetch_repo("org/plain", rev1, tmp_path / "old", endpoint=server.url)
 
     result = fetch_repo("org/plain", rev2, tmp_path / "dest", endpoint=server.url)
     assert result.commit == rev2 and result.changed and result.files == ["config.json", "model.safetensors"]
@@ -182,7 +186,8 @@ def test_snapshot_of_plain_repo_with_pinned_revision(ckpts: dict[str, Path], ser
 def tiny_fs(tmp_path: Path):
     mount = tmp_path / "small"
     mount.mkdir()
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True)
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True,
+                          check=False)
     if proc.returncode != 0:
         pytest.skip(f"cannot mount a small tmpfs here: {proc.stderr.decode().strip()}")
     yield mount

@@ -99,7 +99,8 @@ def test_not_found_errors_carry_hub_error_codes(served, tmp_path: Path) -> None:
     with pytest.raises(RemoteEntryNotFoundError):
         hf_hub_download("org/tiny", "nope.json", revision=revision, endpoint=server.url, cache_dir=cache)
     r = httpx2.get(f"{server.url}/org/tiny/resolve/main/nope.json")
-    assert (r.status_code, r.headers["X-Error-Code"], r.headers["X-Repo-Commit"]) == (404, "EntryNotFound", revision)
+    assert (r.status_code, r.headers["X-Error-Code"], r.headers["X-Repo-Commit"]) == \
+        (404, "EntryNotFound", revision)
 
 
 def test_token_check(tmp_path: Path, repo_dir: Path) -> None:
@@ -135,6 +136,7 @@ def test_cli_publish_json(tmp_path: Path, repo_dir: Path, capsys: pytest.Capture
     assert first["changed"] is True and first["files"] == 3
     assert main(args) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["changed"] is False
-    assert main(["hub", "publish", "--root", str(tmp_path / "root"), "--repo", "bad", "--from", str(repo_dir)]) == 2
+    bad = ["hub", "publish", "--root", str(tmp_path / "root"), "--repo", "bad", "--from", str(repo_dir)]
+    assert main(bad) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "org/name" in err[0]

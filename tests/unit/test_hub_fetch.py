@@ -239,8 +239,13 @@ def test_cli_401_and_404(ckpts: dict[str, Path], tmp_path: Path, capsys: pytest.
         code, err, _ = _cli(capsys, "fetch", "repo", "Qwen/absent", "--revision", "main", "--dest",
                             str(tmp_path / "x"), "--endpoint", srv.url)
         assert code == 2 and len(err) == 1 and "Qwen/absent: repository not found (404)" in err[0]
-        code, err, _ = _cli(capsys, "fetch", "plan", FP8_REPO, "--revision", "f" * 40, "--endpoint", srv.url)
+        monkeypatch.setenv("HF_ENDPOINT", srv.url)  # the mirror setting, no --endpoint
+        code, err, _ = _cli(capsys, "fetch", "plan", FP8_REPO, "--revision", "f" * 40)
         assert code == 2 and len(err) == 1 and f"revision {'f' * 40} not found (404)" in err[0]
+        code, err, out = _cli(capsys, "fetch", "plan", FP8_REPO, "--revision", "main", "--json")
+        plan = json.loads(out.strip().splitlines()[-1])
+        assert code == 0 and plan["bytes_needed"] == sum(p.stat().st_size for p in ckpts["fp8"].iterdir())
+        monkeypatch.delenv("HF_ENDPOINT")
     plain = tmp_path / "plain"
     plain.mkdir()
     (plain / "config.json").write_text("{}\n")

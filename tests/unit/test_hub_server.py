@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx2
@@ -140,3 +144,23 @@ def test_cli_publish_json(tmp_path: Path, repo_dir: Path, capsys: pytest.Capture
     assert main(bad) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "org/name" in err[0]
+
+
+def test_cli_serve_answers_and_stops_on_sigterm(tmp_path: Path, repo_dir: Path) -> None:
+    root = tmp_path / "root"
+    _, revision, _ = publish(root, "org/tiny", repo_dir)
+    (tmp_path / "tokens").write_text("hf_one\nhf_two\n")
+    proc = subprocess.Popen([sys.executable, "-m", "sparkspec.cli", "hub", "serve", "--root", str(root),
+                             "--port", "0", "--token-file", str(tmp_path / "tokens")],
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+        url = re.search(r"at (http://127\.0\.0\.1:\d+) \(tokens: on\)", line)
+        assert url, line
+        info = HfApi(endpoint=url.group(1), token="hf_two").model_info("org/tiny")
+        assert info.sha == revision
+        assert httpx2.get(f"{url.group(1)}/api/models/org/tiny").status_code == 401
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0

@@ -142,6 +142,9 @@ def hub_errors(source: Source, path: str | None = None) -> Iterator[None]:
     except (httpx2.TransportError, LocalEntryNotFoundError) as exc:
         raise UserError(f"{where}: transfer failed ({exc.__class__.__name__}); check the network or "
                         "HF_ENDPOINT, then re-run to resume") from None
+    except OSError as exc:  # writing the download (disk full, permissions)
+        raise UserError(f"{exc.filename or where}: cannot write ({exc.strerror}); free space or fix "
+                        "permissions, then re-run to resume") from None
 
 
 class Reader:
@@ -163,7 +166,9 @@ class Reader:
         api = HfApi(endpoint=self.endpoint, token=source.token)
         with hub_errors(source):
             info = api.repo_info(source.repo, revision=source.revision)
-            assert info.sha is not None
+            if not info.sha:
+                raise UserError(f"{self.endpoint or 'the hub'}: answered no commit for {source.label}; point "
+                                "HF_ENDPOINT at a Hugging Face Hub-compatible server")
             self.commit = info.sha
             self.files = {f.path: f.size for f in api.list_repo_tree(source.repo, recursive=True,
                                                                        revision=self.commit)
@@ -225,12 +230,12 @@ def preflight(dest: Path, needed: int) -> None:
         probe = probe.parent
     free = shutil.disk_usage(probe).free
     if needed > free:
-        raise UserError(f"{dest}: needs {_gib(needed)} free for the download but {probe} has {_gib(free)}; "
+        raise UserError(f"{dest}: needs {_size(needed)} free for the download but {probe} has {_size(free)}; "
                         "free space or choose another destination")
 
 
-def _gib(n: int) -> str:
-    return f"{n / (1 << 30):.2f} GiB"
+def _size(n: int) -> str:
+    return str(hf_tqdm.format_sizeof(n, "B", 1024)).replace("B", "iB") if n >= 1024 else f"{n} B"
 
 
 # --- resumable state ----------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sparkspec.errors import UserError
+from sparkspec.simhub import SimHub
 
 SUITE = "bookworm"
 MIRROR = os.environ.get("SPARKSPEC_SIM_MIRROR", "http://deb.debian.org/debian")
@@ -157,8 +158,14 @@ class Sim:
         shutil.copyfile(certifi.where(), dest)
         return dest
 
+    @property
+    def hub(self) -> SimHub:
+        """The model hub the simulated Spark downloads from (on the controller's loopback)."""
+        return SimHub(self.state)
+
     def up(self, log=print) -> str:
-        """Start the container (building the image first if needed). Returns what it did."""
+        """Start the hub and the container (building the image first if needed). Returns what it did."""
+        log(f"hub: {self.hub.up(log)} on {self.hub.url}")
         built = self.build_image(log)
         self.ensure_key()
         current = self.running_image()
@@ -200,10 +207,11 @@ class Sim:
                 "root@127.0.0.1", *command]
 
     def down(self) -> str:
+        hub = self.hub.down()
         if self.running_image() is None:
-            return "absent"
+            return f"container absent, hub {hub}"
         self.podman("rm", "-f", "-t", "5", self.container)
-        return "removed"
+        return f"container removed, hub {hub}"
 
     def restart(self) -> None:
         """Restart the container as a power cycle of the Spark would: systemd boots again."""

@@ -158,28 +158,31 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         self._dispatch("POST")
 
+    def send_response(self, code: int, message: str | None = None) -> None:
+        # recorded before anything is sent, so a client that has its answer sees the record
+        with self.server.hub.stats.lock:
+            self.server.hub.stats.requests.append((self.command, urllib.parse.urlsplit(self.path).path,
+                                                   self.headers.get("Range"), code))
+        super().send_response(code, message)
+
     def _dispatch(self, method: str) -> None:
-        hub, status = self.server.hub, 500
         url = urllib.parse.urlsplit(self.path)
         parts = [urllib.parse.unquote(p) for p in url.path.split("/") if p]
         try:
-            hub.check_token(self.headers.get("Authorization"))
+            self.server.hub.check_token(self.headers.get("Authorization"))
             if parts[:2] == ["api", "models"] and len(parts) >= 4:
-                status = self._api(method, parts[2] + "/" + parts[3], parts[4:], url.query)
+                self._api(method, parts[2] + "/" + parts[3], parts[4:], url.query)
             elif len(parts) >= 5 and parts[2] == "resolve" and method in ("HEAD", "GET"):
-                status = self._resolve(method, parts[0] + "/" + parts[1], parts[3], "/".join(parts[4:]))
+                self._resolve(method, parts[0] + "/" + parts[1], parts[3], "/".join(parts[4:]))
             else:
                 raise HubError(404, None, "Not Found")
         except HubError as err:
-            status = err.status
             headers = {"X-Error-Message": err.message}
             if err.code:
                 headers["X-Error-Code"] = err.code
             if err.commit:
                 headers["X-Repo-Commit"] = err.commit
-            self._send(status, json.dumps({"error": err.message}).encode(), headers, method)
-        with hub.stats.lock:
-            hub.stats.requests.append((method, url.path, self.headers.get("Range"), status))
+            self._send(err.status, json.dumps({"error": err.message}).encode(), headers, method)
 
     def _send(self, status: int, body: bytes, headers: dict[str, str], method: str,
               content_type: str = "application/json") -> None:
@@ -190,11 +193,11 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(key, value)
         self.end_headers()
         if method != "HEAD":
-            self.wfile.write(body)
             with self.server.hub.stats.lock:
                 self.server.hub.stats.body_bytes += len(body)
+            self.wfile.write(body)
 
-    def _api(self, method: str, repo_id: str, rest: list[str], query: str) -> int:
+    def _api(self, method: str, repo_id: str, rest: list[str], query: str) -> None:
         hub = self.server.hub
         if not rest and method == "GET":
             rest = ["revision", "main"]
@@ -216,9 +219,8 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             raise HubError(404, None, "Not Found")
         self._send(200, json.dumps(doc).encode(), {"X-Repo-Commit": commit}, method)
-        return 200
 
-    def _resolve(self, method: str, repo_id: str, revision: str, rel: str) -> int:
+    def _resolve(self, method: str, repo_id: str, revision: str, rel: str) -> None:
         hub = self.server.hub
         directory, files, commit = hub.snapshot(repo_id, revision)
         entry = files.get(rel)
@@ -242,7 +244,6 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if method == "GET":
             self._stream(directory / rel, f"{repo_id}/{rel}", start, end)
-        return status
 
     def _stream(self, path: Path, key: str, start: int, end: int) -> None:
         hub = self.server.hub
@@ -251,15 +252,15 @@ class _Handler(BaseHTTPRequestHandler):
         with open(path, "rb") as fh:
             fh.seek(start)
             while start < stop and (chunk := fh.read(min(CHUNK, stop - start))):
+                with hub.stats.lock:  # counted before sending: a client that has the bytes sees the count
+                    hub.stats.file_bytes[key] += len(chunk)
+                    hub.stats.body_bytes += len(chunk)
                 try:
                     self.wfile.write(chunk)
                 except (BrokenPipeError, ConnectionResetError):  # the client went away
                     self.close_connection = True
                     return
                 start += len(chunk)
-                with hub.stats.lock:
-                    hub.stats.file_bytes[key] += len(chunk)
-                    hub.stats.body_bytes += len(chunk)
         if cut is not None and stop < end:  # the fault: drop the connection mid-body
             hub.spend_cut(cut)
             self.connection.shutdown(socket.SHUT_RDWR)

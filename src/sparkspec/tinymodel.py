@@ -6,7 +6,8 @@ that honours ``enable_thinking``. The same seed gives the same bytes on every ru
 
 The output head is scaled so that the logits have large gaps (standard deviation ~8): greedy decoding is then
 stable under the small numeric differences of batched speculative verification, and the text is repetitive, which
-is what lets n-gram drafts be accepted.
+is what lets n-gram drafts be accepted. Rows of special tokens and of tokens that are not printable text alone
+are scaled down, so greedy output is readable characters and runs to max_tokens (no end-of-turn token).
 """
 
 from __future__ import annotations
@@ -31,6 +32,10 @@ HEAD_DIM = 64
 INTERMEDIATE = 512
 VOCAB = 512
 MAX_POSITIONS = 4096
+# Attention and MLP outputs are scaled down against the token embedding: the next token then depends mostly on
+# the current one (repetitive text that n-gram drafts match) and little on low-order bits of the context, so
+# greedy output survives the numeric differences between batched verification and one-token decoding.
+BRANCH = 0.15
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>")
 
@@ -124,17 +129,31 @@ def _shapes() -> dict[str, tuple[tuple[int, ...], float]]:
             p + "self_attn.q_proj.weight": ((q_out, HIDDEN), proj),
             p + "self_attn.k_proj.weight": ((kv_out, HIDDEN), proj),
             p + "self_attn.v_proj.weight": ((kv_out, HIDDEN), proj),
-            p + "self_attn.o_proj.weight": ((HIDDEN, q_out), proj),
+            p + "self_attn.o_proj.weight": ((HIDDEN, q_out), proj * BRANCH),
             p + "self_attn.q_norm.weight": ((HEAD_DIM,), 0.0),
             p + "self_attn.k_norm.weight": ((HEAD_DIM,), 0.0),
             p + "post_attention_layernorm.weight": ((HIDDEN,), 0.0),
             p + "mlp.gate_proj.weight": ((INTERMEDIATE, HIDDEN), proj),
             p + "mlp.up_proj.weight": ((INTERMEDIATE, HIDDEN), proj),
-            p + "mlp.down_proj.weight": ((HIDDEN, INTERMEDIATE), INTERMEDIATE ** -0.5),
+            p + "mlp.down_proj.weight": ((HIDDEN, INTERMEDIATE), INTERMEDIATE ** -0.5 * BRANCH),
         })
     out["model.norm.weight"] = ((HIDDEN,), 0.0)
     out["lm_head.weight"] = ((VOCAB, HIDDEN), 0.5)
     return out
+
+
+def _muted_tokens(tok: Tokenizer) -> list[int]:
+    """Special tokens and tokens that are not printable text alone (lone bytes of a UTF-8 sequence, controls).
+
+    Their output-head rows are scaled down so greedy text is readable and runs to max_tokens.
+    """
+    muted = []
+    for token_id in range(tok.get_vocab_size()):
+        text = tok.decode([token_id], skip_special_tokens=False)
+        if (tok.id_to_token(token_id) in SPECIAL_TOKENS or "\ufffd" in text
+                or not all(c.isprintable() or c in "\n " for c in text)):
+            muted.append(token_id)
+    return muted
 
 
 def config(tok: Tokenizer) -> dict[str, object]:
@@ -214,6 +233,8 @@ def write_tiny_model(out: str | Path, seed: int = 0) -> TinyModel:
     params = 0
     for name, (shape, std) in _shapes().items():
         values = np.ones(shape, np.float32) if std == 0.0 else rng.standard_normal(shape, np.float32) * std
+        if name == "lm_head.weight":
+            values[_muted_tokens(tok)] *= 0.02
         tensors[name] = ("BF16", shape, _bf16(values))
         params += int(np.prod(shape))
     names = ("model.safetensors", "tokenizer.json", "config.json", "tokenizer_config.json",

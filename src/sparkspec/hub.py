@@ -254,6 +254,15 @@ def _save_state(dest: Path, doc: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def _finish(dest: Path, doc: dict[str, Any]) -> None:
+    """Record a completed fetch; ``.sparkspec-revision`` names the commit for assemble's manifest (and lets
+    the directory serve as a ``local_path`` source or be published with that revision)."""
+    _save_state(dest, {**doc, "complete": True})
+    marker = dest / REVISION_FILE
+    if COMMIT_RE.fullmatch(doc["commit"]) and not (marker.is_file() and marker.read_text().strip() == doc["commit"]):
+        _write_file(dest, REVISION_FILE, [doc["commit"].encode() + b"\n"])
+
+
 def _begin(dest: Path, key: str, sizes: dict[str, int]) -> dict[str, int]:
     """Record a fetch as started; return the files still to transfer. Files are renamed into place only when
     complete, so one of the right size left by an earlier run of the same ``key`` is done; files from a run
@@ -305,8 +314,7 @@ def fetch_repo(repo: str, revision: str, dest: str | os.PathLike[str],
         with hub_errors(p.reader.source):
             snapshot_download(repo, revision=p.commit, local_dir=out, allow_patterns=list(todo), token=token,
                               endpoint=p.reader.endpoint, max_workers=max_workers)
-    _save_state(out, {"repo": repo, "revision": revision, "commit": p.commit, "mode": "repo",
-                      "files": p.files})
+    _finish(out, {"repo": repo, "revision": revision, "commit": p.commit, "mode": "repo", "files": p.files})
     return FetchResult(repo, p.commit, str(out), "repo", bool(todo), sorted(p.files),
                        bytes_fetched=sum(todo.values()))
 
@@ -495,9 +503,8 @@ def fetch_fp8_subset(repo: str, revision: str, int4_dir: str | os.PathLike[str],
             for shard in (s for s in shards if s.name in todo):
                 _write_file(out, shard.name, shard.body(reader, fetched, bar))
     index_changed = _write_index_if_changed(out, weight_map, total_size)
-    _save_state(out, {"key": key, "repo": repo, "revision": revision, "commit": reader.commit, "mode": mode,
-                      "complete": True, "endpoint": None if local_path else reader.endpoint,
-                      "local_path": local_path, "tensors": names})
+    _finish(out, {"key": key, "repo": repo, "revision": revision, "commit": reader.commit, "mode": mode,
+                  "endpoint": None if local_path else reader.endpoint, "local_path": local_path, "tensors": names})
     return FetchResult(repo, reader.commit, str(out), mode, bool(todo) or index_changed,
                        sorted(s.name for s in shards), bytes_fetched=tally[0] + fetched[0],
                        tensor_bytes_fetched=fetched[0], tensor_bytes_used=used,

@@ -98,6 +98,8 @@ def test_ranged_subset_fetches_only_needed_bytes_and_assembles_identically(
 
     assemble(ckpts["int4"], tmp_path / "sub", tmp_path / "hybrid")
     _same_hybrid(tmp_path / "hybrid", reference)
+    config = json.loads((tmp_path / "hybrid" / "config.json").read_text())
+    assert config["sparkspec_hybrid"]["fp8_revision"] == result.commit  # the pinned commit reaches the hybrid
 
     server.stats.reset()
     again = fetch_fp8_subset(FP8_REPO, "main", ckpts["int4"], tmp_path / "sub", endpoint=server.url)

@@ -259,7 +259,8 @@ def _finish(dest: Path, doc: dict[str, Any]) -> None:
     the directory serve as a ``local_path`` source or be published with that revision)."""
     _save_state(dest, {**doc, "complete": True})
     marker = dest / REVISION_FILE
-    if COMMIT_RE.fullmatch(doc["commit"]) and not (marker.is_file() and marker.read_text().strip() == doc["commit"]):
+    current = marker.read_text().strip() if marker.is_file() else None
+    if COMMIT_RE.fullmatch(doc["commit"]) and current != doc["commit"]:
         _write_file(dest, REVISION_FILE, [doc["commit"].encode() + b"\n"])
 
 
@@ -504,7 +505,8 @@ def fetch_fp8_subset(repo: str, revision: str, int4_dir: str | os.PathLike[str],
                 _write_file(out, shard.name, shard.body(reader, fetched, bar))
     index_changed = _write_index_if_changed(out, weight_map, total_size)
     _finish(out, {"key": key, "repo": repo, "revision": revision, "commit": reader.commit, "mode": mode,
-                  "endpoint": None if local_path else reader.endpoint, "local_path": local_path, "tensors": names})
+                  "endpoint": None if local_path else reader.endpoint, "local_path": local_path,
+                  "tensors": names})
     return FetchResult(repo, reader.commit, str(out), mode, bool(todo) or index_changed,
                        sorted(s.name for s in shards), bytes_fetched=tally[0] + fetched[0],
                        tensor_bytes_fetched=fetched[0], tensor_bytes_used=used,

@@ -46,6 +46,55 @@ def provision(c, host, inventory=None, method=None, tags="", skip_tags="", check
     _play(c, "provision.yml", host, inventory, extra, tags, skip_tags, check)
 
 
+def _methods() -> list[str]:
+    return sorted(p.stem.removeprefix("deploy-") for p in (ROOT / "playbooks").glob("deploy-*.yml"))
+
+
+def _method_playbook(method: str) -> str:
+    if method not in _methods():
+        raise Exit(f"sparkspec: error: unknown method {method!r}; choose one of {', '.join(_methods())}", code=2)
+    return f"deploy-{method}.yml"
+
+
+@task(help={"host": "inventory host", "method": "baseline, ngram, mtp, eagle3 or dflash",
+            "inventory": "inventory folder (default from invoke.yaml)", "check": "dry run"})
+def deploy(c, host, method, inventory=None, check=False):
+    """Switch a host to a method: validate, stage, check with vLLM's parser, restart, wait for health, roll back."""
+    _play(c, _method_playbook(method), host, inventory, check=check)
+
+
+@task(help={"host": "inventory host", "method": "method to render", "dest": "folder to write the files under",
+            "inventory": "inventory folder (default from invoke.yaml)",
+            "model-config": "local copy of the model's config.json (checks MTP k)"})
+def render(c, host, method, dest, inventory=None, model_config=""):
+    """Write the files the deploy would install for a host and method under DEST, touching no host."""
+    _method_playbook(method)
+    extra = {"sparkspec_method": method, "deploy_render_root": str(Path(dest).resolve())}
+    if model_config:
+        extra["deploy_model_config_file"] = str(Path(model_config).resolve())
+    _play(c, "render.yml", host, inventory, extra)
+    print(f"sparkspec: rendered {method} for {host} under {dest}")
+
+
+@task(help={"host": "inventory host", "inventory": "inventory folder (default from invoke.yaml)",
+            "remove-models": "also delete the checkpoints and heads"})
+def teardown(c, host, inventory=None, remove_models=False):
+    """Stop and remove the vLLM unit on a host (checkpoints stay unless --remove-models)."""
+    _play(c, "teardown.yml", host, inventory, {"teardown_remove_models": remove_models})
+
+
+@task(help={"host": "inventory host (default: every host)", "inventory": "inventory folder"})
+def status(c, host="all", inventory=None):
+    """Show what each host serves: unit state, method, profile, model, /health."""
+    inv = _inventory(c, inventory)
+    try:
+        lines = ansible_run.status_lines(inv, host)
+    except UserError as exc:
+        raise _fail(exc) from None
+    for line in lines:
+        print(line)
+
+
 @task(help={"rebuild": "rebuild the image even if one with the same recipe exists"})
 def sim_up(c, rebuild=False):
     """Start the simulated Spark (builds its image once): systemd container, sshd on loopback."""
@@ -98,5 +147,5 @@ sim.add_task(sim_up, "up")
 sim.add_task(sim_down, "down")
 sim.add_task(sim_ssh, "ssh")
 
-ns = Collection(provision, lint, test, sim)
+ns = Collection(provision, deploy, render, teardown, status, lint, test, sim)
 ns.configure({"sparkspec": {"inventory": "inventories/sim", "sim_host": "sim01"}})

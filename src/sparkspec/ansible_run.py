@@ -156,3 +156,15 @@ def _first_msg(output: str, marker: str) -> str:
 def _last_line(text: str) -> str:
     lines = [ln for ln in text.strip().splitlines() if ln.strip()]
     return lines[-1].strip() if lines else "no output"
+
+
+def status_lines(inventory: str | os.PathLike[str], pattern: str = "all") -> list[str]:
+    """One line per host from playbooks/status.yml: unit state, method, profile, model, /health."""
+    if pattern != "all":
+        require_host(inventory, pattern)
+    proc = subprocess.run([tool("ansible-playbook"), "-i", str(inventory_path(inventory)), "--limit", pattern,
+                           str(PROJECT_ROOT / "playbooks/status.yml")], env=ansible_env(), cwd=PROJECT_ROOT,
+                          capture_output=True, text=True, check=False)
+    lines = [m.group(1) for m in re.finditer(r"sparkspec-status (.+?)['\"]?$", proc.stdout, re.M)]
+    unreachable = re.findall(r"^fatal: \[([^\]]+)\]: UNREACHABLE", proc.stdout, re.M)
+    return [" ".join(line.split()) for line in lines] + [f"{h} unreachable" for h in unreachable]

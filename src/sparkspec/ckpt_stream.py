@@ -1,12 +1,14 @@
 """Streaming copy of byte ranges into new files, hashing exactly the bytes written, in one pass.
 
-One reusable buffer per process; source reads land directly in it (``preadv``), so memory stays flat
-whatever the file sizes. xxh3_128 (the ``xxhash`` package) hashes at memory speed; without it the stdlib
+Each chunk of a source range is read into one reusable buffer (``preadv``) and hashed, then the same
+range is copied in-kernel with ``copy_file_range`` (page cache to page cache, as ``cp`` does), falling back
+to writing the buffer where the kernel cannot; memory stays flat whatever the file sizes. xxh3_128 (the ``xxhash`` package) hashes at memory speed; without it the stdlib
 blake2b is used and the manifest records which.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 from collections.abc import Callable
@@ -50,6 +52,7 @@ class Sink:
         self.pos = 0
         self.size = 0
         self.hash = new_hash()
+        self.kernel_copy = True
 
     def put_bytes(self, data: bytes) -> None:
         view = memoryview(data)
@@ -62,28 +65,50 @@ class Sink:
                 self.flush()
 
     def put_range(self, src_fd: int, src: Path, offset: int, nbytes: int) -> None:
+        """Append ``nbytes`` of ``src`` from ``offset``: each chunk is read and hashed, then copied in-kernel
+        (copy_file_range, page cache to page cache) from the same source range; plain write as fallback."""
+        self.flush()
         while nbytes:
-            take = min(nbytes, len(self.buf) - self.pos)
-            got = os.preadv(src_fd, [self.buf[self.pos: self.pos + take]], offset)
+            take = min(nbytes, len(self.buf))
+            got = os.preadv(src_fd, [self.buf[:take]], offset)
             if got <= 0:
                 raise UserError(f"{src}: ended early at byte {offset}; the file changed or is truncated, "
                                 "re-download it")
-            self.pos += got
+            chunk = self.buf[:got]
+            self.hash.update(chunk)
+            self._copy(src_fd, offset, chunk)
+            self.size += got
             offset += got
             nbytes -= got
             if self.progress:
                 self.progress(got)
-            if self.pos == len(self.buf):
-                self.flush()
+
+    def _copy(self, src_fd: int, offset: int, chunk: memoryview) -> None:
+        done = 0
+        try:
+            while done < len(chunk) and self.kernel_copy:
+                n = os.copy_file_range(src_fd, self.fd, len(chunk) - done, offset + done, self.size + done)
+                if n <= 0:
+                    break
+                done += n
+        except OSError as exc:
+            if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EBADF):
+                raise OSError(exc.errno, exc.strerror, str(self.path)) from None
+            self.kernel_copy = False
+        self._write_at(chunk[done:], self.size + done)
+
+    def _write_at(self, view: memoryview, at: int) -> None:
+        try:
+            while view:
+                n = os.pwrite(self.fd, view, at)
+                view, at = view[n:], at + n
+        except OSError as exc:
+            raise OSError(exc.errno, exc.strerror, str(self.path)) from None
 
     def flush(self) -> None:
         view = self.buf[: self.pos]
         self.hash.update(view)
-        try:
-            while view:
-                view = view[os.write(self.fd, view):]
-        except OSError as exc:
-            raise OSError(exc.errno, exc.strerror, str(self.path)) from None
+        self._write_at(view, self.size)
         self.size += self.pos
         self.pos = 0
 

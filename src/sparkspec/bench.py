@@ -288,7 +288,7 @@ def _cycle(prompts: list[Prompt], n: int | None) -> list[Prompt]:
 
 def _run_suite(cfg: BenchConfig, client: httpx.Client, prompts: list[Prompt], opts: RequestOptions
                ) -> tuple[list[RequestResult], float, dict[str, Any]]:
-    before = metrics.scrape(client, cfg.url) if cfg.metrics else None
+    before = metrics.scrape(client, cfg.url, cfg.api_key) if cfg.metrics else None
 
     async def go() -> tuple[list[RequestResult], float]:
         async with async_client(cfg.concurrency, cfg.timeout) as aclient:
@@ -299,7 +299,7 @@ def _run_suite(cfg: BenchConfig, client: httpx.Client, prompts: list[Prompt], op
     if before is not None:
         min_gen = sum(r.output_tokens for r in results if r.ok)
         try:
-            server["after"] = metrics.settled(client, cfg.url, before, min_gen)
+            server["after"] = metrics.settled(client, cfg.url, before, min_gen, cfg.api_key)
         except UserError as exc:
             server["error"] = str(exc)
     return results, duration, server
@@ -339,19 +339,20 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         first_before = last_after = None
         per_suite: dict[str, Any] = {}
         error = None
-        for name, prompts in suites:
-            results, duration, server = _run_suite(cfg, client, _cycle(prompts, cfg.requests), opts)
+        planned = {name: _cycle(prompts, cfg.requests) for name, prompts in suites}
+        for name, todo in planned.items():
+            results, duration, server = _run_suite(cfg, client, todo, opts)
             all_results += results
             total_duration += duration
             first_before = first_before or server["before"]
             last_after = server["after"]
-            per_suite[name] = {"num_prompts": len(results)} | _figures(results, duration, server["before"],
-                                                                       server["after"])
+            per_suite[name] = {"num_prompts": len(todo)} | _figures(results, duration, server["before"],
+                                                                    server["after"])
             fatal = next((r.error for r in results if r.fatal), None)
             if fatal or server["error"]:
                 error = fatal or server["error"]
                 break
-    result["num_prompts"] = len(all_results)
+    result["num_prompts"] = sum(len(todo) for todo in planned.values())  # planned; unsent ones count nowhere
     result |= _figures(all_results, total_duration, first_before, last_after)
     if len(suites) > 1:
         result["suites"] = per_suite

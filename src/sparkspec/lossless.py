@@ -102,6 +102,9 @@ def load_reference(path: str | Path) -> dict[str, Any]:
                                              for o in doc["outputs"]):
         raise UserError(f"{path}: not a {FORMAT} file with outputs; record it with "
                         "`sparkspec check-output record`")
+    ids = [o["id"] for o in doc["outputs"]]
+    if len(set(ids)) != len(ids):
+        raise UserError(f"{path}: output ids repeat; record the reference again")
     return doc
 
 

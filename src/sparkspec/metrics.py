@@ -101,10 +101,10 @@ def spec_decode_figures(d: Snapshot) -> dict[str, Any]:
     }
 
 
-def scrape(client: httpx.Client, base_url: str) -> Snapshot:
+def scrape(client: httpx.Client, base_url: str, api_key: str | None = None) -> Snapshot:
     url = base_url.rstrip("/") + "/metrics"
     try:
-        response = client.get(url)
+        response = client.get(url, headers={"Authorization": f"Bearer {api_key}"} if api_key else None)
     except httpx.TransportError as exc:
         raise UserError(f"{url}: unreachable ({exc.__class__.__name__}: {exc}); check --url and that "
                         "the server is up") from None
@@ -115,17 +115,17 @@ def scrape(client: httpx.Client, base_url: str) -> Snapshot:
 
 
 def settled(client: httpx.Client, base_url: str, before: Snapshot, min_generation: float,
-            timeout: float = 10.0, interval: float = 0.2) -> Snapshot:
+            api_key: str | None = None, timeout: float = 10.0, interval: float = 0.2) -> Snapshot:
     """Scrape until the counters stop moving and cover ``min_generation`` new tokens (or ``timeout``).
 
     vLLM records iteration stats just after it hands out a step's tokens, so a scrape taken the instant the
     last stream ends can miss the final step.
     """
     deadline = time.monotonic() + timeout
-    last = scrape(client, base_url)
+    last = scrape(client, base_url, api_key)
     while time.monotonic() < deadline:
         time.sleep(interval)
-        now = scrape(client, base_url)
+        now = scrape(client, base_url, api_key)
         if now == last and now.generation_tokens - before.generation_tokens >= min_generation:
             return now
         last = now

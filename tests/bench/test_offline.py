@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkspec import bench_ceiling, lossless, metrics, report
+from sparkspec import bench_ceiling, lossless, metrics
 from sparkspec.errors import UserError
 
 from .conftest import Cli, free_port

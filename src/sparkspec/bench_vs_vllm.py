@@ -87,6 +87,7 @@ def run(url: str, model: str, repeats: int = 3, vllm_python: str = DEFAULT_VLLM_
         "ours": _spread(ours), "vllm": _spread(ref),
         "ratio": statistics.fmean(ours) / statistics.fmean(ref),
         "paired_ratios": [a / b for a, b in zip(ours, ref)],
+        "median_paired_ratio": statistics.median(a / b for a, b in zip(ours, ref)),
         "ours_total_output_tokens": [r["total_output_tokens"] for r in ours_runs],
         "vllm_total_output_tokens": [r["total_output_tokens"] for r in vllm_runs],
         "ours_spec_decode_acceptance_rate": [r["spec_decode_acceptance_rate"] for r in ours_runs],

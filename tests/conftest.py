@@ -28,6 +28,14 @@ def sim():
     return sim
 
 
+@pytest.fixture(scope="session")
+def provisioned(sim):
+    """The simulated Spark after the whole provision pipeline (it serves the sim inventory's method)."""
+    result = run_cli(f"{BIN}/invoke", "provision", "--host", "sim01", timeout=1800)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr
+    return sim
+
+
 def run_cli(*argv: str, env: dict[str, str] | None = None, timeout: float = 900) -> subprocess.CompletedProcess[str]:
     """Run a project command (invoke task or sparkspec CLI) the way a user would, from the project root."""
     full_env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", **(env or {})}

@@ -306,10 +306,14 @@ def _write_side_files(directory: Path, config: dict[str, Any]) -> None:
 
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     vocab = {"<|endoftext|>": 0, "<|im_start|>": 1, "<|im_end|>": 2}
-    vocab.update({chr(c): len(vocab) for c in range(32, 127)})
+    for c in range(32, 127):
+        vocab[chr(c)] = len(vocab)
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<|endoftext|>"))
     tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
-    tok.save(str(directory / "tokenizer.json"))
+    # tokenizers serialises a WordLevel vocab in hash order: sort it so the same spec gives the same bytes.
+    doc = json.loads(tok.to_str())
+    doc["model"]["vocab"] = dict(sorted(doc["model"]["vocab"].items(), key=lambda kv: kv[1]))
+    (directory / "tokenizer.json").write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
     (directory / "tokenizer_config.json").write_text(json.dumps(
         {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>",
          "pad_token": "<|endoftext|>", "model_max_length": 4096}, indent=2) + "\n")

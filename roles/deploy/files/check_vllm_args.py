@@ -2,14 +2,17 @@
 
 Usage: <vllm venv>/bin/python check_vllm_args.py ARG... ; exit 0 when vLLM's parser accepts the
 arguments, else exit 2 with the parser's message as one line on stderr. Nothing is started.
+With --records, reads a JSON list of argument lists on stdin and prints one line per list ("ok" or the
+parser's message), exiting 2 if any was refused (one import of vLLM for many command lines).
 """
 
 import contextlib
 import io
+import json
 import sys
 
 
-def main(argv: list[str]) -> int:
+def make_parser():
     try:
         from vllm.entrypoints.launchers.cli_args import make_arg_parser
     except ImportError:  # older vLLM releases
@@ -18,7 +21,11 @@ def main(argv: list[str]) -> int:
         from vllm.utils.argparse_utils import FlexibleArgumentParser
     except ImportError:
         from vllm.utils import FlexibleArgumentParser
-    parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+    return make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+
+
+def refusal(parser, argv: list[str]) -> str:
+    """Empty when the parser accepts argv, else its message."""
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err):
@@ -26,8 +33,21 @@ def main(argv: list[str]) -> int:
     except SystemExit as exc:
         if exc.code:
             lines = [ln for ln in err.getvalue().splitlines() if ln.strip()]
-            print(f"vLLM refused the command line: {lines[-1] if lines else exc.code}", file=sys.stderr)
-            return 2
+            return f"vLLM refused the command line: {lines[-1] if lines else exc.code}"
+    return ""
+
+
+def main(argv: list[str]) -> int:
+    parser = make_parser()
+    if argv[:1] == ["--records"]:
+        messages = [refusal(parser, args) for args in json.load(sys.stdin)]
+        for message in messages:
+            print(message or "ok")
+        return 2 if any(messages) else 0
+    message = refusal(parser, argv)
+    if message:
+        print(message, file=sys.stderr)
+        return 2
     return 0
 
 

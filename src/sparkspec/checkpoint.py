@@ -12,28 +12,26 @@ import errno
 import fcntl
 import hashlib
 import json
-import math
 import os
-import re
 import shutil
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sparkspec.ckpt_stream import (HASH_NAME, Piece, Progress, copy_file, fsync_dir, fsync_path, new_hash,
                                    write_pieces)
+from sparkspec.ckpt_select import (compile_patterns, fp8_candidates, fp8_pair, fp8_selection,
+                                   int4_model_shards, int4_model_tensors, module_of, weight_block_size)
 from sparkspec.errors import UserError
+from sparkspec.hubrepo import REVISION_FILE
+from sparkspec.jsonfile import read_json
 from sparkspec.safetensors_io import (INDEX_NAME, Header, TensorInfo, encode_header, read_header, read_index,
                                       write_index)
 
-EXTRA_FILE = "model_extra_tensors.safetensors"
 MANIFEST_NAME = "sparkspec-manifest.json"
 CONFIG_KEY = "sparkspec_hybrid"  # top-level config.json key; never inside quantization_config
 FORMAT_VERSION = 1
-QUANT_SUFFIXES = (".weight", ".qweight", ".qzeros", ".scales", ".g_idx")
-FUSED_GROUPS = ({"q_proj", "k_proj", "v_proj"}, {"gate_proj", "up_proj"}, {"in_proj_qkv", "in_proj_z"},
-                {"in_proj_b", "in_proj_a"})
 
 @dataclass
 class Plan:
@@ -54,19 +52,12 @@ class Plan:
         return hashlib.sha256(json.dumps(self.inputs, sort_keys=True).encode()).hexdigest()
 
 
-def module_of(name: str) -> str | None:
-    for suffix in QUANT_SUFFIXES:
-        if name.endswith(suffix):
-            return name[: -len(suffix)]
-    return None
-
-
 def _revision(directory: Path) -> str | None:
     """The hub commit of a download: snapshot folder name, or huggingface_hub's local-dir metadata."""
     real = directory.resolve()
     if real.parent.name == "snapshots":
         return real.name
-    marker = directory / ".sparkspec-revision"  # written by sparkspec fetch
+    marker = directory / REVISION_FILE  # written by sparkspec fetch
     if marker.is_file():
         return marker.read_text().strip() or None
     # huggingface_hub's local-dir download metadata: first line is the commit. Read it directly:
@@ -88,12 +79,7 @@ def _stat(path: Path) -> dict[str, int]:
 
 
 def _load_json(path: Path) -> dict[str, Any]:
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UserError(f"{path}: not found; point at a complete checkpoint directory") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UserError(f"{path}: not valid JSON ({exc}); re-download it") from None
+    doc = read_json(path, "not found; point at a complete checkpoint directory", "re-download it")
     if not isinstance(doc, dict):
         raise UserError(f"{path}: not a JSON object; re-download it")
     return doc
@@ -115,103 +101,25 @@ def text_config(config: dict[str, Any]) -> dict[str, Any]:
     return inner if isinstance(inner, dict) else config
 
 
-def _compile(patterns: Iterable[str]) -> list[re.Pattern[str]]:
-    regexes = []
-    for pat in patterns:
-        try:
-            regexes.append(re.compile(pat))
-        except re.error as exc:
-            raise UserError(f"--fp8-pattern {pat!r}: not a valid regular expression ({exc}); fix it") from None
-    return regexes
-
-
-def fp8_candidates(int4_names: Iterable[str], fp8_names: Collection[str], patterns: Iterable[str] = ()
-                   ) -> list[str]:
-    """Modules X that may take FP8, from tensor names only (e.g. an index, before reading headers).
-
-    Default rule: the INT4 model shards keep ``X.weight`` (16-bit) and the FP8 checkpoint has ``X.weight``
-    and ``X.weight_scale_inv``. A ``--fp8-pattern`` (re.search on X) also admits INT4 ``X.qweight`` modules.
-    ``mtp.*`` is never a candidate (add-mtp's job). Fetch ``X.weight`` + ``X.weight_scale_inv`` for each.
-    """
-    regexes = _compile(patterns)
-    out = set()
-    for name in int4_names:
-        module = module_of(name)
-        if module is None or name.startswith("mtp."):
-            continue
-        if not (name.endswith(".weight") or (name.endswith(".qweight") and any(r.search(module)
-                                                                               for r in regexes))):
-            continue
-        if f"{module}.weight" in fp8_names and f"{module}.weight_scale_inv" in fp8_names:
-            out.add(module)
-    return sorted(out)
-
-
-def _label(side: str, name: str) -> str:
-    return f"{side} {name}"
-
-
-def fp8_selection(int4_tensors: Mapping[str, TensorInfo], fp8_tensors: Mapping[str, TensorInfo],
-                  patterns: Iterable[str] = (), block: Sequence[int] = (128, 128),
-                  source: Callable[[str, str], str] = _label) -> list[str]:
-    """The validated modules to take in FP8 (sorted): the candidates whose FP8 ``X.weight`` is F8_E4M3 of
-    the INT4 module's [out, in] with a BF16/F32 scale of [ceil(out/b0), ceil(in/b1)]; fused groups whole.
-
-    ``int4_tensors``: the INT4 model shards' tensors by name; ``fp8_tensors``: FP8 tensors by name (at least
-    each candidate's weight and scale). ``source(side, name)`` names the file holding a tensor ("int4" or
-    "fp8" side) in error messages. Raises UserError on a dtype or shape mismatch between the sources.
-    """
-    chosen = []
-    for module in fp8_candidates(int4_tensors, fp8_tensors, patterns):
-        t = int4_tensors.get(f"{module}.weight") or int4_tensors[f"{module}.qweight"]
-        w, scale = fp8_tensors[f"{module}.weight"], fp8_tensors[f"{module}.weight_scale_inv"]
-        if w.dtype != "F8_E4M3":
-            raise UserError(f"{source('fp8', w.name)}: {w.name} has a weight_scale_inv but dtype {w.dtype}, "
-                            "expected F8_E4M3; dtype mismatch between sources, check --fp8")
-        if t.name.endswith(".weight") and t.dtype not in ("BF16", "F16", "F32"):
-            raise UserError(f"{source('int4', t.name)}: {t.name} is {t.dtype}, expected a 16/32-bit float to "
-                            "replace with FP8; dtype mismatch between sources, check --int4")
-        want = (t.shape[1], t.shape[0] * 8) if t.name.endswith(".qweight") and len(t.shape) == 2 else t.shape
-        if tuple(w.shape) != tuple(want):
-            raise UserError(f"{source('fp8', w.name)}: {w.name} is {list(w.shape)} but "
-                            f"{source('int4', t.name)} has {t.name} {t.dtype} {list(t.shape)} (weight "
-                            f"{list(want)}); shape mismatch between sources, check --int4 and --fp8 are one model")
-        want_scale = tuple(math.ceil(d / b) for d, b in zip(want, block))
-        if scale.dtype not in ("BF16", "F32") or tuple(scale.shape) != want_scale:
-            raise UserError(f"{source('fp8', scale.name)}: {scale.name} is {scale.dtype} {list(scale.shape)}, "
-                            f"expected BF16 or F32 {list(want_scale)} for block {list(block)}; re-fetch it")
-        chosen.append(module)
-    int4_modules = {module_of(n) for n in int4_tensors}
-    for module in chosen:
-        parent, _, leaf = module.rpartition(".")
-        for group in FUSED_GROUPS:
-            missing = [f"{parent}.{o}" for o in sorted(group - {leaf}) if leaf in group
-                       and f"{parent}.{o}" in int4_modules and f"{parent}.{o}" not in chosen]
-            if missing:
-                raise UserError(f"{source('fp8', module + '.weight')}: {module} would be FP8 but {missing[0]} "
-                                "not; vLLM fuses them, so make --fp8-pattern cover the whole group or none")
-    return chosen
-
-
 def plan_assembly(int4: Path, fp8: Path, patterns: Iterable[str] = (), expect_fp8: int | None = None) -> Plan:
     int4, fp8, patterns = Path(int4), Path(fp8), list(patterns)
-    _compile(patterns)
+    compile_patterns(patterns)
     index4 = read_index(int4)["weight_map"]
-    shard_files = sorted({f for t, f in index4.items() if f != EXTRA_FILE and not t.startswith("mtp.")})
+    shard_files = int4_model_shards(index4)
     if not shard_files:
         raise UserError(f"{int4 / INDEX_NAME}: maps no model shard; point --int4 at the INT4 checkpoint")
     h4 = _headers(int4, shard_files)
     _check_index(int4 / INDEX_NAME, index4, h4)
     config = _load_json(int4 / "config.json")
     fp8_config = _load_json(fp8 / "config.json")
-    block = tuple((fp8_config.get("quantization_config") or {}).get("weight_block_size") or (128, 128))
+    block = weight_block_size(fp8_config)
     index8 = read_index(fp8)["weight_map"]
-    int4_tensors = {n: t for h in h4.values() for n, t in h.tensors.items() if not n.startswith("mtp.")}
+    int4_tensors = int4_model_tensors(h4.values())
     int4_file = {n: f for f, h in h4.items() for n in h.tensors}
     h8: dict[str, Header] = {}
     fp8_tensors: dict[str, TensorInfo] = {}
     for module in fp8_candidates(int4_tensors, index8, patterns):
-        for name in (f"{module}.weight", f"{module}.weight_scale_inv"):
+        for name in fp8_pair(module):
             file = index8[name]
             if file not in h8:
                 h8[file] = read_header(fp8 / file)
@@ -230,7 +138,7 @@ def plan_assembly(int4: Path, fp8: Path, patterns: Iterable[str] = (), expect_fp
     replaced: dict[str, tuple[Piece, Piece]] = {}
     for module in modules:
         pair = []
-        for name in (f"{module}.weight", f"{module}.weight_scale_inv"):
+        for name in fp8_pair(module):
             t, file = fp8_tensors[name], index8[name]
             pair.append(Piece(name, t.dtype, t.shape, fp8 / file, h8[file].data_start + t.begin, t.nbytes))
         replaced[module] = (pair[0], pair[1])

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from sparkspec.cli import emit_json
 from sparkspec.errors import UserError
@@ -25,6 +26,14 @@ FP8_PATTERN_HELP = (
 
 def _warn(message: str) -> None:
     print(f"sparkspec: warning: {message}", file=sys.stderr)
+
+
+def _done(args: argparse.Namespace, line: str, doc: dict[str, Any]) -> int:
+    """The summary line (on stderr when --json keeps stdout for the final JSON line), then that line."""
+    print(line, file=sys.stderr if args.json else sys.stdout)
+    if args.json:
+        emit_json(doc)
+    return 0
 
 
 @contextmanager
@@ -56,25 +65,19 @@ def _assemble(args: argparse.Namespace) -> int:
     for warning in result.warnings:
         _warn(warning)
     verb = "assembled" if result.changed else "up to date (no-op)"
-    print(f"{result.out}: {verb}; {result.tensors} tensors, {result.fp8_layers} layers in FP8"
-          f"{'' if result.expected_fp8 is None else f' (expected {result.expected_fp8})'}, "
-          f"{result.total_size / 1e9:.3f} GB; next: sparkspec checkpoint add-mtp",
-          file=sys.stderr if args.json else sys.stdout)
-    if args.json:
-        emit_json(result.as_dict())
-    return 0
+    line = (f"{result.out}: {verb}; {result.tensors} tensors, {result.fp8_layers} layers in FP8"
+            f"{'' if result.expected_fp8 is None else f' (expected {result.expected_fp8})'}, "
+            f"{result.total_size / 1e9:.3f} GB; next: sparkspec checkpoint add-mtp")
+    return _done(args, line, result.as_dict())
 
 
 def _add_mtp(args: argparse.Namespace) -> int:
     from sparkspec.mtp import add_mtp
 
     result = add_mtp(Path(args.source), Path(args.target))
-    print(f"{result.target}: {result.mtp_tensors} MTP tensors registered "
-          f"({'changed' if result.changed else 'already registered, no-op'}; file {result.file_action})",
-          file=sys.stderr if args.json else sys.stdout)
-    if args.json:
-        emit_json(result.as_dict())
-    return 0
+    state = "changed" if result.changed else "already registered, no-op"
+    return _done(args, f"{result.target}: {result.mtp_tensors} MTP tensors registered ({state}; file "
+                       f"{result.file_action})", result.as_dict())
 
 
 def _verify(args: argparse.Namespace) -> int:
@@ -112,11 +115,8 @@ def _generate(args: argparse.Namespace) -> int:
                                            shards=args.shards)
     else:
         wm = testckpt.write_fp8(args.out, spec, args.shards, scale_dtype=args.scale_dtype)
-    print(f"{args.out}: {args.kind} checkpoint, {len(wm)} indexed tensors",
-          file=sys.stderr if args.json else sys.stdout)
-    if args.json:
-        emit_json({"changed": True, "out": args.out, "tensors": len(wm)})
-    return 0
+    return _done(args, f"{args.out}: {args.kind} checkpoint, {len(wm)} indexed tensors",
+                 {"changed": True, "out": args.out, "tensors": len(wm)})
 
 
 def _positive(text: str) -> int:

@@ -167,8 +167,8 @@ def copy_file(src: Path, dst: Path, progress: Progress | None = None) -> dict[st
         os.close(fd)
 
 
-def fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
+def fsync_path(path: Path, flags: int = os.O_RDONLY) -> None:
+    fd = os.open(path, flags)
     try:
         os.fsync(fd)
     finally:
@@ -176,8 +176,4 @@ def fsync_path(path: Path) -> None:
 
 
 def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_path(path, os.O_RDONLY | os.O_DIRECTORY)

@@ -1,11 +1,10 @@
 """Fetch checkpoints with pinned revisions: whole repos (snapshot_download) and the FP8 subset that
 ``checkpoint assemble`` needs, read as HTTP byte ranges.
 
-A :class:`Source` is a hub repo (huggingface.co, or the mirror in ``HF_ENDPOINT`` / ``endpoint``) or, for
-air-gapped sites, a local directory holding the same files (``local_path``). The token comes from the caller
-(a token file written from Ansible Vault) or from huggingface_hub's own lookup (``HF_TOKEN``); it is never
-printed. Every transfer writes ``NAME.part`` and renames it when complete, so a re-run after an interruption
-skips finished files. ``.sparkspec-fetch/fetch.json`` in the destination records what was fetched.
+What is read from (a hub repo or an air-gapped local copy) is a :class:`~sparkspec.hub_source.Source`, read
+through a :class:`~sparkspec.hub_source.Reader`. Every transfer writes ``NAME.part`` and renames it when
+complete, so a re-run after an interruption skips finished files. ``.sparkspec-fetch/fetch.json`` in the
+destination records what was fetched.
 """
 
 from __future__ import annotations
@@ -14,38 +13,23 @@ import contextlib
 import functools
 import hashlib
 import json
-import logging
 import os
 import shutil
-import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx2
-from huggingface_hub import HfApi, hf_hub_download, hf_hub_url, snapshot_download
+from huggingface_hub import hf_hub_download, snapshot_download
 from huggingface_hub._local_folder import read_download_metadata
-from huggingface_hub.errors import (
-    GatedRepoError,
-    HfHubHTTPError,
-    LocalEntryNotFoundError,
-    RemoteEntryNotFoundError,
-    RepositoryNotFoundError,
-    RevisionNotFoundError,
-)
-from huggingface_hub.hf_api import RepoFile
-from huggingface_hub.utils import (
-    build_hf_headers,
-    filter_repo_objects,
-    hf_raise_for_status,
-    http_stream_backoff,
-)
+from huggingface_hub.utils import filter_repo_objects
 from huggingface_hub.utils import tqdm as hf_tqdm
 
-from sparkspec.checkpoint import EXTRA_FILE, fp8_candidates, fp8_selection
+from sparkspec.ckpt_select import (fp8_candidates, fp8_pair, fp8_selection, int4_model_shards,
+                                   int4_model_tensors, weight_block_size)
 from sparkspec.errors import UserError
-from sparkspec.hubserver import COMMIT_RE, REVISION_FILE, listed
+from sparkspec.hub_source import Reader, Source, hub_errors
+from sparkspec.hubrepo import COMMIT_RE, REVISION_FILE
 from sparkspec.safetensors_io import (
     INDEX_NAME,
     Header,
@@ -58,23 +42,6 @@ from sparkspec.safetensors_io import (
 )
 
 STATE_DIR = ".sparkspec-fetch"
-CHUNK = 1 << 20
-TOKEN_HINT = "set HF_TOKEN or sparkspec_hf_token in the vault"
-logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Source:
-    repo: str
-    revision: str = "main"
-    endpoint: str | None = None  # None: HF_ENDPOINT, else huggingface.co
-    token: str | None = None  # None: huggingface_hub's lookup (HF_TOKEN)
-    local_path: str | None = None  # air-gapped: a directory with the repo's files
-    retries: int = 5
-
-    @property
-    def label(self) -> str:
-        return self.local_path or f"{self.repo}@{self.revision}"
 
 
 @dataclass
@@ -107,114 +74,6 @@ class FetchResult:
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def read_token_file(path: str | os.PathLike[str]) -> str:
-    try:
-        token = Path(path).read_text(encoding="utf-8").strip()
-    except OSError as exc:
-        raise UserError(f"{path}: cannot read the HF token file ({exc.strerror}); {TOKEN_HINT}") from None
-    if not token:
-        raise UserError(f"{path}: the HF token file is empty; {TOKEN_HINT}")
-    return token
-
-
-@contextlib.contextmanager
-def hub_errors(source: Source, path: str | None = None) -> Iterator[None]:
-    """Turn huggingface_hub / network failures into one-line UserErrors naming repo, revision and file."""
-    where = f"{source.repo}@{source.revision}" + (f": {path}" if path else "")
-    try:
-        yield
-    except RevisionNotFoundError:
-        raise UserError(f"{source.repo}: revision {source.revision} not found (404); pin an existing "
-                        "revision") from None
-    except RemoteEntryNotFoundError:
-        raise UserError(f"{where}: file not found in the repo (404); check the file name and "
-                        "revision") from None
-    except (RepositoryNotFoundError, GatedRepoError, HfHubHTTPError) as exc:
-        status = exc.response.status_code if exc.response is not None else None
-        if status in (401, 403):
-            raise UserError(f"{where}: HF token rejected ({status}); {TOKEN_HINT}") from None
-        if status == 404:
-            raise UserError(f"{source.repo}: repository not found (404); check the repo id and "
-                            "HF_ENDPOINT") from None
-        raise UserError(f"{where}: hub answered HTTP {status}; retry later or check HF_ENDPOINT") from None
-    except (httpx2.TransportError, LocalEntryNotFoundError) as exc:
-        raise UserError(f"{where}: transfer failed ({exc.__class__.__name__}); check the network or "
-                        "HF_ENDPOINT, then re-run to resume") from None
-    except OSError as exc:  # writing the download (disk full, permissions)
-        raise UserError(f"{exc.filename or where}: cannot write ({exc.strerror}); free space or fix "
-                        "permissions, then re-run to resume") from None
-
-
-class Reader:
-    """A source resolved to one commit: its file sizes and byte-range reads (hub or local directory)."""
-
-    def __init__(self, source: Source) -> None:
-        self.source = source
-        self.endpoint = source.endpoint or os.environ.get("HF_ENDPOINT") or None
-        if source.local_path:
-            root = Path(source.local_path)
-            if not root.is_dir():
-                raise UserError(f"{root}: local_path is not a directory; point it at a copy of the repo")
-            rels = (p.relative_to(root).as_posix() for p in sorted(root.rglob("*")) if p.is_file())
-            self.files = {rel: (root / rel).stat().st_size for rel in rels if listed(rel)}
-            marker = root / REVISION_FILE
-            self.commit = (marker.read_text().strip() if marker.is_file()
-                           else root.name if COMMIT_RE.fullmatch(root.name) else "local")
-            return
-        api = HfApi(endpoint=self.endpoint, token=source.token)
-        with hub_errors(source):
-            info = api.repo_info(source.repo, revision=source.revision)
-            if not info.sha:
-                raise UserError(f"{self.endpoint or 'the hub'}: answered no commit for {source.label}; point "
-                                "HF_ENDPOINT at a Hugging Face Hub-compatible server")
-            self.commit = info.sha
-            self.files = {f.path: f.size for f in api.list_repo_tree(source.repo, recursive=True,
-                                                                       revision=self.commit)
-                          if isinstance(f, RepoFile)}
-
-    def size(self, path: str) -> int:
-        if path not in self.files:
-            raise UserError(f"{self.source.label}: {path} not found (404); check the repo and revision")
-        return self.files[path]
-
-    def chunks(self, path: str, start: int, end: int) -> Iterator[bytes]:
-        """Bytes [start, end) of ``path``, streamed."""
-        if self.source.local_path:
-            with open(Path(self.source.local_path) / path, "rb") as fh:
-                fh.seek(start)
-                while start < end and (chunk := fh.read(min(CHUNK, end - start))):
-                    start += len(chunk)
-                    yield chunk
-            return
-        url = hf_hub_url(self.source.repo, path, revision=self.commit, endpoint=self.endpoint)
-        failures = 0
-        with hub_errors(self.source, path):
-            while start < end:
-                headers = build_hf_headers(token=self.source.token)
-                headers.update({"Range": f"bytes={start}-{end - 1}", "Accept-Encoding": "identity"})
-                try:
-                    # status retries (429/5xx) inside; a body cut mid-way resumes below from the next byte
-                    with http_stream_backoff("GET", url, headers=headers, max_retries=self.source.retries,
-                                             retry_on_exceptions=()) as response:
-                        hf_raise_for_status(response)
-                        if response.status_code != 206 and (start, end) != (0, self.size(path)):
-                            raise UserError(f"{url}: the server ignored the Range header (HTTP "
-                                            f"{response.status_code}); use --mode full with this mirror")
-                        for chunk in response.iter_bytes(CHUNK):
-                            start += len(chunk)
-                            failures = 0
-                            yield chunk
-                except httpx2.TransportError as exc:
-                    failures += 1
-                    if failures > self.source.retries:
-                        raise
-                    logger.warning("%s: %s; resuming at byte %d", path, exc.__class__.__name__, start)
-                    time.sleep(min(2.0 ** (failures - 1), 8.0))
-
-    def read(self, path: str, start: int, length: int) -> bytes:
-        return b"".join(self.chunks(path, start, start + length))
 
 
 def plan(source: Source, allow_patterns: Sequence[str] | None = None) -> Plan:
@@ -417,13 +276,10 @@ def _select(reader: Reader, int4: Path, patterns: Sequence[str], config: Path, c
     ``fp8_selection`` on headers): the FP8 index, then only the headers of shards holding candidates."""
     label = reader.source.label
     index4 = read_index(int4)["weight_map"]
-    int4_file = {t: f for t, f in index4.items() if f != EXTRA_FILE and not t.startswith("mtp.")}
-    int4_tensors = {n: t for f in sorted(set(int4_file.values()))
-                    for n, t in read_header(int4 / f).tensors.items() if not n.startswith("mtp.")}
+    int4_tensors = int4_model_tensors(read_header(int4 / f) for f in int4_model_shards(index4))
     _cached(reader, cache / INDEX_NAME, INDEX_NAME, lambda read: read(0, reader.size(INDEX_NAME)), tally)
     index8: dict[str, str] = read_index(cache)["weight_map"]
-    names = [f"{m}.{leaf}" for m in fp8_candidates(int4_tensors, index8, patterns)
-             for leaf in ("weight", "weight_scale_inv")]
+    names = [n for m in fp8_candidates(int4_tensors, index8, patterns) for n in fp8_pair(m)]
     headers: dict[str, Header] = {}
     for shard in sorted({index8[n] for n in names}):
         size = reader.size(shard)
@@ -435,10 +291,9 @@ def _select(reader: Reader, int4: Path, patterns: Sequence[str], config: Path, c
                         "no such tensor; the repo is inconsistent, pin another revision")
     fp8_tensors = {n: headers[index8[n]].tensors[n] for n in names}
     try:
-        qc = json.loads(config.read_text(encoding="utf-8")).get("quantization_config") or {}
+        block = weight_block_size(json.loads(config.read_text(encoding="utf-8")))
     except (OSError, ValueError, AttributeError):
         raise UserError(f"{config}: not a JSON config; re-fetch it") from None
-    block = tuple(qc.get("weight_block_size") or (128, 128))
 
     def where(side: str, name: str) -> str:
         return f"{label}: {index8[name]}" if side == "fp8" else str(int4 / index4[name])
@@ -448,8 +303,9 @@ def _select(reader: Reader, int4: Path, patterns: Sequence[str], config: Path, c
         raise UserError(f"{label}: no tensor of {int4} has an F8_E4M3 X.weight with X.weight_scale_inv "
                         "there; check that the repos are one model's INT4/FP8 pair (or use --fp8-pattern)")
     picked: dict[str, list[TensorInfo]] = {}
-    for n in (f"{m}.{leaf}" for m in modules for leaf in ("weight", "weight_scale_inv")):
-        picked.setdefault(index8[n], []).append(fp8_tensors[n])
+    for module in modules:
+        for n in fp8_pair(module):
+            picked.setdefault(index8[n], []).append(fp8_tensors[n])
     return [_Shard(shard, headers[shard], sorted(ts, key=lambda t: t.begin))
             for shard, ts in sorted(picked.items())]
 

@@ -1,4 +1,8 @@
-"""``sparkspec fetch repo|fp8-subset|plan`` and ``sparkspec hub serve|publish``."""
+"""``sparkspec fetch repo|fp8-subset|plan`` and ``sparkspec hub serve|publish``.
+
+Only argparse registration happens at import; each handler imports what it runs (huggingface_hub and the
+HTTP client load only for ``fetch``).
+"""
 
 from __future__ import annotations
 
@@ -9,10 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sparkspec import hub
 from sparkspec.cli import emit_json
 from sparkspec.errors import UserError
-from sparkspec.hubserver import HubServer, publish
 
 
 def _source_args(p: argparse.ArgumentParser) -> None:
@@ -71,7 +73,9 @@ def register(sub: Any) -> None:
 
 
 def _token(args: argparse.Namespace) -> str | None:
-    return hub.read_token_file(args.token_file) if args.token_file else None
+    from sparkspec.hub_source import read_token_file
+
+    return read_token_file(args.token_file) if args.token_file else None
 
 
 def _finish(args: argparse.Namespace, doc: dict[str, Any], line: str) -> int:
@@ -82,6 +86,8 @@ def _finish(args: argparse.Namespace, doc: dict[str, Any], line: str) -> int:
 
 
 def _fetch_repo(args: argparse.Namespace) -> int:
+    from sparkspec import hub
+
     result = hub.fetch_repo(args.repo, args.revision, args.dest, args.include, token=_token(args),
                             endpoint=args.endpoint, local_path=args.local_path)
     return _finish(args, result.as_json(), f"fetch: {args.repo}@{result.commit[:12]} -> {args.dest}: "
@@ -91,6 +97,8 @@ def _fetch_repo(args: argparse.Namespace) -> int:
 def _fetch_subset(args: argparse.Namespace) -> int:
     if args.retries < 0:
         raise UserError(f"--retries {args.retries}: must be >= 0")
+    from sparkspec import hub
+
     result = hub.fetch_fp8_subset(args.repo, args.revision, args.int4, args.dest, args.fp8_pattern,
                                   token=_token(args), endpoint=args.endpoint, local_path=args.local_path,
                                   mode=args.mode, retries=args.retries)
@@ -102,7 +110,10 @@ def _fetch_subset(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    source = hub.Source(args.repo, args.revision, args.endpoint, _token(args), args.local_path)
+    from sparkspec import hub
+    from sparkspec.hub_source import Source
+
+    source = Source(args.repo, args.revision, args.endpoint, _token(args), args.local_path)
     plan = hub.plan(source, args.include)
     if args.dest:
         hub.preflight(Path(args.dest), plan.total_bytes)
@@ -113,6 +124,8 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from sparkspec.hubserver import HubServer
+
     tokens = list(args.token or [])
     if args.token_file:
         try:
@@ -143,6 +156,8 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def _publish(args: argparse.Namespace) -> int:
+    from sparkspec.hubserver import publish
+
     if not Path(args.source).is_dir():
         raise UserError(f"{args.source}: not a directory; point --from at a checkpoint directory")
     try:

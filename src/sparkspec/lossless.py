@@ -18,6 +18,7 @@ from typing import Any
 from sparkspec.bench import (Prompt, RequestOptions, async_client, preflight, run_requests, suites_for,
                              sync_client)
 from sparkspec.errors import UserError
+from sparkspec.jsonfile import read_json
 
 FORMAT = "sparkspec-lossless-reference/1"
 CONTEXT = 24
@@ -91,12 +92,8 @@ def record(url: str, model: str, suite: str = "all", max_tokens: int = 128, api_
 
 
 def load_reference(path: str | Path) -> dict[str, Any]:
-    try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UserError(f"{path}: no such reference; record one with `sparkspec check-output record`") from None
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise UserError(f"{path}: not valid JSON ({exc}); record the reference again") from None
+    doc = read_json(path, "no such reference; record one with `sparkspec check-output record`",
+                    "record the reference again")
     if not isinstance(doc, dict) or doc.get("format") != FORMAT or not isinstance(doc.get("outputs"), list) \
             or not doc["outputs"] or not all(isinstance(o, dict) and {"id", "prompt", "text"} <= o.keys()
                                              for o in doc["outputs"]):

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sparkspec.checkpoint import EXTRA_FILE
+from sparkspec.ckpt_select import EXTRA_FILE
 from sparkspec.ckpt_stream import copy_file, fsync_dir, fsync_path
 from sparkspec.errors import UserError
 from sparkspec.safetensors_io import INDEX_NAME, Header, read_header, read_index, write_index

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sparkspec.errors import UserError
+from sparkspec.jsonfile import read_json
 
 COLUMNS = ("Method", "Model", "Avg tok/s", "Peak tok/s", "Acceptance Rate", "Notes")
 
@@ -24,12 +24,8 @@ class Row:
 
 
 def load_result(path: str | Path) -> dict[str, Any]:
-    try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UserError(f"{path}: no such bench result; run `sparkspec bench --output {path}` first") from None
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise UserError(f"{path}: not valid JSON ({exc}); run the bench again") from None
+    doc = read_json(path, f"no such bench result; run `sparkspec bench --output {path}` first",
+                    "run the bench again")
     if not isinstance(doc, dict) or "per_request_tok_s_mean" not in doc or "completed" not in doc:
         raise UserError(f"{path}: not a `sparkspec bench` result; pass files written by `sparkspec bench`")
     return doc

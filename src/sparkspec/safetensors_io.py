@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkspec.errors import UserError
+from sparkspec.jsonfile import read_json
 
 INDEX_NAME = "model.safetensors.index.json"
 MAX_HEADER_BYTES = 100_000_000  # the reference implementation's limit
@@ -203,13 +204,8 @@ def write_file(path: str | os.PathLike[str],
 def read_index(directory: str | os.PathLike[str]) -> dict[str, Any]:
     """Load and check ``model.safetensors.index.json``: a ``weight_map`` of tensor name -> file name."""
     path = Path(directory) / INDEX_NAME
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UserError(f"{path}: index not found; point at a sharded safetensors checkpoint "
-                        "directory") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UserError(f"{path}: not valid JSON ({exc}); re-download the index") from None
+    doc = read_json(path, "index not found; point at a sharded safetensors checkpoint directory",
+                    "re-download the index")
     weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
     if not isinstance(weight_map, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):

@@ -26,9 +26,9 @@ from typing import Any
 
 import numpy as np
 
+from sparkspec.ckpt_select import EXTRA_FILE
 from sparkspec.safetensors_io import DTYPE_SIZES, encode_header, write_index
 
-EXTRA_FILE = "model_extra_tensors.safetensors"
 BLOCK = 128  # AutoRound group size and FP8 weight block
 LM = "model.language_model"
 POOL_BYTES = 32 << 20

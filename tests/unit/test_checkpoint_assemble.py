@@ -12,7 +12,8 @@ import pytest
 from conftest import REPO, CkptPair, run_cli, tree_digest
 
 from sparkspec import testckpt
-from sparkspec.checkpoint import CONFIG_KEY, EXTRA_FILE, MANIFEST_NAME, module_of
+from sparkspec.checkpoint import CONFIG_KEY, MANIFEST_NAME
+from sparkspec.ckpt_select import EXTRA_FILE, module_of
 from sparkspec.safetensors_io import read_header, read_index
 
 

@@ -11,7 +11,7 @@ import pytest
 from conftest import CkptPair, run_cli
 
 from sparkspec import testckpt
-from sparkspec.checkpoint import EXTRA_FILE
+from sparkspec.ckpt_select import EXTRA_FILE
 from sparkspec.safetensors_io import INDEX_NAME, encode_header, read_header, read_index
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from conftest import CkptPair, run_cli, tree_digest
 
-from sparkspec.checkpoint import EXTRA_FILE
+from sparkspec.ckpt_select import EXTRA_FILE
 from sparkspec.safetensors_io import read_header, read_index
 
 

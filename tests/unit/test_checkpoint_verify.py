@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from conftest import CkptPair, run_cli
 
-from sparkspec.checkpoint import EXTRA_FILE
+from sparkspec.ckpt_select import EXTRA_FILE
 from sparkspec.safetensors_io import INDEX_NAME, read_index, write_index
 
 

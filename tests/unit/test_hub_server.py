@@ -16,7 +16,8 @@ from huggingface_hub import HfApi, HfFileSystem, hf_hub_download, snapshot_downl
 from huggingface_hub.errors import RemoteEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
 
 from sparkspec.cli import main
-from sparkspec.hubserver import REVISION_FILE, HubServer, publish
+from sparkspec.hubrepo import REVISION_FILE
+from sparkspec.hubserver import HubServer, publish
 
 
 @pytest.fixture()

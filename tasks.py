@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
 
@@ -57,10 +58,38 @@ def _method_playbook(method: str) -> str:
 
 
 @task(help={"host": "inventory host", "method": "baseline, ngram, mtp, eagle3 or dflash",
-            "inventory": "inventory folder (default from invoke.yaml)", "check": "dry run"})
-def deploy(c, host, method, inventory=None, check=False):
-    """Switch a host to a method: validate, stage, check with vLLM's parser, restart, wait for health, roll back."""
-    _play(c, _method_playbook(method), host, inventory, check=check)
+            "inventory": "inventory folder (default from invoke.yaml)", "check": "dry run",
+            "skip-tags": "phases to skip, e.g. verify"})
+def deploy(c, host, method, inventory=None, check=False, skip_tags=""):
+    """Switch a host to a method: validate, stage, check with vLLM's parser, restart, wait for health, roll back,
+    then verify (lossless check against baseline, benchmark, report)."""
+    _play(c, _method_playbook(method), host, inventory, skip_tags=skip_tags, check=check)
+
+
+@task(help={"host": "inventory host", "methods": "comma-separated methods, e.g. baseline,ngram,mtp,eagle3,dflash",
+            "inventory": "inventory folder (default from invoke.yaml)"})
+def compare(c, host, methods="baseline,ngram", inventory=None):
+    """Deploy each method in turn (lossless check + bench), restore the running one, write one table and plot."""
+    wanted = [m for m in methods.split(",") if m]
+    for method in wanted:
+        _method_playbook(method)
+    order = sorted(wanted, key=lambda m: m != "baseline")  # baseline first: it records the lossless reference
+    inv = _inventory(c, inventory)
+    try:
+        running = ansible_run.served_method(inv, host)
+    except UserError as exc:
+        raise _fail(exc) from None
+    for method in order:
+        extra = {"verify_rerecord_reference": True} if method == "baseline" else None
+        _play(c, _method_playbook(method), host, inventory, extra)
+    if running and running != order[-1]:
+        print(f"sparkspec: restoring {running} on {host}")
+        _play(c, _method_playbook(running), host, inventory, skip_tags="verify")
+    reports = ROOT / "reports" / host
+    inputs = " ".join(str(reports / f"{m}.json") for m in order)
+    c.run(f"{sys.executable} -m sparkspec.cli report --inputs {inputs} --markdown {reports}/compare.md "
+          f"--plot {reports}/compare.png")
+    print((reports / "compare.md").read_text())
 
 
 @task(help={"host": "inventory host", "method": "method to render", "dest": "folder to write the files under",
@@ -122,7 +151,7 @@ def sim_down(c):
 def sim_ssh(c, command=""):
     """Open a shell (or run a command) on the simulated Spark over SSH, as Ansible does."""
     sim = Sim(ROOT)
-    c.run(" ".join(sim.ssh_argv(*([command] if command else []))), pty=not command, echo=False)
+    c.run(shlex.join(sim.ssh_argv(*([command] if command else []))), pty=not command, echo=False, warn=True)
 
 
 @task(help={"fix": "let ansible-lint apply its fixes"})
@@ -142,10 +171,38 @@ def test(c, k="", x=False):
     c.run(f"{bindir}/pytest{args}", pty=False)
 
 
+@task(help={"workdir": "folder on the disk to measure (needs ~2.5x size-gb free)", "size-gb": "shard bytes",
+            "repeats": "best of N"})
+def bench_checkpoint(c, workdir="build/bench-checkpoint", size_gb=8.0, repeats=3):
+    """assemble vs cp of the same bytes on the same disk (both timed to sync), and assemble's peak RSS."""
+    c.run(f"{sys.executable} -m sparkspec.ckpt_bench --workdir {shlex.quote(workdir)} --size-gb {size_gb} "
+          f"--repeats {repeats}")
+
+
+@task
+def bench_client(c):
+    """The bench client's parse ceiling against a local server sending one token per SSE event."""
+    c.run(f"{sys.executable} -m sparkspec.bench_ceiling")
+
+
+@task(help={"url": "vLLM server", "model": "served model name", "repeats": "interleaved repeats",
+            "vllm-python": "python of a venv with vLLM (for `vllm bench serve`)"})
+def bench_vs_vllm(c, url="http://127.0.0.1:8000", model="sim-tiny", repeats=4,
+                  vllm_python=".cache/vllm-venv/bin/python"):
+    """Side by side with `vllm bench serve` on the same server, prompts and temperature."""
+    c.run(f"{sys.executable} -m sparkspec.bench_vs_vllm --url {url} --model {model} --repeats {repeats} "
+          f"--vllm-python {shlex.quote(vllm_python)}")
+
+
+bench = Collection("bench")
+bench.add_task(bench_checkpoint, "checkpoint")
+bench.add_task(bench_client, "client")
+bench.add_task(bench_vs_vllm, "vs-vllm")
+
 sim = Collection("sim")
 sim.add_task(sim_up, "up")
 sim.add_task(sim_down, "down")
 sim.add_task(sim_ssh, "ssh")
 
-ns = Collection(provision, deploy, render, teardown, status, lint, test, sim)
+ns = Collection(provision, deploy, render, teardown, status, compare, lint, test, sim, bench)
 ns.configure({"sparkspec": {"inventory": "inventories/sim", "sim_host": "sim01"}})

@@ -168,3 +168,12 @@ def status_lines(inventory: str | os.PathLike[str], pattern: str = "all") -> lis
     lines = [m.group(1) for m in re.finditer(r"sparkspec-status (.+?)['\"]?$", proc.stdout, re.M)]
     unreachable = re.findall(r"^fatal: \[([^\]]+)\]: UNREACHABLE", proc.stdout, re.M)
     return [" ".join(line.split()) for line in lines] + [f"{h} unreachable" for h in unreachable]
+
+
+def served_method(inventory: str | os.PathLike[str], host: str) -> str | None:
+    """The method a host serves now (from its unit record), or None when nothing is deployed."""
+    for line in status_lines(inventory, host):
+        m = re.search(r"\bmethod=(\S+)", line)
+        if line.startswith(f"{host} ") and m:
+            return None if m.group(1) == "none" else m.group(1)
+    return None

@@ -163,9 +163,10 @@ def status_lines(inventory: str | os.PathLike[str], pattern: str = "all") -> lis
     if pattern != "all":
         require_host(inventory, pattern)
     proc = subprocess.run([tool("ansible-playbook"), "-i", str(inventory_path(inventory)), "--limit", pattern,
-                           str(PROJECT_ROOT / "playbooks/status.yml")], env=ansible_env(), cwd=PROJECT_ROOT,
+                           str(PROJECT_ROOT / "playbooks/status.yml")],
+                          env={**ansible_env(), "ANSIBLE_CALLBACK_RESULT_FORMAT": "json"}, cwd=PROJECT_ROOT,
                           capture_output=True, text=True, check=False)
-    lines = [m.group(1) for m in re.finditer(r"sparkspec-status (.+?)['\"]?$", proc.stdout, re.M)]
+    lines = [m.group(1) for m in re.finditer(r'"msg": "sparkspec-status ([^"]*)"', proc.stdout)]
     unreachable = re.findall(r"^fatal: \[([^\]]+)\]: UNREACHABLE", proc.stdout, re.M)
     return [" ".join(line.split()) for line in lines] + [f"{h} unreachable" for h in unreachable]
 

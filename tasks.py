@@ -149,9 +149,18 @@ def sim_down(c):
 
 @task(help={"command": "command to run instead of a shell"})
 def sim_ssh(c, command=""):
-    """Open a shell (or run a command) on the simulated Spark over SSH, as Ansible does."""
+    """Open a shell (or run a command) on the simulated Spark over SSH, with Fabric, as on a real host."""
+    from fabric import Connection
+
     sim = Sim(ROOT)
-    c.run(shlex.join(sim.ssh_argv(*([command] if command else []))), pty=not command, echo=False, warn=True)
+    conn = Connection("127.0.0.1", user="root", port=sim.ssh_port,
+                      connect_kwargs={"key_filename": str(sim.key), "look_for_keys": False})
+    try:
+        if command:
+            raise Exit(code=conn.run(command, warn=True).exited)
+        conn.shell()
+    finally:
+        conn.close()
 
 
 @task(help={"fix": "let ansible-lint apply its fixes"})

@@ -149,7 +149,7 @@ def test_switch_to_baseline(provisioned):
 def test_killed_process_comes_back(provisioned, victim):
     wait_healthy()
     pid = main_pid(provisioned)
-    target = pid if victim == "main" else int(ssh(provisioned, f"pgrep -P {pid} | head -n 1"))
+    target = pid if victim == "main" else int(ssh(provisioned, f"pgrep -P {pid} -f VLLM::EngineCore"))
     ssh(provisioned, f"kill -9 {target}")
     time.sleep(5)
     wait_healthy()

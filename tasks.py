@@ -25,11 +25,16 @@ def _fail(exc: UserError) -> Exit:
 
 def _play(c, playbook: str, host: str, inventory: str | None, extra_vars: dict | None = None,
           tags: str = "", skip_tags: str = "", check: bool = False) -> ansible_run.PlayResult:
+    if not host:
+        raise Exit("sparkspec: error: --host is required; name a host of the inventory", code=2)
     inv = _inventory(c, inventory)
+    # sudo on the host asks for a password unless NOPASSWD or ansible_become_password (vault) is set
+    ask = ["--ask-become-pass"] if c.config.sparkspec.get("ask_become_pass") else []
     try:
         result = ansible_run.run_playbook(playbook, inv, host, extra_vars=extra_vars,
                                           tags=[t for t in tags.split(",") if t],
-                                          skip_tags=[t for t in skip_tags.split(",") if t], check=check)
+                                          skip_tags=[t for t in skip_tags.split(",") if t], check=check,
+                                          extra_args=ask)
     except UserError as exc:
         raise _fail(exc) from None
     if result.rc != 0:
@@ -38,10 +43,10 @@ def _play(c, playbook: str, host: str, inventory: str | None, extra_vars: dict |
     return result
 
 
-@task(help={"host": "inventory host to provision", "inventory": "inventory folder (default from invoke.yaml)",
+@task(positional=[], auto_shortflags=False, help={"host": "inventory host to provision", "inventory": "inventory folder (default from invoke.yaml)",
             "method": "override sparkspec_method for this run", "tags": "comma-separated phase tags to run",
             "skip-tags": "phase tags to skip", "check": "dry run (Ansible check mode with diff)"})
-def provision(c, host, inventory=None, method=None, tags="", skip_tags="", check=False):
+def provision(c, host=None, inventory=None, method=None, tags="", skip_tags="", check=False):
     """Run the whole pipeline on a host: preflight, tools, checkpoints, vLLM, deploy, verify."""
     extra = {"sparkspec_method": method} if method else None
     _play(c, "provision.yml", host, inventory, extra, tags, skip_tags, check)
@@ -51,25 +56,29 @@ def _methods() -> list[str]:
     return sorted(p.stem.removeprefix("deploy-") for p in (ROOT / "playbooks").glob("deploy-*.yml"))
 
 
-def _method_playbook(method: str) -> str:
+def _method_playbook(method: str | None) -> str:
+    if not method:
+        raise Exit(f"sparkspec: error: --method is required; choose one of {', '.join(_methods())}", code=2)
     if method not in _methods():
         raise Exit(f"sparkspec: error: unknown method {method!r}; choose one of {', '.join(_methods())}", code=2)
     return f"deploy-{method}.yml"
 
 
-@task(help={"host": "inventory host", "method": "baseline, ngram, mtp, eagle3 or dflash",
+@task(positional=[], auto_shortflags=False, help={"host": "inventory host", "method": "baseline, ngram, mtp, eagle3 or dflash",
             "inventory": "inventory folder (default from invoke.yaml)", "check": "dry run",
             "skip-tags": "phases to skip, e.g. verify"})
-def deploy(c, host, method, inventory=None, check=False, skip_tags=""):
+def deploy(c, host=None, method=None, inventory=None, check=False, skip_tags=""):
     """Switch a host to a method: validate, stage, check with vLLM's parser, restart, wait for health, roll back,
     then verify (lossless check against baseline, benchmark, report)."""
     _play(c, _method_playbook(method), host, inventory, skip_tags=skip_tags, check=check)
 
 
-@task(help={"host": "inventory host", "methods": "comma-separated methods, e.g. baseline,ngram,mtp,eagle3,dflash",
+@task(positional=[], auto_shortflags=False, help={"host": "inventory host", "methods": "comma-separated methods, e.g. baseline,ngram,mtp,eagle3,dflash",
             "inventory": "inventory folder (default from invoke.yaml)"})
-def compare(c, host, methods="baseline,ngram", inventory=None):
+def compare(c, host=None, methods="baseline,ngram", inventory=None):
     """Deploy each method in turn (lossless check + bench), restore the running one, write one table and plot."""
+    if not host:
+        raise Exit("sparkspec: error: --host is required; name a host of the inventory", code=2)
     wanted = [m for m in methods.split(",") if m]
     for method in wanted:
         _method_playbook(method)
@@ -79,12 +88,16 @@ def compare(c, host, methods="baseline,ngram", inventory=None):
         running = ansible_run.served_method(inv, host)
     except UserError as exc:
         raise _fail(exc) from None
-    for method in order:
-        extra = {"verify_rerecord_reference": True} if method == "baseline" else None
-        _play(c, _method_playbook(method), host, inventory, extra)
-    if running and running != order[-1]:
-        print(f"sparkspec: restoring {running} on {host}")
-        _play(c, _method_playbook(running), host, inventory, skip_tags="verify")
+    last = None
+    try:
+        for method in order:
+            extra = {"verify_rerecord_reference": True} if method == "baseline" else None
+            last = method
+            _play(c, _method_playbook(method), host, inventory, extra)
+    finally:  # a method that fails (e.g. the lossless check) must not leave the host on it
+        if running and running != last:
+            print(f"sparkspec: restoring {running} on {host}")
+            _play(c, _method_playbook(running), host, inventory, skip_tags="verify")
     reports = ROOT / "reports" / host
     inputs = " ".join(str(reports / f"{m}.json") for m in order)
     c.run(f"{sys.executable} -m sparkspec.cli report --inputs {inputs} --markdown {reports}/compare.md "
@@ -92,12 +105,14 @@ def compare(c, host, methods="baseline,ngram", inventory=None):
     print((reports / "compare.md").read_text())
 
 
-@task(help={"host": "inventory host", "method": "method to render", "dest": "folder to write the files under",
+@task(positional=[], auto_shortflags=False, help={"host": "inventory host", "method": "method to render", "dest": "folder to write the files under",
             "inventory": "inventory folder (default from invoke.yaml)",
             "model-config": "local copy of the model's config.json (checks MTP k)"})
-def render(c, host, method, dest, inventory=None, model_config=""):
+def render(c, host=None, method=None, dest=None, inventory=None, model_config=""):
     """Write the files the deploy would install for a host and method under DEST, touching no host."""
     _method_playbook(method)
+    if not dest:
+        raise Exit("sparkspec: error: --dest is required; name a folder to write the files under", code=2)
     extra = {"sparkspec_method": method, "deploy_render_root": str(Path(dest).resolve())}
     if model_config:
         extra["deploy_model_config_file"] = str(Path(model_config).resolve())
@@ -105,14 +120,14 @@ def render(c, host, method, dest, inventory=None, model_config=""):
     print(f"sparkspec: rendered {method} for {host} under {dest}")
 
 
-@task(help={"host": "inventory host", "inventory": "inventory folder (default from invoke.yaml)",
+@task(positional=[], auto_shortflags=False, help={"host": "inventory host", "inventory": "inventory folder (default from invoke.yaml)",
             "remove-models": "also delete the checkpoints and heads"})
-def teardown(c, host, inventory=None, remove_models=False):
+def teardown(c, host=None, inventory=None, remove_models=False):
     """Stop and remove the vLLM unit on a host (checkpoints stay unless --remove-models)."""
     _play(c, "teardown.yml", host, inventory, {"teardown_remove_models": remove_models})
 
 
-@task(help={"host": "inventory host (default: every host)", "inventory": "inventory folder"})
+@task(positional=[], auto_shortflags=False, help={"host": "inventory host (default: every host)", "inventory": "inventory folder"})
 def status(c, host="all", inventory=None):
     """Show what each host serves: unit state, method, profile, model, /health."""
     inv = _inventory(c, inventory)
@@ -124,7 +139,7 @@ def status(c, host="all", inventory=None):
         print(line)
 
 
-@task(help={"rebuild": "rebuild the image even if one with the same recipe exists"})
+@task(positional=[], auto_shortflags=False, help={"rebuild": "rebuild the image even if one with the same recipe exists"})
 def sim_up(c, rebuild=False):
     """Start the simulated Spark (builds its image once): systemd container, sshd on loopback."""
     sim = Sim(ROOT)
@@ -138,7 +153,7 @@ def sim_up(c, rebuild=False):
     print(f"sim: {sim.container} {state} (image {sim.image}, ssh root@127.0.0.1 -p {sim.ssh_port})")
 
 
-@task
+@task(positional=[], auto_shortflags=False)
 def sim_down(c):
     """Stop and remove the simulated Spark container (the cached image stays)."""
     try:
@@ -147,7 +162,7 @@ def sim_down(c):
         raise _fail(exc) from None
 
 
-@task(help={"command": "command to run instead of a shell"})
+@task(positional=[], auto_shortflags=False, help={"command": "command to run instead of a shell"})
 def sim_ssh(c, command=""):
     """Open a shell (or run a command) on the simulated Spark over SSH, with Fabric, as on a real host."""
     from fabric import Connection
@@ -163,7 +178,7 @@ def sim_ssh(c, command=""):
         conn.close()
 
 
-@task(help={"fix": "let ansible-lint apply its fixes"})
+@task(positional=[], auto_shortflags=False, help={"fix": "let ansible-lint apply its fixes"})
 def lint(c, fix=False):
     """ansible-lint (production profile) and yamllint over the whole project."""
     bindir = Path(sys.executable).parent
@@ -171,7 +186,7 @@ def lint(c, fix=False):
     c.run(f"{bindir}/ansible-lint --profile production {'--fix' if fix else ''}".strip())
 
 
-@task(help={"k": "pytest -k expression", "x": "stop at the first failure"})
+@task(positional=[], auto_shortflags=False, help={"k": "pytest -k expression", "x": "stop at the first failure"})
 def test(c, k="", x=False):
     """Every test: lint, unit tests, then the simulated-Spark tests (podman, systemd, real vLLM)."""
     lint(c)
@@ -180,7 +195,7 @@ def test(c, k="", x=False):
     c.run(f"{bindir}/pytest{args}", pty=False)
 
 
-@task(help={"workdir": "folder on the disk to measure (needs ~2.5x size-gb free)", "size-gb": "shard bytes",
+@task(positional=[], auto_shortflags=False, help={"workdir": "folder on the disk to measure (needs ~2.5x size-gb free)", "size-gb": "shard bytes",
             "repeats": "best of N"})
 def bench_checkpoint(c, workdir="build/bench-checkpoint", size_gb=8.0, repeats=3):
     """assemble vs cp of the same bytes on the same disk (both timed to sync), and assemble's peak RSS."""
@@ -188,15 +203,15 @@ def bench_checkpoint(c, workdir="build/bench-checkpoint", size_gb=8.0, repeats=3
           f"--repeats {repeats}")
 
 
-@task
+@task(positional=[], auto_shortflags=False)
 def bench_client(c):
     """The bench client's parse ceiling against a local server sending one token per SSE event."""
     c.run(f"{sys.executable} -m sparkspec.bench_ceiling")
 
 
-@task(help={"url": "vLLM server", "model": "served model name", "repeats": "interleaved repeats",
+@task(positional=[], auto_shortflags=False, help={"url": "vLLM server", "model": "served model name", "repeats": "interleaved repeats",
             "vllm-python": "python of a venv with vLLM (for `vllm bench serve`)"})
-def bench_vs_vllm(c, url="http://127.0.0.1:8000", model="sim-tiny", repeats=4,
+def bench_vs_vllm(c, url="http://127.0.0.1:8000", model="sim-tiny", repeats=8,
                   vllm_python=".cache/vllm-venv/bin/python"):
     """Side by side with `vllm bench serve` on the same server, prompts and temperature."""
     c.run(f"{sys.executable} -m sparkspec.bench_vs_vllm --url {url} --model {model} --repeats {repeats} "

@@ -68,3 +68,17 @@ def test_bench_figures_equal_counter_deltas(provisioned, tmp_path):
     assert r["spec_decode_acceptance_length"] == pytest.approx(1 + accepted / drafts)
     per_pos = [d[f"vllm:spec_decode_num_accepted_tokens_per_pos_total[{i}]"] / drafts for i in range(4)]
     assert r["spec_decode_per_position_acceptance_rates"] == pytest.approx(per_pos)
+
+
+@pytest.mark.parametrize(("expect", "ok"), [(".", True), ("^the-tiny-model-never-says-this$", False)])
+def test_known_answers_catch_wrong_output(provisioned, expect, ok):
+    """verify asks known-answer prompts: output that does not match fails the play, whatever its speed."""
+    extra = json.dumps({"verify_known_answers": [{"prompt": "Say something.", "expect": expect}],
+                        "verify_lossless": False, "verify_requests": 1, "verify_max_tokens": 8})
+    result = run_cli(f"{BIN}/ansible-playbook", "-i", "inventories/sim", "--limit", "sim01", "playbooks/verify.yml",
+                     "-e", extra, timeout=900)
+    if ok:
+        assert result.returncode == 0, result.stdout[-3000:]
+    else:
+        assert result.returncode != 0
+        assert "the model's output is wrong" in result.stdout, result.stdout[-3000:]

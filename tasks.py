@@ -209,13 +209,17 @@ def bench_client(c):
     c.run(f"{sys.executable} -m sparkspec.bench_ceiling")
 
 
-@task(positional=[], auto_shortflags=False, help={"url": "vLLM server", "model": "served model name", "repeats": "interleaved repeats",
-            "vllm-python": "python of a venv with vLLM (for `vllm bench serve`)"})
-def bench_vs_vllm(c, url="http://127.0.0.1:8000", model="sim-tiny", repeats=8,
-                  vllm_python=".cache/vllm-venv/bin/python"):
-    """Side by side with `vllm bench serve` on the same server, prompts and temperature."""
-    c.run(f"{sys.executable} -m sparkspec.bench_vs_vllm --url {url} --model {model} --repeats {repeats} "
-          f"--vllm-python {shlex.quote(vllm_python)}")
+@task(positional=[], auto_shortflags=False,
+      help={"url": "the server both tools measure", "model": "served model name", "repeats": "interleaved pairs",
+            "max-tokens": "tokens per request (both tools ignore EOS)", "concurrency": "requests in flight",
+            "suite": "structured|open|all", "vllm-python": "a python with vLLM (its bench serve module)",
+            "output": "the JSON result"})
+def bench_vs_vllm(c, url="http://127.0.0.1:8000", model="sim-tiny", repeats=20, max_tokens=256, concurrency=1,
+                  suite="all", vllm_python=".cache/vllm-venv/bin/python", output="reports/bench-vs-vllm.json"):
+    """Side by side with `vllm bench serve` on the same server, prompts and temperature (interleaved repeats)."""
+    c.run(f"{sys.executable} -m sparkspec.bench_vs_vllm --url {shlex.quote(url)} --model {shlex.quote(model)} "
+          f"--repeats {repeats} --max-tokens {max_tokens} --concurrency {concurrency} --suite {shlex.quote(suite)} "
+          f"--vllm-python {shlex.quote(vllm_python)} --output {shlex.quote(output)}", pty=True)
 
 
 bench = Collection("bench")

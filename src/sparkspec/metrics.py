@@ -24,6 +24,7 @@ DRAFTS = "vllm:spec_decode_num_drafts_total"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
 ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+REQUEST_SECONDS = "vllm:e2e_request_latency_seconds_sum"
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,8 @@ class Snapshot:
     num_draft_tokens: float = 0.0
     num_accepted_tokens: float = 0.0
     accepted_per_pos: dict[int, float] = field(default_factory=dict)
+    request_seconds: float = 0.0
+    """Sum of finished requests' end-to-end latency as the server saw it (its busy time at concurrency 1)."""
 
 
 def parse(text: str) -> Snapshot:
@@ -49,7 +52,7 @@ def parse(text: str) -> Snapshot:
                 if sample.name == ACCEPTED_PER_POS:
                     pos = int(sample.labels.get("position", "0"))
                     per_pos[pos] = per_pos.get(pos, 0.0) + sample.value
-                elif sample.name in (GENERATION, PROMPT, DRAFTS, DRAFT_TOKENS, ACCEPTED):
+                elif sample.name in (GENERATION, PROMPT, DRAFTS, DRAFT_TOKENS, ACCEPTED, REQUEST_SECONDS):
                     sums[sample.name] = sums.get(sample.name, 0.0) + sample.value
     except ValueError as exc:
         raise UserError(f"/metrics: not Prometheus text ({exc}); point --url at a vLLM server") from None
@@ -61,6 +64,7 @@ def parse(text: str) -> Snapshot:
         num_draft_tokens=sums.get(DRAFT_TOKENS, 0.0),
         num_accepted_tokens=sums.get(ACCEPTED, 0.0),
         accepted_per_pos=dict(sorted(per_pos.items())),
+        request_seconds=sums.get(REQUEST_SECONDS, 0.0),
     )
 
 
@@ -75,6 +79,7 @@ def delta(before: Snapshot, after: Snapshot) -> Snapshot:
         num_accepted_tokens=after.num_accepted_tokens - before.num_accepted_tokens,
         accepted_per_pos={p: after.accepted_per_pos.get(p, 0.0) - before.accepted_per_pos.get(p, 0.0)
                           for p in positions},
+        request_seconds=after.request_seconds - before.request_seconds,
     )
 
 

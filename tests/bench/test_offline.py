@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from sparkspec import bench_ceiling, lossless, metrics
+from sparkspec import bench_ceiling, bench_vs_vllm, lossless, metrics
 from sparkspec.errors import UserError
 
 from .conftest import Cli, free_port
@@ -130,3 +132,44 @@ def test_reference_must_be_a_recorded_reference(tmp_path: Path, cli: Cli) -> Non
     ref.write_text(json.dumps({"outputs": []}))
     run = cli("check-output", "compare", "--url", "http://127.0.0.1:1", "--model", "m", "--reference", str(ref))
     assert run.returncode == 2 and "sparkspec-lossless-reference/1" in run.stderr
+
+
+def _run(throughput: float, server_speed: float, tokens: int = 960) -> dict[str, object]:
+    """One tool's run as bench_vs_vllm records it: the server generated ``tokens`` at ``server_speed`` tok/s."""
+    duration = tokens / throughput
+    busy = tokens / server_speed
+    return {"output_throughput": throughput, "duration": duration, "total_output_tokens": tokens,
+            "server_request_seconds": busy, "client_overhead_s": duration - busy}
+
+
+def test_side_by_side_tells_server_drift_from_a_tool_difference() -> None:
+    # The server got 25% faster between the two tools' runs; both tools lost the same 4% of wall time.
+    ours = [_run(960.0, 1000.0), _run(960.0, 1000.0)]
+    ref = [_run(768.0, 800.0), _run(768.0, 800.0)]
+    drifted = bench_vs_vllm.summarize(ours, ref, concurrency=1)
+    assert drifted["ratio_of_means"] == pytest.approx(1.25) and drifted["within_tolerance"] is False
+    assert drifted["drift_free_ratio"] == pytest.approx(1.0)
+    assert drifted["paired_ratios"] == pytest.approx([1.25, 1.25]) and drifted["same_token_counts"] is True
+    # Same server speed, but one tool spends 10% more wall time per run than the server needed.
+    slow = bench_vs_vllm.summarize([_run(900.0, 1000.0)] * 2, [_run(990.0, 1000.0)] * 2, concurrency=1)
+    assert slow["drift_free_ratio"] == pytest.approx(900 / 990)
+    assert slow["ours"]["stdev"] == 0.0 and slow["ours"]["mean"] == pytest.approx(900.0)
+    # With requests in flight together the server's summed latency is not its busy time: no drift-free figure.
+    assert bench_vs_vllm.summarize(ours, ref, concurrency=4)["drift_free_ratio"] is None
+    # The server-side latency sum is read from /metrics (a histogram's _sum) and differenced like the counters.
+    text = ("# TYPE vllm:e2e_request_latency_seconds histogram\n"
+            'vllm:e2e_request_latency_seconds_sum{engine="0",model_name="m"} 12.5\n'
+            'vllm:e2e_request_latency_seconds_count{engine="0",model_name="m"} 3.0\n')
+    later = text.replace("12.5", "20.0")
+    assert metrics.delta(metrics.parse(text), metrics.parse(later)).request_seconds == pytest.approx(7.5)
+
+
+def test_side_by_side_refuses_bad_input_in_one_line(tmp_path: Path) -> None:
+    out = tmp_path / "vs.json"
+    base = [sys.executable, "-m", "sparkspec.bench_vs_vllm", "--url", "http://127.0.0.1:9", "--model", "m",
+            "--output", str(out)]
+    for extra, words in ((["--repeats", "1"], "need at least 2"),
+                         (["--vllm-python", str(tmp_path / "nope")], "not found; run scripts/bootstrap")):
+        run = subprocess.run([*base, *extra], capture_output=True, text=True, timeout=120)
+        assert run.returncode == 2 and run.stderr.count("\n") == 1 and words in run.stderr, run.stderr
+        assert "Traceback" not in run.stderr and not out.exists()

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 import urllib.request
 from collections import defaultdict
 from pathlib import Path
@@ -12,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import Cli, Server
+from .conftest import VLLM_PYTHON, Cli, Server, vllm_available
 
 pytestmark = pytest.mark.slow
 
@@ -110,3 +112,26 @@ def test_lossless_passes_for_ngram_and_fails_when_an_output_differs(baseline: Se
     strict_json = cli("check-output", "compare", "--url", ngram.url, "--model", ngram.model, "--reference",
                       str(ref), "--min-share", "0.9", "--require-json")
     assert strict_json.returncode == 1 and "JSON outputs do not parse" in strict_json.stderr
+
+
+def test_side_by_side_with_vllm_bench_serve_counts_what_the_server_generated(ngram: Server, tmp_path: Path) -> None:
+    """Both tools, interleaved on the same server: every run's output tokens equal the server's own counter delta
+    (15 prompts x 32 tokens, EOS ignored), and the summary's figures are the ones its runs give."""
+    if why := vllm_available():
+        pytest.skip(f"vllm bench serve needs the vLLM venv: {why}")
+    out = tmp_path / "vs.json"
+    run = subprocess.run([sys.executable, "-m", "sparkspec.bench_vs_vllm", "--url", ngram.url, "--model",
+                          ngram.model, "--repeats", "2", "--max-tokens", "32", "--output", str(out),
+                          "--vllm-python", VLLM_PYTHON], capture_output=True, text=True, timeout=1200)
+    assert run.returncode == 0, run.stderr[-3000:]
+    r = json.loads(out.read_text())
+    assert len(r["ours_runs"]) == len(r["vllm_runs"]) == 2
+    for one in r["ours_runs"] + r["vllm_runs"]:
+        assert one["total_output_tokens"] == one["server_generation_tokens"] == 15 * 32
+        assert 0.0 < one["spec_decode_acceptance_rate"] <= 100.0
+        assert 0.0 < one["server_request_seconds"] <= one["duration"]
+    ours = [x["output_throughput"] for x in r["ours_runs"]]
+    ref = [x["output_throughput"] for x in r["vllm_runs"]]
+    assert r["ratio_of_means"] == pytest.approx(sum(ours) / sum(ref))
+    assert r["same_token_counts"] is True and r["drift_free_ratio"] > 0
+    assert "ratio of means" in run.stdout

@@ -4,34 +4,18 @@ the client's figures agree with the server's own counters, and the lossless chec
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
-import urllib.request
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.counters import assert_result_equals_counter_deltas, raw_counters
+
 from .conftest import VLLM_PYTHON, Cli, Server, vllm_available
 
 pytestmark = pytest.mark.slow
-
-SAMPLE = re.compile(r'^(vllm:[a-z_]+_total)(\{[^}]*\})? ([0-9.eE+-]+)$')
-
-
-def raw_counters(server: Server) -> dict[str, float]:
-    """Counters read straight off /metrics text (independent of sparkspec.metrics): name[/position] -> sum."""
-    with urllib.request.urlopen(server.url + "/metrics", timeout=10) as r:
-        text = r.read().decode()
-    sums: dict[str, float] = defaultdict(float)
-    for line in text.splitlines():
-        if m := SAMPLE.match(line):
-            pos = re.search(r'position="(\d+)"', m.group(2) or "")
-            sums[m.group(1) + (f"/{pos.group(1)}" if pos else "")] += float(m.group(3))
-    return dict(sums)
-
 
 def bench(cli: Cli, server: Server, out: Path, *extra: str) -> dict[str, Any]:
     key = ("--api-key", server.api_key) if server.api_key else ()
@@ -43,9 +27,9 @@ def bench(cli: Cli, server: Server, out: Path, *extra: str) -> dict[str, Any]:
 
 def test_baseline_tokens_equal_server_counter_and_spec_figures_are_null(baseline: Server, cli: Cli,
                                                                        tmp_path: Path) -> None:
-    before = raw_counters(baseline)
+    before = raw_counters(baseline.url)
     result = bench(cli, baseline, tmp_path / "b.json", "--method", "baseline", "--unit", "sparkspec-vllm.service")
-    after = raw_counters(baseline)
+    after = raw_counters(baseline.url)
     gen = after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"]
     assert result["total_output_tokens"] == gen > 0
     assert result["total_input_tokens"] == after["vllm:prompt_tokens_total"] - before["vllm:prompt_tokens_total"]
@@ -63,22 +47,10 @@ def test_baseline_tokens_equal_server_counter_and_spec_figures_are_null(baseline
 
 
 def test_ngram_spec_figures_equal_counter_deltas(ngram: Server, cli: Cli, tmp_path: Path) -> None:
-    before = raw_counters(ngram)
+    before = raw_counters(ngram.url)
     result = bench(cli, ngram, tmp_path / "n.json", "--suite", "structured", "--method", "ngram")
-    after = raw_counters(ngram)
-    d = {k: after[k] - before.get(k, 0.0) for k in after}
-    assert result["total_output_tokens"] == d["vllm:generation_tokens_total"]
-    drafts = d["vllm:spec_decode_num_drafts_total"]
-    draft_tokens = d["vllm:spec_decode_num_draft_tokens_total"]
-    accepted = d["vllm:spec_decode_num_accepted_tokens_total"]
-    assert drafts > 0 and accepted > 0
-    assert result["spec_decode_num_drafts"] == drafts
-    assert result["spec_decode_draft_tokens"] == draft_tokens
-    assert result["spec_decode_accepted_tokens"] == accepted
-    assert result["spec_decode_acceptance_rate"] == pytest.approx(100.0 * accepted / draft_tokens)
-    assert result["spec_decode_acceptance_length"] == pytest.approx(1.0 + accepted / drafts)
-    per_pos = [d[f"vllm:spec_decode_num_accepted_tokens_per_pos_total/{i}"] / drafts for i in range(4)]
-    assert result["spec_decode_per_position_acceptance_rates"] == pytest.approx(per_pos)
+    assert_result_equals_counter_deltas(result, before, raw_counters(ngram.url))
+    assert len(result["spec_decode_per_position_acceptance_rates"]) == 4
     assert "suites" not in result and result["suite"] == "structured" and result["completed"] == 9
 
 

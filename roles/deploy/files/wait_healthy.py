@@ -52,7 +52,7 @@ def main(argv):
             return 0
         reason = crashed(unit_state(unit), restarts_at_start)
         if reason:
-            print(f"{reason} {waited:.0f} s after the start; see the journal below")
+            print(f"{reason} {waited:.0f} s after the start")
             return 1
         if waited >= timeout:
             print(f"/health did not answer 200 within {timeout:.0f} s")

@@ -52,8 +52,25 @@ def _vllm_bench(python: str, url: str, model: str, tokenizer: str, dataset: Path
     env = dict(os.environ, **({"OPENAI_API_KEY": api_key} if api_key else {}))
     proc = subprocess.run([python, "-c", _LAUNCH, *args], capture_output=True, text=True, env=env, timeout=1800)
     if proc.returncode != 0:
-        raise RuntimeError(f"vllm bench serve failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
+        raise UserError(f"vllm bench serve failed (exit {proc.returncode}): {_last_line(proc.stderr)}")
     return json.loads((workdir / f"{tag}.json").read_text())
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else "no message"
+
+
+def _check_vllm_python(python: str) -> None:
+    """The reference tool must import, with the pandas its custom dataset reads JSONL with, before any run."""
+    if not Path(python).is_file():
+        raise UserError(f"--vllm-python {python}: not found; run scripts/bootstrap (it makes "
+                        f"{DEFAULT_VLLM_PYTHON}) or point it at a python with vLLM installed")
+    probe = subprocess.run([python, "-c", "import pandas, vllm.benchmarks.serve"], capture_output=True, text=True,
+                           timeout=600)
+    if probe.returncode != 0:
+        raise UserError(f"--vllm-python {python}: cannot run vllm bench serve ({_last_line(probe.stderr)}); "
+                        "run scripts/bootstrap, or pip install pandas there (vLLM's [bench] extra)")
 
 
 def _spread(values: list[float]) -> dict[str, float]:
@@ -112,9 +129,7 @@ def run(url: str, model: str, repeats: int = 3, vllm_python: str = DEFAULT_VLLM_
         api_key: str | None = None) -> dict[str, Any]:
     if repeats < 2:
         raise UserError(f"--repeats {repeats}: need at least 2 for a spread; use 8 or more")
-    if not Path(vllm_python).is_file():
-        raise UserError(f"--vllm-python {vllm_python}: not found; run scripts/bootstrap (it makes "
-                        f"{DEFAULT_VLLM_PYTHON}) or point it at a python with vLLM installed")
+    _check_vllm_python(vllm_python)
     prompts = [p for _, ps in suites_for(suite) for p in ps]
     ours_runs: list[dict[str, Any]] = []
     vllm_runs: list[dict[str, Any]] = []

@@ -168,8 +168,11 @@ def test_side_by_side_refuses_bad_input_in_one_line(tmp_path: Path) -> None:
     out = tmp_path / "vs.json"
     base = [sys.executable, "-m", "sparkspec.bench_vs_vllm", "--url", "http://127.0.0.1:9", "--model", "m",
             "--output", str(out)]
+    bare = tmp_path / "bare"  # a python without vLLM (or pandas): refused before any run
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True, timeout=120)
     for extra, words in ((["--repeats", "1"], "need at least 2"),
-                         (["--vllm-python", str(tmp_path / "nope")], "not found; run scripts/bootstrap")):
+                         (["--vllm-python", str(tmp_path / "nope")], "not found; run scripts/bootstrap"),
+                         (["--vllm-python", str(bare / "bin/python")], "cannot run vllm bench serve")):
         run = subprocess.run([*base, *extra], capture_output=True, text=True, timeout=120)
         assert run.returncode == 2 and run.stderr.count("\n") == 1 and words in run.stderr, run.stderr
         assert "Traceback" not in run.stderr and not out.exists()

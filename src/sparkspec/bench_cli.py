@@ -3,26 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-from pathlib import Path
-from typing import Any
 
 from sparkspec.cli import emit_json
 from sparkspec.errors import UserError
-
-
-def write_json(path: str, doc: dict[str, Any]) -> None:
-    """Write ``doc`` atomically (a reader never sees half a file)."""
-    target = Path(path)
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.tmp")
-        tmp.write_text(json.dumps(doc, indent=2, sort_keys=False) + "\n", encoding="utf-8")
-        os.replace(tmp, target)
-    except OSError as exc:
-        raise UserError(f"{path}: cannot write ({exc.strerror}); choose a writable --output") from None
+from sparkspec.jsonfile import write_json
 
 
 def _api_key(args: argparse.Namespace) -> str | None:

@@ -27,12 +27,16 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
+import httpx2 as httpx
+
 from sparkspec import metrics
-from sparkspec.bench_cli import write_json
 from sparkspec.bench import BenchConfig, preflight, run_bench, suites_for, sync_client
 from sparkspec.errors import UserError
+from sparkspec.jsonfile import write_json
 
 DEFAULT_VLLM_PYTHON = ".cache/vllm-venv/bin/python"
+DEFAULT_REPEATS = 20
+DEFAULT_MAX_TOKENS = 256
 TOLERANCE = 0.05
 _LAUNCH = ("import sys; from vllm.benchmarks import serve; "
            "from vllm.utils.argparse_utils import FlexibleArgumentParser as P; "
@@ -81,7 +85,7 @@ def _spread(values: list[float]) -> dict[str, float]:
             "relative_range": (max(values) - min(values)) / mean if mean else 0.0}
 
 
-def _measured(tool_run: Callable[[], dict[str, Any]], client: Any, url: str,
+def _measured(tool_run: Callable[[], dict[str, Any]], client: httpx.Client, url: str,
               api_key: str | None) -> dict[str, Any]:
     """One tool's run plus what the server itself saw over it (its counters before and after)."""
     before = metrics.scrape(client, url, api_key)
@@ -124,8 +128,8 @@ def summarize(ours: list[dict[str, Any]], ref: list[dict[str, Any]], concurrency
     return out
 
 
-def run(url: str, model: str, repeats: int = 3, vllm_python: str = DEFAULT_VLLM_PYTHON, suite: str = "all",
-        max_tokens: int = 64, concurrency: int = 1, temperature: float = 0.0,
+def run(url: str, model: str, repeats: int = DEFAULT_REPEATS, vllm_python: str = DEFAULT_VLLM_PYTHON,
+        suite: str = "all", max_tokens: int = DEFAULT_MAX_TOKENS, concurrency: int = 1, temperature: float = 0.0,
         api_key: str | None = None) -> dict[str, Any]:
     if repeats < 2:
         raise UserError(f"--repeats {repeats}: need at least 2 for a spread; use 8 or more")
@@ -182,10 +186,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", required=True)
     parser.add_argument("--model", required=True)
-    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS)
     parser.add_argument("--vllm-python", default=DEFAULT_VLLM_PYTHON)
     parser.add_argument("--suite", default="all")
-    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS)
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--api-key", default=os.environ.get("SPARKSPEC_API_KEY"))

@@ -1,4 +1,5 @@
-"""Reading a JSON file the user points at, with one-line errors that name the file and the fix."""
+"""Reading a JSON file the user points at, and writing one atomically, with one-line errors that name the file
+and the fix."""
 
 from __future__ import annotations
 
@@ -19,3 +20,15 @@ def read_json(path: str | os.PathLike[str], missing: str, fix: str) -> Any:
         raise UserError(f"{path}: {missing}") from None
     except ValueError as exc:  # json.JSONDecodeError, UnicodeDecodeError
         raise UserError(f"{path}: not valid JSON ({exc}); {fix}") from None
+
+
+def write_json(path: str, doc: dict[str, Any]) -> None:
+    """Write ``doc`` atomically (a reader never sees half a file)."""
+    target = Path(path)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.tmp")
+        tmp.write_text(json.dumps(doc, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+        os.replace(tmp, target)
+    except OSError as exc:
+        raise UserError(f"{path}: cannot write ({exc.strerror}); choose a writable --output") from None

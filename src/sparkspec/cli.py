@@ -8,10 +8,12 @@ and exit 2; nothing here prints a traceback for bad input.
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import json
+import os
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 from sparkspec import __version__
 from sparkspec.errors import UserError
@@ -24,8 +26,24 @@ COMMAND_MODULES = (
 )
 
 
+# errnos that mean the user pointed at the wrong thing (exit 2); every other OSError is a run-time failure
+# (disk full, I/O error, a server gone: exit 1)
+_INPUT_ERRNOS = {errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.EACCES, errno.EPERM, errno.EROFS, errno.ELOOP,
+                 errno.ENAMETOOLONG, errno.EEXIST, errno.ENOTEMPTY, errno.EXDEV, errno.ENXIO, errno.EINVAL}
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with the project's error shape: one line ``sparkspec: error: ...`` and exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        where = self.prog.removeprefix("sparkspec").strip()
+        print(f"sparkspec: error: {where + ': ' if where else ''}{message}; see `{self.prog} --help`",
+              file=sys.stderr)
+        raise SystemExit(2)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sparkspec", description=__doc__.splitlines()[0])
+    parser = Parser(prog="sparkspec", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"sparkspec {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
@@ -58,6 +76,18 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("sparkspec: interrupted", file=sys.stderr)
         return 130
+    except OSError as exc:  # the last line of defence: one line, never a traceback
+        if os.environ.get("SPARKSPEC_DEBUG"):
+            raise
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"sparkspec: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 2 if exc.errno in _INPUT_ERRNOS else 1
+    except (MemoryError, RecursionError, ValueError, TypeError, KeyError) as exc:
+        if os.environ.get("SPARKSPEC_DEBUG"):
+            raise
+        print(f"sparkspec: error: {exc.__class__.__name__}: {str(exc)[:300]} (unexpected input; set "
+              "SPARKSPEC_DEBUG=1 for the traceback and report it)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

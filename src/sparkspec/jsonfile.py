@@ -1,34 +1,104 @@
-"""Reading a JSON file the user points at, and writing one atomically, with one-line errors that name the file
-and the fix."""
+"""JSON the tools read from files or the network: bounded parsing, shape checks and one-line errors that name
+the file and the fix; and the atomic writer.
+
+Every JSON document sparkspec did not write itself (config.json, an index, a safetensors header, a manifest, a
+suite, a bench result, a reference, a server's stream) is parsed by ``loads_bounded``: its size and nesting depth
+are checked before ``json`` sees it, and non-finite numbers (NaN, Infinity) are refused.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 from sparkspec.errors import UserError
+from sparkspec.validate import read_regular
+
+MAX_DEPTH = 64
+MAX_DOC_BYTES = 64 << 20
+_STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_BRACKETS = re.compile(rb"[\[\]{}]")
+
+
+class JsonShapeError(ValueError):
+    """A JSON document that parsed but is too large, too deep, or holds non-finite numbers."""
+
+
+def _reject_constant(name: str) -> Any:
+    raise JsonShapeError(f"holds {name}, which is not a JSON number")
+
+
+def check_depth(raw: bytes, max_depth: int = MAX_DEPTH) -> None:
+    """Raise JsonShapeError when arrays/objects nest deeper than ``max_depth`` (strings are skipped)."""
+    depth = 0
+    for match in _BRACKETS.finditer(_STRINGS.sub(b'""', raw)):
+        if match.group() in (b"[", b"{"):
+            depth += 1
+            if depth > max_depth:
+                raise JsonShapeError(f"nests deeper than {max_depth} levels")
+        else:
+            depth -= 1
+
+
+def loads_bounded(raw: bytes | str, max_bytes: int = MAX_DOC_BYTES, max_depth: int = MAX_DEPTH) -> Any:
+    """``json.loads`` with a size and depth bound and NaN/Infinity refused. Raises ValueError (JSONDecodeError,
+    UnicodeDecodeError or JsonShapeError) with a short reason."""
+    data = raw.encode("utf-8") if isinstance(raw, str) else bytes(raw)
+    if len(data) > max_bytes:
+        raise JsonShapeError(f"is {len(data)} bytes, more than the {max_bytes} allowed")
+    check_depth(data, max_depth)
+    return json.loads(data.decode("utf-8"), parse_constant=_reject_constant)
 
 
 def read_json(path: str | os.PathLike[str], missing: str, fix: str) -> Any:
-    """The parsed document. A missing file raises ``PATH: {missing}``; a file that is not UTF-8 JSON raises
-    ``PATH: not valid JSON (why); {fix}``. Other read errors propagate."""
+    """The parsed document. A missing file raises ``PATH: {missing}``; a file that is not a regular file, or not
+    bounded UTF-8 JSON, raises one line naming the file and ``fix``."""
+    if not os.path.lexists(path):
+        raise UserError(f"{path}: {missing}")
+    raw = read_regular(path, "JSON file", MAX_DOC_BYTES)
     try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UserError(f"{path}: {missing}") from None
-    except ValueError as exc:  # json.JSONDecodeError, UnicodeDecodeError
+        return loads_bounded(raw)
+    except ValueError as exc:  # json.JSONDecodeError, UnicodeDecodeError, JsonShapeError
         raise UserError(f"{path}: not valid JSON ({exc}); {fix}") from None
 
 
+def expect(doc: Any, key: str, kind: type | tuple[type, ...], where: str, fix: str,
+           required: bool = True) -> Any:
+    """``doc[key]`` checked to be of ``kind`` (bool is not an int), else one line naming the file and key."""
+    if not isinstance(doc, dict):
+        raise UserError(f"{where}: is not a JSON object; {fix}")
+    if key not in doc:
+        if required:
+            raise UserError(f"{where}: has no {key!r}; {fix}")
+        return None
+    value = doc[key]
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if isinstance(value, bool) and bool not in kinds:
+        ok = False
+    else:
+        ok = isinstance(value, kinds)
+    if not ok:
+        names = " or ".join(k.__name__ for k in kinds)
+        raise UserError(f"{where}: {key!r} is {type(value).__name__} {value!r:.60}, expected {names}; {fix}")
+    return value
+
+
 def write_json(path: str, doc: dict[str, Any]) -> None:
-    """Write ``doc`` atomically (a reader never sees half a file)."""
+    """Write ``doc`` atomically (a reader never sees half a file; no temp file survives a failure)."""
     target = Path(path)
+    tmp = target.with_name(f".{target.name}.tmp")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.tmp")
-        tmp.write_text(json.dumps(doc, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+        if target.is_symlink() or (target.exists() and not target.is_file()):
+            raise UserError(f"{path}: exists and is not a regular file; choose another --output")
+        tmp.write_text(json.dumps(doc, indent=2, sort_keys=False, allow_nan=False) + "\n", encoding="utf-8")
         os.replace(tmp, target)
     except OSError as exc:
+        tmp.unlink(missing_ok=True)
         raise UserError(f"{path}: cannot write ({exc.strerror}); choose a writable --output") from None
+    except ValueError as exc:  # a non-finite number: a bug upstream, never written
+        tmp.unlink(missing_ok=True)
+        raise UserError(f"{path}: not written: {exc}") from None

@@ -81,14 +81,16 @@ def ckpt_cli() -> Callable[..., CliResult]:
 
 
 @pytest.fixture
-def ckpt_tmpfs(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
-    """Mount small tmpfs filesystems (root needed); skip with the reason when mounting is refused."""
+def ckpt_tmpfs(tmp_path: Path) -> Iterator[Callable[..., Path]]:
+    """Mount small tmpfs filesystems (root needed), read-only on request; skip with the reason when mounting
+    is refused."""
     mounts: list[Path] = []
 
-    def mount(size: str) -> Path:
+    def mount(size: str, readonly: bool = False) -> Path:
         point = tmp_path / f"tmpfs-{uuid.uuid4().hex[:8]}"
         point.mkdir()
-        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(point)],
+        options = f"size={size}" + (",ro" if readonly else "")
+        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(point)],
                               capture_output=True, text=True)
         if proc.returncode:
             pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")

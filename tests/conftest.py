@@ -28,12 +28,23 @@ def sim():
     return sim
 
 
+# Output of the session's one provision (tests check it for secrets).
+PROVISION_OUTPUT: list[str] = []
+
+
 @pytest.fixture(scope="session")
 def provisioned(sim):
     """The simulated Spark after the whole provision pipeline (it serves the sim inventory's method)."""
     result = run_cli(f"{BIN}/invoke", "provision", "--host", "sim01", timeout=1800)
+    PROVISION_OUTPUT.append(result.stdout + result.stderr)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr
     return sim
+
+
+@pytest.fixture(scope="session")
+def api_key(sim) -> str:
+    """The simulated Spark's vLLM API key (generated per machine by `invoke sim.up`, 0600)."""
+    return sim.api_key_file.read_text().strip()
 
 
 def run_cli(*argv: str, env: dict[str, str] | None = None, timeout: float = 900) -> subprocess.CompletedProcess[str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import secrets
 import shutil
 import subprocess
 import tempfile
@@ -70,6 +71,29 @@ class Sim:
         return self.state / "id_ed25519"
 
     @property
+    def api_key_file(self) -> Path:
+        """The simulated Spark's vLLM API key: random per machine, 0600, never committed (the sim inventory
+        reads it with a lookup, tests send it)."""
+        return self.state / "api-key"
+
+    def ensure_api_key(self) -> str:
+        """Create the API key file once (O_EXCL, 0600 from the start: never readable by others, not even
+        briefly) and return the key."""
+        self.state.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(self.api_key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        except FileExistsError:
+            self.api_key_file.chmod(0o600)
+            key = self.api_key_file.read_text().strip()
+            if key:
+                return key
+            raise UserError(f"{self.api_key_file}: empty; remove it and run `invoke sim.up` again") from None
+        key = "sk-sim-" + secrets.token_urlsafe(24)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(key + "\n")
+        return key
+
+    @property
     def image(self) -> str:
         recipe = "\n".join([RECIPE_VERSION, SUITE, *PACKAGES, SSHD_CONF.format(port=self.ssh_port)])
         return f"localhost/sparkspec-sim:{hashlib.sha256(recipe.encode()).hexdigest()[:12]}"
@@ -111,7 +135,7 @@ class Sim:
             log("sim: importing rootfs into podman")
             tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
             imp = subprocess.run(["podman", "import", "--change", "CMD=/sbin/init", "-", self.image],
-                                 stdin=tar.stdout, env=self.env(), capture_output=True, text=True)
+                                 stdin=tar.stdout, env=self.env(), capture_output=True, text=True, check=False)
             tar.wait()
             if imp.returncode != 0 or tar.returncode != 0:
                 raise UserError(f"podman import: {imp.stderr.strip() or 'tar failed'}")
@@ -168,6 +192,7 @@ class Sim:
         log(f"hub: {self.hub.up(log)} on {self.hub.url}")
         built = self.build_image(log)
         self.ensure_key()
+        self.ensure_api_key()
         current = self.running_image()
         if current == self.image and not built and self.ssh_ok():
             return "already running"

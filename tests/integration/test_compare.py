@@ -21,8 +21,8 @@ def test_compare_baseline_and_ngram(provisioned):
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr
     reports = ROOT / "reports/sim01"
     table = (reports / "compare.md").read_text()
-    assert re.search(r"^\| baseline \| sim-tiny \| [0-9.]+ \| [0-9.]+ \| n/a \|", table, re.M), table
-    assert re.search(r"^\| ngram \| sim-tiny \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ ?% \|", table, re.M), table
+    assert re.search(r"^\| baseline \| sim-tiny \| [0-9.]+ \| [0-9.]+ \| n/a \|", table, re.MULTILINE), table
+    assert re.search(r"^\| ngram \| sim-tiny \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ ?% \|", table, re.MULTILINE), table
     assert (reports / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # the lossless check ran for ngram against baseline's reference, and passed
     assert "ngram is lossless against baseline" in result.stdout
@@ -31,14 +31,15 @@ def test_compare_baseline_and_ngram(provisioned):
         == "baseline"
 
 
-def test_bench_figures_equal_counter_deltas(provisioned, tmp_path):
+def test_bench_figures_equal_counter_deltas(provisioned, api_key, tmp_path):
     deploy = run_cli(f"{BIN}/invoke", "deploy", "--host", "sim01", "--method", "ngram", "--skip-tags", "verify",
                      timeout=1200)
     assert deploy.returncode == 0, deploy.stdout[-3000:] + deploy.stderr
     before = raw_counters(URL)
     out = tmp_path / "bench.json"
     bench = run_cli(f"{BIN}/sparkspec", "bench", "--url", URL, "--model", "sim-tiny", "--suite", "structured",
-                    "--max-tokens", "32", "--temperature", "0", "--concurrency", "2", "--output", str(out))
+                    "--max-tokens", "32", "--temperature", "0", "--concurrency", "2", "--output", str(out),
+                    env={"SPARKSPEC_API_KEY": api_key})
     assert bench.returncode == 0, bench.stderr
     assert_result_equals_counter_deltas(json.loads(out.read_text()), before, raw_counters(URL))
     assert len(json.loads(out.read_text())["spec_decode_per_position_acceptance_rates"]) == 4

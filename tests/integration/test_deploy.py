@@ -12,7 +12,8 @@ import urllib.request
 
 import pytest
 
-from tests.conftest import BIN, run_cli
+from sparkspec.sim import Sim
+from tests.conftest import BIN, ROOT, run_cli
 
 pytestmark = [pytest.mark.sim, pytest.mark.slow]
 
@@ -40,7 +41,7 @@ def deploy(method: str, *extra_vars: str, expect_ok: bool = True):
 
 
 def changed(output: str) -> int:
-    return int(re.search(r"^sim01\s+: ok=\d+\s+changed=(\d+)", output, re.M).group(1))
+    return int(re.search(r"^sim01\s+: ok=\d+\s+changed=(\d+)", output, re.MULTILINE).group(1))
 
 
 def record(sim) -> dict:
@@ -53,7 +54,9 @@ def main_pid(sim) -> int:
 
 def http(path: str, body: dict | None = None, timeout: float = 120) -> tuple[int, str]:
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(URL + path, data=data, headers={"Content-Type": "application/json"})
+    key = Sim(ROOT).api_key_file.read_text().strip()  # vLLM requires the simulated Spark's key on /v1
+    req = urllib.request.Request(URL + path, data=data, headers={"Content-Type": "application/json",
+                                                                 "Authorization": f"Bearer {key}"})
     with urllib.request.urlopen(req, timeout=timeout) as resp:
         return resp.status, resp.read().decode()
 
@@ -73,7 +76,7 @@ def wait_healthy(timeout: float = 400) -> None:
 def counter(name: str) -> float:
     _, text = http("/metrics")
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith(name + "{") or line.startswith(name + " "))
+               if line.startswith((name + "{", name + " ")))
 
 
 def complete(prompt: str, max_tokens: int = 48) -> str:

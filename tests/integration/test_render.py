@@ -4,11 +4,13 @@ unit's arguments, and bad method configuration is refused before any change."""
 from __future__ import annotations
 
 import json
+import re
 import shlex
 
 import pytest
+import yaml
 
-from tests.conftest import BIN, run_cli
+from tests.conftest import BIN, ROOT, run_cli
 
 pytestmark = pytest.mark.sim
 
@@ -119,3 +121,45 @@ def test_mtp_k_against_two_mtp_layers(tmp_path, k, ok):
         assert result.returncode != 0
         assert f"num_speculative_tokens={k} does not fit the checkpoint's 2 MTP layer(s)" in result.stdout
         assert not any(dest.rglob("*.service"))
+
+
+HYBRID = "qwen35-122b-hybrid"
+
+
+def _example_profiles() -> dict:
+    return yaml.safe_load((ROOT / EXAMPLE / "group_vars/all/main.yml").read_text())["sparkspec_profiles"]
+
+
+def _with(profiles: dict, dotted: str, value) -> dict:
+    *path, last = dotted.split(".")
+    node = profiles
+    for key in path:
+        node = node[key]
+    node[last] = value
+    return profiles
+
+
+@pytest.mark.parametrize(
+    ("method", "field", "value", "expected"),
+    [
+        ("dflash", f"{HYBRID}.heads.dflash.repo", "../../../etc", r"repo id '(\.\./){3}etc' is not org/name"),
+        ("dflash", f"{HYBRID}.heads.dflash.repo", "org/..", r"repo id 'org/\.\.' is not org/name"),
+        ("baseline", f"{HYBRID}.int4.repo", "/etc/passwd", r"repo id '/etc/passwd' is not org/name"),
+        ("baseline", f"{HYBRID}.fp8.repo", "a/b/c", r"repo id 'a/b/c' is not org/name"),
+        ("baseline", f"{HYBRID}.int4.revision", "../../x", r"revision '\.\./\.\./x' is not a commit id"),
+        ("baseline", f"{HYBRID}.dir", "../../etc", r"dir '\.\./\.\./etc' is not a plain file name"),
+        ("baseline", f"{HYBRID}.dir", "/etc", r"dir '/etc' is not a plain file name"),
+        ("baseline", "qwen3-30b-a3b.model.repo", "Qwen/../../etc", r"repo id 'Qwen/(\.\./){2}etc' is not"),
+    ],
+    ids=["head-dotdot", "head-dot-name", "absolute", "three-parts", "revision-path", "dir-dotdot",
+         "dir-absolute", "plain-model"],
+)
+def test_untrusted_names_are_refused_before_any_file(tmp_path, method, field, value, expected):
+    """Repo ids, revisions and folder names become paths on the host: each goes through sparkspec's one
+    validator (a filter plugin over sparkspec.validate) before any file is written."""
+    profiles = _with(_example_profiles(), field, value)
+    extra = {"sparkspec_profiles": profiles, "sparkspec_stage_profiles": [HYBRID, "qwen3-30b-a3b"]}
+    result = _render_with_vars(method, tmp_path, extra)
+    assert result.returncode != 0, result.stdout[-2000:]
+    assert re.search(expected, result.stdout), result.stdout[-3000:]
+    assert not any(p.is_file() for p in tmp_path.rglob("*"))

@@ -45,9 +45,48 @@ def int4_model_tensors(headers: Iterable[Header]) -> dict[str, TensorInfo]:
     return {n: t for h in headers for n, t in h.tensors.items() if not n.startswith("mtp.")}
 
 
-def weight_block_size(config: Mapping[str, Any]) -> tuple[int, ...]:
-    """The FP8 checkpoint's ``quantization_config.weight_block_size`` (default 128 x 128)."""
-    return tuple((config.get("quantization_config") or {}).get("weight_block_size") or DEFAULT_BLOCK)
+_CONFIG_FIX = "fix or re-download config.json"
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def weight_block_size(config: Mapping[str, Any], where: str = "config.json") -> tuple[int, ...]:
+    """The FP8 checkpoint's ``quantization_config.weight_block_size``: two positive integers (default 128 x
+    128). Anything else is one line naming ``where``."""
+    qc = config.get("quantization_config")
+    if qc is None:
+        return DEFAULT_BLOCK
+    if not isinstance(qc, dict):
+        raise UserError(f"{where}: quantization_config is {type(qc).__name__}, expected an object; {_CONFIG_FIX}")
+    block = qc.get("weight_block_size")
+    if block is None:
+        return DEFAULT_BLOCK
+    if not (isinstance(block, list) and len(block) == 2 and all(_is_int(b) and 0 < b <= 1 << 20 for b in block)):
+        raise UserError(f"{where}: quantization_config.weight_block_size is {block!r:.60}, expected two "
+                        f"positive integers like [128, 128]; {_CONFIG_FIX}")
+    return tuple(block)
+
+
+def text_config(config: Mapping[str, Any], where: str = "config.json") -> Mapping[str, Any]:
+    """The text model's settings: ``text_config`` of a multimodal config, else the config itself."""
+    inner = config.get("text_config", config)
+    if not isinstance(inner, dict):
+        raise UserError(f"{where}: text_config is {type(inner).__name__}, expected an object; {_CONFIG_FIX}")
+    return inner
+
+
+def config_int(settings: Mapping[str, Any], key: str, where: str, low: int = 0, high: int = 1 << 20
+               ) -> int | None:
+    """An integer setting in [low, high], or None when absent; a wrong type or value is one line."""
+    value = settings.get(key)
+    if value is None:
+        return None
+    if not _is_int(value) or not low <= value <= high:
+        raise UserError(f"{where}: {key} is {value!r:.60}, expected an integer from {low} to {high}; "
+                        f"{_CONFIG_FIX}")
+    return int(value)
 
 
 def compile_patterns(patterns: Iterable[str]) -> list[re.Pattern[str]]:

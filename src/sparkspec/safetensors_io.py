@@ -8,6 +8,7 @@ length)`` callable so the same validation runs on local files and on HTTP range 
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -17,8 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sparkspec.ckpt_out import RunFailure
 from sparkspec.errors import UserError
-from sparkspec.jsonfile import read_json
+from sparkspec.jsonfile import expect, loads_bounded, read_json
+from sparkspec.validate import filename, open_regular
 
 INDEX_NAME = "model.safetensors.index.json"
 MAX_HEADER_BYTES = 100_000_000  # the reference implementation's limit
@@ -121,9 +124,9 @@ def parse_header(read: Callable[[int, int], bytes], size: int, source: str) -> H
     if len(raw) != length:
         raise _fail(source, f"short read of the header ({len(raw)} of {length} bytes)")
     try:
-        doc = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise _fail(source, f"header is not valid JSON ({exc.__class__.__name__}: {exc})") from None
+        doc = loads_bounded(raw, max_bytes=MAX_HEADER_BYTES)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, JsonShapeError, ...
+        raise _fail(source, f"header is not valid JSON ({exc.__class__.__name__}: {str(exc)[:200]})") from None
     if not isinstance(doc, dict):
         raise _fail(source, "header JSON is not an object")
     metadata = doc.pop("__metadata__", None)
@@ -148,18 +151,19 @@ def parse_header(read: Callable[[int, int], bytes], size: int, source: str) -> H
 
 
 def read_header(path: str | os.PathLike[str]) -> Header:
+    """The validated header of a local file; a missing, unreadable or non-regular file (a folder, a FIFO:
+    never waited on) is one line naming it."""
     source = str(path)
+    fd = open_regular(path, "safetensors file")
     try:
-        with open(path, "rb") as fh:
-            fd = fh.fileno()
-            size = os.fstat(fd).st_size
-            return parse_header(lambda off, n: os.pread(fd, n, off), size, source)
-    except FileNotFoundError:
-        raise UserError(f"{source}: file not found; check the checkpoint directory") from None
-    except IsADirectoryError:
-        raise UserError(f"{source}: is a directory, expected a .safetensors file; check the path") from None
-    except PermissionError:
-        raise UserError(f"{source}: permission denied; make it readable") from None
+        size = os.fstat(fd).st_size
+        return parse_header(lambda off, n: os.pread(fd, n, off), size, source)
+    except OSError as exc:
+        if exc.errno in (errno.EACCES, errno.EPERM, errno.EISDIR, errno.EINVAL):
+            raise UserError(f"{source}: cannot read it ({exc.strerror}); check the file") from None
+        raise RunFailure(f"{source}: read failed ({exc.strerror}); check the disk, then re-run") from None
+    finally:
+        os.close(fd)
 
 
 def encode_header(tensors: list[tuple[str, str, tuple[int, ...], int]],
@@ -204,31 +208,53 @@ def write_file(path: str | os.PathLike[str],
 def read_index(directory: str | os.PathLike[str]) -> dict[str, Any]:
     """Load and check ``model.safetensors.index.json``: a ``weight_map`` of tensor name -> file name."""
     path = Path(directory) / INDEX_NAME
-    doc = read_json(path, "index not found; point at a sharded safetensors checkpoint directory",
-                    "re-download the index")
-    weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
-    if not isinstance(weight_map, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
-        raise UserError(f"{path}: has no weight_map of tensor name to file name; re-download the index")
+    fix = "re-download the index"
+    doc = read_json(path, "index not found; point at a sharded safetensors checkpoint directory", fix)
+    if not isinstance(doc, dict):
+        raise UserError(f"{path}: is not a JSON object; {fix}")
+    weight_map = doc.get("weight_map")
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise UserError(f"{path}: has no weight_map of tensor name to file name; {fix}")
     for file_name in set(weight_map.values()):
-        if "/" in file_name or "\\" in file_name or file_name in ("", ".", ".."):
-            raise UserError(f"{path}: weight_map names a file outside the directory ({file_name!r}); "
-                            "fix the index")
-    return doc
+        filename(file_name, f"{path}: weight_map file")
+    metadata = expect(doc, "metadata", dict, str(path), fix, required=False)
+    if metadata is not None:
+        total = expect(metadata, "total_size", int, f"{path}: metadata", fix, required=False)
+        if total is not None and total < 0:
+            raise UserError(f"{path}: metadata.total_size is negative ({total}); {fix}")
+    checked: dict[str, Any] = doc
+    return checked
+
+
+def stage_index(directory: str | os.PathLike[str], weight_map: Mapping[str, str], total_size: int,
+                extra_metadata: Mapping[str, Any] | None = None) -> Path:
+    """Write the index to a hidden temp sibling, fsynced; the caller renames it into place (or removes it).
+    Nothing is left behind when writing fails."""
+    path = Path(directory) / INDEX_NAME
+    metadata: dict[str, Any] = dict(extra_metadata or {})
+    metadata["total_size"] = int(total_size)
+    doc = {"metadata": metadata, "weight_map": dict(sorted(weight_map.items()))}
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(doc, fh, indent=2, allow_nan=False)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return tmp
 
 
 def write_index(directory: str | os.PathLike[str], weight_map: Mapping[str, str], total_size: int,
                 extra_metadata: Mapping[str, Any] | None = None) -> Path:
     """Write the index atomically (temp file + rename), weight_map sorted by tensor name."""
+    tmp = stage_index(directory, weight_map, total_size, extra_metadata)
     path = Path(directory) / INDEX_NAME
-    metadata: dict[str, Any] = dict(extra_metadata or {})
-    metadata["total_size"] = int(total_size)
-    doc = {"metadata": metadata, "weight_map": dict(sorted(weight_map.items()))}
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(doc, fh, indent=2)
-        fh.write("\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return path

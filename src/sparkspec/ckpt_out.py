@@ -1,0 +1,193 @@
+"""Output folders of the checkpoint commands (assemble, generate): claimed, locked, built aside, swapped in.
+
+An output is refused before anything is touched when it is a symbolic link, not a folder, equal to, inside or
+around an input (resolved real paths), or a non-empty folder without the command's own manifest or marker.
+The new content is built in a hidden sibling (``.NAME.<stage>``) and swapped in with one ``renameat2`` exchange
+(two renames where the filesystem lacks it); the old content, which the command wrote, is removed after. A
+lock beside the output keeps two runs apart and is removed on the way out. A failure leaves the output as it
+was and no sibling behind; bad input is exit 2, a run-time failure (disk full, I/O error) exit 1.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import fcntl
+import os
+import shutil
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+
+from sparkspec.errors import UserError
+from sparkspec.validate import check_disjoint, check_not_symlink
+
+STAGE_MARKER = ".sparkspec-staging"  # inside a build folder while it is being written
+_RUNTIME_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG, errno.EMFILE, errno.ENFILE,
+                   errno.ENOMEM, errno.ESTALE}
+
+
+class RunFailure(UserError):
+    """A failure at run time (disk full, I/O error): one line like bad input, but exit 1."""
+
+    exit_code = 1
+
+
+def human(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1000
+    return f"{n:.1f} GB"
+
+
+def os_error(exc: OSError, where: Path | str, fix: str) -> UserError:
+    """One line naming ``where`` for an OSError: a run-time failure (exit 1) or a path to fix (exit 2)."""
+    name = where
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return RunFailure(f"{name}: no space left on device; free space, then {fix}")
+    if exc.errno in _RUNTIME_ERRNOS:
+        return RunFailure(f"{name}: {exc.strerror or exc} (a run-time failure); check the disk, then {fix}")
+    return UserError(f"{name}: {exc.strerror or exc}; {fix}")
+
+
+def claim(out: Path, flag: str, tool: str, owned: Callable[[Path], bool],
+          inputs: Mapping[str, str | os.PathLike[str] | None] | None = None) -> None:
+    """Refuse ``out`` unless it is absent, an empty folder, or a folder that ``owned`` recognises."""
+    check_not_symlink(out, flag)
+    check_disjoint(out, inputs or {}, flag)
+    if not os.path.lexists(out):
+        return
+    if not out.is_dir():
+        raise UserError(f"{flag} {out} exists and is not a folder; choose a new folder path")
+    try:
+        empty = not any(out.iterdir())
+    except OSError as exc:
+        raise os_error(exc, out, f"choose another {flag}") from None
+    if not empty and not owned(out):
+        raise UserError(f"{flag} {out} exists and was not written by {tool}; move it away or choose another "
+                        f"{flag}")
+
+
+def existing_ancestor(path: Path) -> Path:
+    path = Path(os.path.abspath(path))
+    while not path.exists():
+        path = path.parent
+    return path
+
+
+def check_room(out: Path, needed: int, flag: str, what: str) -> None:
+    """Refuse before writing when the filesystem that will hold ``out`` has less than ``needed`` bytes free."""
+    where = existing_ancestor(out.parent)
+    free = shutil.disk_usage(where).free
+    if free < needed:
+        raise UserError(f"{where}: {human(free)} free, {what} needs {human(needed)}; free space or choose "
+                        f"another {flag}")
+
+
+@contextmanager
+def _locked(out: Path, flag: str) -> Iterator[None]:
+    """An exclusive flock on ``.NAME.lock`` beside ``out``, removed on the way out. A lock file unlinked by
+    the previous holder between our open and our flock is detected (inode check) and opened again."""
+    path = out.parent / f".{out.name}.lock"
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise UserError(f"{out}: another run is writing it ({path} is locked); wait for it to finish") from None
+        st = os.fstat(fd)
+        try:
+            now = os.stat(path, follow_symlinks=False)
+        except FileNotFoundError:
+            now = None
+        if now is not None and (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino):
+            break
+        os.close(fd)
+    try:
+        yield
+    finally:
+        try:
+            os.unlink(path)
+        finally:
+            os.close(fd)
+
+
+def _fresh_stage(out: Path, stage: str) -> Path:
+    """An empty build folder ``.NAME.<stage>``; a leftover of an interrupted run (it holds the staging marker,
+    or nothing) is removed first, anything else there is refused."""
+    tmp = out.parent / f".{out.name}.{stage}"
+    if os.path.lexists(tmp):
+        if tmp.is_symlink() or not tmp.is_dir() or not (
+                (tmp / STAGE_MARKER).is_file() or not any(tmp.iterdir())):
+            raise UserError(f"{tmp}: is in the way of the build folder and was not left by this command; "
+                            "move it away")
+        shutil.rmtree(tmp)
+    tmp.mkdir(mode=0o755)
+    (tmp / STAGE_MARKER).write_text("build folder of a sparkspec checkpoint command; safe to remove\n")
+    return tmp
+
+
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two paths (renameat2 RENAME_EXCHANGE); False where the kernel or filesystem lacks it."""
+    fn = getattr(_LIBC, "renameat2", None)
+    if fn is None:
+        return False
+    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def _swap_in(tmp: Path, out: Path) -> None:
+    """Make ``tmp`` the content of ``out``; the old content (ours, checked by claim) is removed after."""
+    if not os.path.lexists(out):
+        os.rename(tmp, out)
+    elif _exchange(tmp, out):
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:  # two renames: a crash between them leaves the old content beside, as .NAME.old
+        old = out.parent / f".{out.name}.old"
+        if os.path.lexists(old):
+            shutil.rmtree(old)
+        os.rename(out, old)
+        os.rename(tmp, out)
+        shutil.rmtree(old, ignore_errors=True)
+    fd = os.open(out.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def replacing(out: Path, *, flag: str, tool: str, owned: Callable[[Path], bool], stage: str,
+              inputs: Mapping[str, str | os.PathLike[str] | None] | None = None) -> Iterator[Path]:
+    """Claim ``out``, lock it, yield an empty build folder; on success swap it in, on any failure remove it.
+    OSErrors of the block become one line (exit 1 at run time, 2 for a path to fix)."""
+    claim(out, flag, tool, owned, inputs)
+    tmp: Path | None = None
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with _locked(out, flag):
+            claim(out, flag, tool, owned, inputs)  # again, under the lock
+            tmp = _fresh_stage(out, stage)
+            yield tmp
+            (tmp / STAGE_MARKER).unlink()
+            _swap_in(tmp, out)
+            tmp = None
+    except OSError as exc:
+        where = exc.filename or out
+        if tmp is not None and exc.filename and Path(exc.filename).parent == tmp:
+            where = out / Path(exc.filename).name  # the file it was writing, by the name it would have had
+        raise os_error(exc, where, f"choose a writable {flag} with room") from None
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)

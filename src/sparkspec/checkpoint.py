@@ -1,37 +1,41 @@
 """Assemble the hybrid checkpoint: AutoRound INT4 shards with selected layers taken in FP8.
 
 Plan from headers only, then stream byte ranges into fresh shards (never a whole shard in memory),
-hashing what is written in the same pass. Everything is built in a temporary sibling of ``--out`` and
-renamed into place at the end; a manifest records inputs and output digests so that an unchanged
-re-run is a no-op (also after add-mtp has added its entries to the index). Sources are opened read-only.
+hashing what is written in the same pass. Sources are opened read-only and must hold their own files (no link
+out of the folder, no tensor in two shards); ``--out`` must lie apart from them and is replaced only when it
+holds this command's manifest: the hybrid is built in a hidden sibling and swapped in at the end (ckpt_out).
+The manifest records inputs and, per output file, its digest and stat (ckpt_manifest), so that an unchanged
+re-run is a no-op (also after add-mtp has added its entries to the index) and a changed output is rebuilt.
 """
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import hashlib
 import json
 import os
-import shutil
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sparkspec.ckpt_manifest import FORMAT_VERSION, MANIFEST_NAME, TOOL, load, owned, stale_outputs, stamp
+from sparkspec.ckpt_out import check_room, claim, replacing
+from sparkspec.ckpt_select import (compile_patterns, config_int, fp8_candidates, fp8_pair, fp8_selection,
+                                   int4_model_shards, int4_model_tensors, module_of, text_config,
+                                   weight_block_size)
 from sparkspec.ckpt_stream import (HASH_NAME, Piece, Progress, copy_file, fsync_dir, fsync_path, new_hash,
                                    write_pieces)
-from sparkspec.ckpt_select import (compile_patterns, fp8_candidates, fp8_pair, fp8_selection,
-                                   int4_model_shards, int4_model_tensors, module_of, weight_block_size)
 from sparkspec.errors import UserError
 from sparkspec.hubrepo import REVISION_FILE
 from sparkspec.jsonfile import read_json
 from sparkspec.safetensors_io import (INDEX_NAME, Header, TensorInfo, encode_header, read_header, read_index,
                                       write_index)
+from sparkspec.validate import COMMIT_RE, read_regular, revision
 
-MANIFEST_NAME = "sparkspec-manifest.json"
+__all__ = ["CONFIG_KEY", "MANIFEST_NAME", "AssembleResult", "Plan", "assemble", "plan_assembly"]
+
 CONFIG_KEY = "sparkspec_hybrid"  # top-level config.json key; never inside quantization_config
-FORMAT_VERSION = 1
+
 
 @dataclass
 class Plan:
@@ -53,40 +57,67 @@ class Plan:
 
 
 def _revision(directory: Path) -> str | None:
-    """The hub commit of a download: snapshot folder name, or huggingface_hub's local-dir metadata."""
+    """The hub commit of a download: snapshot folder name, sparkspec fetch's marker, or huggingface_hub's
+    local-dir metadata. Read directly (huggingface_hub's reader creates .cache folders; sources are never
+    modified), as regular files only, and checked: a marker that is not a revision is refused."""
     real = directory.resolve()
     if real.parent.name == "snapshots":
-        return real.name
+        return real.name if COMMIT_RE.fullmatch(real.name) else None
     marker = directory / REVISION_FILE  # written by sparkspec fetch
-    if marker.is_file():
-        return marker.read_text().strip() or None
-    # huggingface_hub's local-dir download metadata: first line is the commit. Read it directly:
-    # huggingface_hub's own reader creates .cache folders, and sources must never be modified.
+    if os.path.lexists(marker):
+        value = read_regular(marker, "revision file", 4096).decode("utf-8", "replace").strip()
+        return revision(value, f"{marker}: revision") if value else None
     for name in ("config.json", INDEX_NAME):
         meta = directory / ".cache" / "huggingface" / "download" / f"{name}.metadata"
-        try:
-            commit = meta.read_text().split("\n", 1)[0].strip()
-        except OSError:
+        if not meta.is_file():
             continue
-        if commit:
+        try:
+            commit = read_regular(meta, "download metadata", 1 << 16).decode("utf-8", "replace")
+        except UserError:
+            continue
+        commit = commit.split("\n", 1)[0].strip()
+        if COMMIT_RE.fullmatch(commit):
             return commit
     return None
 
 
 def _stat(path: Path) -> dict[str, int]:
     st = path.stat()
-    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino}
 
 
-def _load_json(path: Path) -> dict[str, Any]:
+def _own_file(root: Path, path: Path, flag: str) -> Path:
+    """``path`` (under ``root``) resolved; refused when a link takes it out of the source folder (a Hugging
+    Face cache snapshot may link into its repo's blobs folder)."""
+    real, base = path.resolve(), root.resolve()
+    allowed = [base] + ([base.parent.parent / "blobs"] if base.parent.name == "snapshots" else [])
+    if not any(real.is_relative_to(a) for a in allowed):
+        raise UserError(f"{path}: links out of {flag} {root} (to {real}); a checkpoint folder holds its own "
+                        "files: copy the file in or fix the link")
+    return path
+
+
+def _load_json(root: Path, name: str, flag: str) -> dict[str, Any]:
+    path = _own_file(root, root / name, flag)
     doc = read_json(path, "not found; point at a complete checkpoint directory", "re-download it")
     if not isinstance(doc, dict):
         raise UserError(f"{path}: not a JSON object; re-download it")
     return doc
 
 
-def _headers(directory: Path, files: Iterable[str]) -> dict[str, Header]:
-    return {f: read_header(directory / f) for f in sorted(files)}
+def _headers(root: Path, files: Iterable[str], flag: str) -> dict[str, Header]:
+    return {f: read_header(_own_file(root, root / f, flag)) for f in sorted(files)}
+
+
+def _unique(root: Path, headers: Mapping[str, Header]) -> None:
+    """One tensor, one shard: a name in two shards would be copied twice or taken from either."""
+    seen: dict[str, str] = {}
+    for file, header in headers.items():
+        for name in header.tensors:
+            if name in seen:
+                raise UserError(f"{root}: tensor {name} is in both {seen[name]} and {file}; a tensor lives in "
+                                "one shard: re-download the checkpoint")
+            seen[name] = file
 
 
 def _check_index(index_path: Path, weight_map: dict[str, str], headers: dict[str, Header]) -> None:
@@ -96,23 +127,18 @@ def _check_index(index_path: Path, weight_map: dict[str, str], headers: dict[str
                             "re-download the checkpoint")
 
 
-def text_config(config: dict[str, Any]) -> dict[str, Any]:
-    inner = config.get("text_config")
-    return inner if isinstance(inner, dict) else config
-
-
 def plan_assembly(int4: Path, fp8: Path, patterns: Iterable[str] = (), expect_fp8: int | None = None) -> Plan:
     int4, fp8, patterns = Path(int4), Path(fp8), list(patterns)
     compile_patterns(patterns)
-    index4 = read_index(int4)["weight_map"]
+    index4 = read_index(_own_file(int4, int4, "--int4"))["weight_map"]
     shard_files = int4_model_shards(index4)
     if not shard_files:
         raise UserError(f"{int4 / INDEX_NAME}: maps no model shard; point --int4 at the INT4 checkpoint")
-    h4 = _headers(int4, shard_files)
+    h4 = _headers(int4, shard_files, "--int4")
+    _unique(int4, h4)
     _check_index(int4 / INDEX_NAME, index4, h4)
-    config = _load_json(int4 / "config.json")
-    fp8_config = _load_json(fp8 / "config.json")
-    block = weight_block_size(fp8_config)
+    config = _load_json(int4, "config.json", "--int4")
+    block = weight_block_size(_load_json(fp8, "config.json", "--fp8"), str(fp8 / "config.json"))
     index8 = read_index(fp8)["weight_map"]
     int4_tensors = int4_model_tensors(h4.values())
     int4_file = {n: f for f, h in h4.items() for n in h.tensors}
@@ -122,11 +148,12 @@ def plan_assembly(int4: Path, fp8: Path, patterns: Iterable[str] = (), expect_fp
         for name in fp8_pair(module):
             file = index8[name]
             if file not in h8:
-                h8[file] = read_header(fp8 / file)
+                h8[file] = read_header(_own_file(fp8, fp8 / file, "--fp8"))
             if name not in h8[file].tensors:
                 raise UserError(f"{fp8 / INDEX_NAME}: maps {name} to {file}, whose header has no such tensor; "
                                 "re-fetch the FP8 source")
             fp8_tensors[name] = h8[file].tensors[name]
+    _unique(fp8, h8)
 
     def where(side: str, name: str) -> str:
         return str(int4 / int4_file[name]) if side == "int4" else str(fp8 / index8[name])
@@ -147,12 +174,12 @@ def plan_assembly(int4: Path, fp8: Path, patterns: Iterable[str] = (), expect_fp
     for file, header in h4.items():
         pieces: list[Piece] = []
         for name, t in header.tensors.items():
-            module = module_of(name)
+            owner = module_of(name)
             if name.startswith("mtp."):
                 continue  # add-mtp's job
-            if module in replaced:
-                if name in (f"{module}.weight", f"{module}.qweight"):
-                    pieces.extend(replaced[module])
+            if owner is not None and owner in replaced:
+                if name in (f"{owner}.weight", f"{owner}.qweight"):
+                    pieces.extend(replaced[owner])
                 continue
             pieces.append(Piece(name, t.dtype, t.shape, int4 / file, header.data_start + t.begin, t.nbytes))
         if pieces:
@@ -160,9 +187,13 @@ def plan_assembly(int4: Path, fp8: Path, patterns: Iterable[str] = (), expect_fp
     side = sorted(p.name for p in int4.iterdir()
                   if p.is_file() and not p.name.startswith(".") and not p.name.endswith(".safetensors")
                   and p.name not in (INDEX_NAME, "config.json", MANIFEST_NAME))
-    tc = text_config(config)
-    if expect_fp8 is None and tc.get("shared_expert_intermediate_size") and tc.get("num_hidden_layers"):
-        expect_fp8 = 3 * int(tc["num_hidden_layers"])
+    for name in side:
+        _own_file(int4, int4 / name, "--int4")
+    where_config = str(int4 / "config.json")
+    tc = text_config(config, where_config)
+    layers = config_int(tc, "num_hidden_layers", where_config, 1, 1 << 16)
+    if expect_fp8 is None and config_int(tc, "shared_expert_intermediate_size", where_config) and layers:
+        expect_fp8 = 3 * layers
     fp8_modules = modules
     scale_dtypes = sorted({replaced[m][1].dtype for m in fp8_modules})
     out_config = dict(config)
@@ -186,36 +217,18 @@ def plan_assembly(int4: Path, fp8: Path, patterns: Iterable[str] = (), expect_fp
 
 
 def _is_current(out: Path, plan: Plan) -> bool:
-    """Unchanged inputs and outputs in place (index may have gained add-mtp's entries)."""
+    """The manifest's inputs are this plan's, every output file is as assemble wrote it (size, times, inode,
+    header digest) and the index still maps what assemble mapped (add-mtp may have added entries)."""
+    if not (out / MANIFEST_NAME).is_file():
+        return False
     try:
-        manifest = json.loads((out / MANIFEST_NAME).read_text())
-        index = read_index(out)["weight_map"]
-    except (OSError, ValueError, UserError):
-        return False
-    if manifest.get("key") != plan.key:
-        return False
-    for file, rec in manifest.get("outputs", {}).items():
-        if file == INDEX_NAME:
-            continue
-        path = out / file
-        if not path.is_file() or path.stat().st_size != rec.get("size"):
+        manifest = load(out)
+        if manifest["key"] != plan.key or stale_outputs(out, manifest, skip=(INDEX_NAME,)):
             return False
-    return all(index.get(t) == f for t, f in manifest.get("weight_map", {}).items())
-
-
-def _human(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1000
-    return f"{n:.1f} GB"
-
-
-def _io_error(exc: OSError, where: Path, needed: int) -> UserError:
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return UserError(f"{where}: no space left on device while writing the hybrid (needs about "
-                         f"{_human(needed)}); free space or choose another --out")
-    return UserError(f"{where}: {exc.strerror or exc}; check the path and permissions")
+        index = read_index(out)["weight_map"]
+    except UserError:
+        return False
+    return all(index.get(t) == f for t, f in manifest["weight_map"].items())
 
 
 @dataclass
@@ -238,6 +251,8 @@ def assemble(int4: Path, fp8: Path, out: Path, patterns: Iterable[str] = (), exp
              progress: Callable[[int], Progress | None] | None = None) -> AssembleResult:
     """Build (or confirm) the hybrid in ``out``. ``progress(total_bytes)`` may return a per-bytes callback."""
     int4, fp8, out = Path(int4), Path(fp8), Path(out)
+    inputs = {"--int4": int4, "--fp8": fp8}
+    claim(out, "--out", TOOL, owned, inputs)  # before reading anything: refused outputs cost nothing
     plan = plan_assembly(int4, fp8, patterns, expect_fp8)
     n_tensors = sum(len(p) for p in plan.shards.values())
 
@@ -245,47 +260,14 @@ def assemble(int4: Path, fp8: Path, out: Path, patterns: Iterable[str] = (), exp
         return AssembleResult(changed, out, len(plan.fp8_modules), plan.expected_fp8, n_tensors,
                               plan.total_bytes, plan.warnings)
 
-    if out.resolve() in (int4.resolve(), fp8.resolve()):
-        raise UserError(f"{out}: --out is a source directory; choose a new directory")
     if _is_current(out, plan):
         return result(False)
-    if out.exists() and not (out / MANIFEST_NAME).is_file() and (not out.is_dir() or any(out.iterdir())):
-        raise UserError(f"{out}: exists and was not written by sparkspec checkpoint assemble; remove it or "
-                        "choose another --out")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    free = shutil.disk_usage(out.parent).free
     n_files = len(plan.shards) + len(plan.side_files) + 3
     needed = (plan.total_bytes + sum((int4 / f).stat().st_size for f in plan.side_files)
               + 300 * n_tensors + 16384 * n_files)  # + headers, index, manifest, config, block slack
-    if free < needed:
-        raise UserError(f"{out.parent}: {_human(free)} free, the hybrid needs {_human(needed)}; free space or "
-                        "choose another --out")
-    lock_fd = os.open(out.parent / f".{out.name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
-    tmp = out.parent / f".{out.name}.assemble-tmp"
-    try:
-        try:
-            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise UserError(f"{out}: another assemble is writing it; wait for it to finish") from None
-        shutil.rmtree(tmp, ignore_errors=True)  # leftover of an interrupted run
-        tmp.mkdir()
-        try:
-            _build(tmp, int4, plan, progress)
-        except OSError as exc:
-            where = out / Path(exc.filename).name if exc.filename else out
-            raise _io_error(exc, where, needed) from None
-        finally:
-            if not (tmp / MANIFEST_NAME).exists():
-                shutil.rmtree(tmp, ignore_errors=True)
-        old = out.parent / f".{out.name}.old"
-        shutil.rmtree(old, ignore_errors=True)
-        if out.exists():
-            os.rename(out, old)
-        os.rename(tmp, out)
-        fsync_dir(out.parent)
-        shutil.rmtree(old, ignore_errors=True)
-    finally:
-        os.close(lock_fd)
+    check_room(out, needed, "--out", "the hybrid")
+    with replacing(out, flag="--out", tool=TOOL, owned=owned, stage="assemble-tmp", inputs=inputs) as tmp:
+        _build(tmp, int4, plan, progress)
     return result(True)
 
 
@@ -295,7 +277,9 @@ def _build(tmp: Path, int4: Path, plan: Plan, progress: Callable[[int], Progress
     weight_map: dict[str, str] = {}
     for file, pieces in plan.shards.items():
         prefix, _ = encode_header([(p.name, p.dtype, p.shape, p.nbytes) for p in pieces], {"format": "pt"})
-        outputs[file] = write_pieces(tmp / file, prefix, pieces, tick)
+        header = new_hash()
+        header.update(prefix)
+        outputs[file] = {**write_pieces(tmp / file, prefix, pieces, tick), "header": header.hexdigest()}
         weight_map.update({p.name: file for p in pieces})
     for name in plan.side_files:
         outputs[name] = copy_file(int4 / name, tmp / name)
@@ -305,12 +289,15 @@ def _build(tmp: Path, int4: Path, plan: Plan, progress: Callable[[int], Progress
     digest.update(config_bytes)
     outputs["config.json"] = {"size": len(config_bytes), HASH_NAME: digest.hexdigest()}
     write_index(tmp, weight_map, plan.total_bytes)
-    outputs[INDEX_NAME] = {"size": (tmp / INDEX_NAME).stat().st_size}
-    for name in outputs:  # durability before the rename makes it visible
+    outputs[INDEX_NAME] = {}
+    for name in outputs:  # durability before the swap makes it visible
         fsync_path(tmp / name)
-    manifest = {"tool": "sparkspec checkpoint assemble", "key": plan.key, "inputs": plan.inputs,
+    outputs = {name: stamp(tmp / name, rec) for name, rec in outputs.items()}  # after the last write
+    manifest = {"tool": TOOL, "format": FORMAT_VERSION, "key": plan.key, "inputs": plan.inputs,
                 "hash": HASH_NAME, "fp8_layers": plan.fp8_modules, "outputs": outputs,
                 "weight_map": weight_map}
-    (tmp / (MANIFEST_NAME + ".tmp")).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-    os.rename(tmp / (MANIFEST_NAME + ".tmp"), tmp / MANIFEST_NAME)
+    with open(tmp / MANIFEST_NAME, "w", encoding="utf-8") as fh:
+        fh.write(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
     fsync_dir(tmp)

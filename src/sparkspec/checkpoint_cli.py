@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from sparkspec.argtypes import non_negative_int, number
 from sparkspec.cli import emit_json
 from sparkspec.errors import UserError
 
@@ -43,8 +44,7 @@ def _progress(enabled: bool, label: str) -> Iterator[Callable[[int], Callable[[i
         yield None
         return
     from rich.console import Console
-    from rich.progress import (BarColumn, DownloadColumn, Progress, TimeRemainingColumn,
-                               TransferSpeedColumn)
+    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 
     with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
                   TransferSpeedColumn(), TimeRemainingColumn(), console=Console(stderr=True),
@@ -83,7 +83,7 @@ def _add_mtp(args: argparse.Namespace) -> int:
 def _verify(args: argparse.Namespace) -> int:
     from sparkspec.ckpt_verify import verify
 
-    report = verify(Path(args.dir), args.expect_mtp, load_sample=not args.no_load)
+    report = verify(Path(args.dir), args.expect_mtp, load_sample=not args.no_load, full=args.full)
     out = sys.stderr if args.json else sys.stdout
     for note in report.notes:
         print(f"note: {note}", file=out)
@@ -96,7 +96,8 @@ def _verify(args: argparse.Namespace) -> int:
         more = f" (+{len(report.problems) - 1} more above)" if len(report.problems) > 1 else ""
         raise UserError(f"{report.problems[0]}{more}")
     print(f"{report.directory}: OK; {report.files} files, {report.tensors} tensors, "
-          f"{report.mtp} MTP, {report.fp8_weights} FP8 weights, total_size {report.total_size}", file=out)
+          f"{report.mtp} MTP, {report.fp8_weights} FP8 weights, total_size {report.total_size}"
+          f"{f', {report.rehashed} files re-hashed against the manifest' if report.rehashed else ''}", file=out)
     return 0
 
 
@@ -106,10 +107,7 @@ def _generate(args: argparse.Namespace) -> int:
     overrides = {k: v for k, v in (("hidden", args.hidden), ("layers", args.layers), ("experts", args.experts),
                                    ("mtp_layers", args.mtp_layers),
                                    ("shared_intermediate", args.shared_intermediate)) if v is not None}
-    try:
-        spec = testckpt.ModelSpec(**overrides)
-    except ValueError as exc:
-        raise UserError(f"--hidden/--layers/...: {exc}; pick multiples of 128") from None
+    spec = testckpt.ModelSpec(**overrides)  # each flag is in range: argparse checked it
     if args.kind == "int4":
         wm = testckpt.write_int4_autoround(args.out, spec, index_lists_mtp=args.index_lists_mtp,
                                            shards=args.shards)
@@ -119,11 +117,24 @@ def _generate(args: argparse.Namespace) -> int:
                  {"changed": True, "out": args.out, "tensors": len(wm)})
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError("must be >= 0")
-    return value
+def _multiple_of_128(high: int) -> Callable[[str], int]:
+    """A dimension of the generated model: a multiple of 128 (the quantization block) in [128, high]."""
+    ranged = number(int, 128, high)
+
+    def parse(text: str) -> int:
+        value = int(ranged(text))
+        if value % 128:
+            raise argparse.ArgumentTypeError(f"{text} is not a multiple of 128 (the quantization block)")
+        return value
+
+    parse.__name__ = "int"
+    return parse
+
+
+# Bounds of the generated test checkpoints: the 122B's own sizes fit (48 layers, 256 experts, hidden 3072);
+# more would write hundreds of gigabytes from a command meant for the tests and the simulated Spark.
+GEN_BOUNDS = {"hidden": 8192, "layers": 128, "experts": 512, "shared_intermediate": 8192, "mtp_layers": 4,
+              "shards": 256}
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -136,7 +147,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--fp8", required=True, help="FP8 checkpoint directory, whole or the ranged-fetch subset")
     p.add_argument("--out", required=True, help="output directory (built in a temp sibling, renamed at the end)")
     p.add_argument("--fp8-pattern", action="append", metavar="REGEX", help=FP8_PATTERN_HELP)
-    p.add_argument("--expect-fp8", type=_positive, metavar="N",
+    p.add_argument("--expect-fp8", type=non_negative_int, metavar="N",
                    help="warn unless N layers are taken in FP8 (default 3 x num_hidden_layers: 144 for the 122B)")
     p.add_argument("--json", action="store_true", help="print a final JSON line")
     p.set_defaults(func=_assemble)
@@ -149,21 +160,31 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
     p = cmds.add_parser("verify", help="index, headers, total_size, MTP count and a loader sample")
     p.add_argument("dir", help="checkpoint directory")
-    p.add_argument("--expect-mtp", type=_positive, metavar="N",
+    p.add_argument("--expect-mtp", type=non_negative_int, metavar="N",
                    help="mtp.* tensors the index must map (default: 4 + L x (3 x experts + 13) from config.json)")
     p.add_argument("--no-load", action="store_true", help="skip the fastsafetensors sample load")
+    p.add_argument("--full", action="store_true",
+                   help="re-hash every file assemble wrote against its manifest's digests (reads all data); "
+                        "without it, only files whose size, times or inode changed since are re-hashed")
     p.add_argument("--json", action="store_true", help="print a final JSON line")
     p.set_defaults(func=_verify)
 
     p = cmds.add_parser("generate", help="write a tiny checkpoint in the real formats (sim and tests)")
     p.add_argument("--kind", choices=("int4", "fp8"), required=True)
-    p.add_argument("--out", required=True)
-    p.add_argument("--hidden", type=int)
-    p.add_argument("--layers", type=int)
-    p.add_argument("--experts", type=int)
-    p.add_argument("--shared-intermediate", type=int)
-    p.add_argument("--mtp-layers", type=int)
-    p.add_argument("--shards", type=int, default=2)
+    p.add_argument("--out", required=True, help="output folder (absent, empty, or one generate wrote)")
+    p.add_argument("--hidden", type=_multiple_of_128(GEN_BOUNDS["hidden"]), metavar="N",
+                   help=f"hidden size, a multiple of 128 up to {GEN_BOUNDS['hidden']}")
+    p.add_argument("--layers", type=number(int, 1, GEN_BOUNDS["layers"]), metavar="N",
+                   help=f"decoder layers, 1 to {GEN_BOUNDS['layers']}")
+    p.add_argument("--experts", type=number(int, 2, GEN_BOUNDS["experts"]), metavar="N",
+                   help=f"routed experts per layer, 2 to {GEN_BOUNDS['experts']}")
+    p.add_argument("--shared-intermediate", type=_multiple_of_128(GEN_BOUNDS["shared_intermediate"]),
+                   metavar="N", help="shared expert intermediate size, a multiple of 128 up to "
+                                     f"{GEN_BOUNDS['shared_intermediate']}")
+    p.add_argument("--mtp-layers", type=number(int, 0, GEN_BOUNDS["mtp_layers"]), metavar="N",
+                   help=f"MTP layers, 0 to {GEN_BOUNDS['mtp_layers']}")
+    p.add_argument("--shards", type=number(int, 1, GEN_BOUNDS["shards"]), default=2, metavar="N",
+                   help=f"model shards, 1 to {GEN_BOUNDS['shards']}")
     p.add_argument("--index-lists-mtp", action="store_true", help="int4: the index also maps the MTP head")
     p.add_argument("--scale-dtype", choices=("BF16", "F32"), default="BF16", help="fp8: weight_scale_inv dtype")
     p.add_argument("--json", action="store_true", help="print a final JSON line")

@@ -2,19 +2,23 @@
 
 Checks: every index entry is in its file; every tensor of every indexed file is in the index; total_size
 matches; headers, offsets and file sizes are sane; every F8_E4M3 ``X.weight`` has its ``weight_scale_inv``;
-the MTP count matches ``--expect-mtp`` or what config.json implies (4 + L x (3 x E + 13)); a sample of
-tensors loads with fastsafetensors (the loader the units use) and equals the bytes on disk.
+the MTP count matches ``--expect-mtp`` or what config.json implies (4 + L x (3 x E + 13)); in a hybrid that
+assemble wrote, every file whose size, times or inode differ from its manifest record is re-hashed against the
+manifest's digest (``--full``: every file, whatever its record says); a sample of tensors loads with
+fastsafetensors (the loader the units use) and equals the bytes on disk.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sparkspec import ckpt_manifest
+from sparkspec.ckpt_select import config_int, text_config
 from sparkspec.errors import UserError
+from sparkspec.jsonfile import read_json
 from sparkspec.safetensors_io import INDEX_NAME, Header, read_header, read_index
 
 SAMPLE_FILES = 2
@@ -33,6 +37,7 @@ class VerifyReport:
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     loader: str = ""
+    rehashed: int = 0
 
     @property
     def ok(self) -> bool:
@@ -42,26 +47,25 @@ class VerifyReport:
         return {"changed": False, "ok": self.ok, "dir": str(self.directory), "files": self.files,
                 "tensors": self.tensors, "total_size": self.total_size, "mtp_tensors": self.mtp,
                 "expected_mtp": self.expected_mtp, "fp8_weights": self.fp8_weights,
-                "problems": self.problems, "notes": self.notes, "loader": self.loader}
+                "problems": self.problems, "notes": self.notes, "loader": self.loader, "rehashed": self.rehashed}
 
 
 def expected_mtp_from_config(directory: Path) -> tuple[int | None, str]:
     """4 + mtp_num_hidden_layers x (3 x num_experts + 13) for Qwen3.5-MoE; (None, why) when unknown."""
     path = directory / "config.json"
-    try:
-        config = json.loads(path.read_text())
-    except FileNotFoundError:
+    if not os.path.lexists(path):
         return None, f"{path} missing: MTP count not checked (pass --expect-mtp)"
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UserError(f"{path}: not valid JSON ({exc}); fix or re-download it") from None
-    tc = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
-    layers = tc.get("mtp_num_hidden_layers") or 0
-    experts = tc.get("num_experts")
+    config = read_json(path, "not found", "fix or re-download it")
+    if not isinstance(config, dict):
+        raise UserError(f"{path}: not a JSON object; fix or re-download it")
+    tc = text_config(config, str(path))
+    layers = config_int(tc, "mtp_num_hidden_layers", str(path), 0, 1024)
+    experts = config_int(tc, "num_experts", str(path), 1, 1 << 16)
     if not layers:
         return 0, "config.json declares no MTP layer"
-    if not isinstance(experts, int):
+    if experts is None:
         return None, "config.json declares MTP layers but no num_experts: MTP count not checked"
-    return 4 + int(layers) * (3 * experts + 13), "from config.json"
+    return 4 + layers * (3 * experts + 13), "from config.json"
 
 
 def _structure(directory: Path, weight_map: dict[str, str], declared_total: Any, report: VerifyReport
@@ -143,14 +147,38 @@ def _sample_load(directory: Path, headers: dict[str, Header], report: VerifyRepo
     report.loader = f"fastsafetensors loaded {checked} sample tensors from {len(files)} files (cpu, nogds)"
 
 
-def verify(directory: Path, expect_mtp: int | None = None, load_sample: bool = True) -> VerifyReport:
+def _against_manifest(directory: Path, weight_map: dict[str, str], full: bool, report: VerifyReport) -> None:
+    """Assemble's own files as it wrote them: re-hash those whose stat record changed (all with ``full``)."""
+    if not os.path.lexists(directory / ckpt_manifest.MANIFEST_NAME):
+        if full:
+            raise UserError(f"{directory / ckpt_manifest.MANIFEST_NAME}: not found; --full re-hashes the files "
+                            "against the digests assemble records there: point at an assembled hybrid, or "
+                            "drop --full")
+        report.notes.append(f"no {ckpt_manifest.MANIFEST_NAME}: file contents not checked against digests")
+        return
+    manifest = ckpt_manifest.load(directory)
+    names = (ckpt_manifest.digested(manifest) if full
+             else ckpt_manifest.stale_outputs(directory, manifest, skip=(INDEX_NAME,)))
+    report.problems.extend(ckpt_manifest.check_digests(directory, manifest, names))
+    report.rehashed = len([n for n in names if manifest["hash"] in manifest["outputs"][n]])
+    for tensor, file in manifest["weight_map"].items():
+        if weight_map.get(tensor) != file:
+            report.problems.append(f"{directory / INDEX_NAME}: no longer maps {tensor} to {file} as assemble "
+                                   "wrote it; re-run checkpoint assemble")
+            break
+    if not full and names:
+        report.notes.append(f"re-hashed {len(names)} file(s) changed on disk since assemble recorded them")
+
+
+def verify(directory: Path, expect_mtp: int | None = None, load_sample: bool = True, full: bool = False
+           ) -> VerifyReport:
     directory = Path(directory)
     if not directory.is_dir():
         raise UserError(f"{directory}: not a directory; point at the assembled checkpoint")
     doc = read_index(directory)
     weight_map: dict[str, str] = doc["weight_map"]
     report = VerifyReport(directory)
-    metadata = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
+    metadata = doc.get("metadata") or {}
     headers = _structure(directory, weight_map, metadata.get("total_size"), report)
     # FP8 checkpoints carry a weight_scale_inv beside each quantized MTP weight: count weights, not scales
     report.mtp = sum(1 for t in weight_map if t.startswith("mtp.") and not t.endswith("_scale_inv"))
@@ -158,6 +186,7 @@ def verify(directory: Path, expect_mtp: int | None = None, load_sample: bool = T
         expect_mtp, why = expected_mtp_from_config(directory)
         report.notes.append(f"expected MTP tensors: {expect_mtp if expect_mtp is not None else '?'} ({why})")
     report.expected_mtp = expect_mtp
+    _against_manifest(directory, weight_map, full, report)
     if expect_mtp is not None and report.mtp != expect_mtp:
         report.problems.append(f"{directory / INDEX_NAME}: maps {report.mtp} mtp.* tensors, expected "
                                f"{expect_mtp}; run `sparkspec checkpoint add-mtp` (vLLM would run MTP on "

@@ -2,9 +2,11 @@
 
 vLLM reads only the files that ``model.safetensors.index.json`` names; an MTP head that the index does
 not map is never loaded and the drafter runs on uninitialised weights without any error. The tensor list
-comes from the extra file's own header (source indexes in the wild do and do not list it). The file is
-hard-linked when source and target share a filesystem, else copied; both land via temp + rename, and the
-index is rewritten atomically only when something changed.
+comes from the extra file's own header (source indexes in the wild do and do not list it). The target must be
+a hybrid that ``checkpoint assemble`` wrote, apart from the source. Everything is validated first (the head,
+the target's index and headers, no tensor in two files); then the file is hard-linked when source and target
+share a filesystem, else copied, into a hidden temp, the new index is staged beside it, and both are renamed
+into place, the index last. A failure leaves the target as it was.
 """
 
 from __future__ import annotations
@@ -16,10 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sparkspec.ckpt_manifest import TOOL, owned
+from sparkspec.ckpt_out import os_error
 from sparkspec.ckpt_select import EXTRA_FILE
 from sparkspec.ckpt_stream import copy_file, fsync_dir, fsync_path
 from sparkspec.errors import UserError
-from sparkspec.safetensors_io import INDEX_NAME, Header, read_header, read_index, write_index
+from sparkspec.safetensors_io import INDEX_NAME, Header, read_header, read_index, stage_index
+from sparkspec.validate import check_disjoint
 
 
 @dataclass
@@ -36,7 +41,7 @@ class MtpResult:
 
 
 def _same_file(src: Path, dst: Path, src_header: Header) -> bool:
-    if not dst.is_file():
+    if not dst.is_file() or dst.is_symlink():
         return False
     if os.path.samefile(src, dst):
         return True
@@ -49,36 +54,30 @@ def _same_file(src: Path, dst: Path, src_header: Header) -> bool:
         return False
 
 
-def _place(src: Path, dst: Path) -> str:
-    """Hard-link or copy ``src`` to ``dst`` via a temp sibling; return which."""
-    tmp = dst.with_name(f".{dst.name}.tmp")
+def _stage_file(src: Path, tmp: Path) -> str:
+    """Hard-link or copy ``src`` to the temp ``tmp``; return which."""
     tmp.unlink(missing_ok=True)
     try:
         os.link(src.resolve(), tmp)
-        action = "linked"
+        return "linked"
     except OSError as exc:
         if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.EACCES, errno.ENOTSUP):
             raise
-        try:
-            copy_file(src, tmp)
-            shutil.copystat(src, tmp)  # same mtime: a later run recognises the copy
-            fsync_path(tmp)
-        except OSError as copy_exc:
-            tmp.unlink(missing_ok=True)
-            if copy_exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise UserError(f"{dst}: no space left on device while copying the MTP head; free space "
-                                "on the target's filesystem") from None
-            raise UserError(f"{dst}: {copy_exc.strerror}; check the target directory") from None
-        action = "copied"
-    os.replace(tmp, dst)
-    fsync_dir(dst.parent)
-    return action
+    copy_file(src, tmp)
+    shutil.copystat(src, tmp)  # same mtime: a later run recognises the copy
+    fsync_path(tmp)
+    return "copied"
 
 
-def add_mtp(source: Path, target: Path) -> MtpResult:
-    source, target = Path(source), Path(target)
+def _validated(source: Path, target: Path) -> tuple[Path, Header, list[str], dict[str, Any]]:
+    check_disjoint(target, {"--source": source}, "--target")
+    if not target.is_dir():
+        raise UserError(f"--target {target}: not a folder; point it at the hybrid `checkpoint assemble` wrote")
+    if not owned(target):
+        raise UserError(f"--target {target} was not written by {TOOL}; add-mtp registers the head in an "
+                        "assembled hybrid only: assemble first, then point --target at its --out")
     src = source / EXTRA_FILE
-    if not src.is_file():
+    if not os.path.lexists(src):
         raise UserError(f"{src}: not found; the MTP head ships in this file: point --source at the INT4 "
                         "checkpoint download (or re-fetch it)")
     header = read_header(src)
@@ -89,27 +88,70 @@ def add_mtp(source: Path, target: Path) -> MtpResult:
     if others:
         raise UserError(f"{src}: also holds {len(others)} non-MTP tensors (e.g. {others[0]}) that vLLM would "
                         "read once the index names the file; use an unmodified model_extra_tensors file")
-    doc = read_index(target)
+    return src, header, names, read_index(target)
+
+
+def add_mtp(source: Path, target: Path) -> MtpResult:
+    source, target = Path(source), Path(target)
+    src, header, names, doc = _validated(source, target)
     weight_map: dict[str, str] = dict(doc["weight_map"])
-    dst = target / EXTRA_FILE
-    action = "kept"
-    if not _same_file(src, dst, header):
-        action = _place(src, dst)
     new_map = {t: f for t, f in weight_map.items() if f != EXTRA_FILE or t in header.tensors}
     new_map.update({n: EXTRA_FILE for n in names})
     headers: dict[str, Header] = {EXTRA_FILE: header}
+    for file in sorted(set(new_map.values()) - {EXTRA_FILE}):
+        headers[file] = read_header(target / file)
+    holder: dict[str, str] = {}
+    for file, h in headers.items():
+        for name in h.tensors:
+            if name in holder:
+                raise UserError(f"{target}: tensor {name} is in both {holder[name]} and {file}; a tensor lives "
+                                "in one file: re-run checkpoint assemble (or re-fetch the INT4 source)")
+            holder[name] = file
     total = 0
     for tensor, file in new_map.items():
-        if file not in headers:
-            headers[file] = read_header(target / file)
         info = headers[file].tensors.get(tensor)
         if info is None:
             raise UserError(f"{target / INDEX_NAME}: maps {tensor} to {file}, which has no such tensor; "
                             "re-run checkpoint assemble")
         total += info.nbytes
-    metadata = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
+    metadata = doc.get("metadata") or {}
     index_changed = new_map != weight_map or metadata.get("total_size") != total
-    if index_changed:
-        extra = {k: v for k, v in metadata.items() if k != "total_size"}
-        write_index(target, new_map, total, extra)
-    return MtpResult(index_changed or action != "kept", target, len(names), action, total)
+    dst = target / EXTRA_FILE
+    place = not _same_file(src, dst, header)
+    if not (index_changed or place):
+        return MtpResult(False, target, len(names), "kept", total)
+    action = _commit(src, dst, target, new_map, total, metadata, place, index_changed)
+    return MtpResult(True, target, len(names), action, total)
+
+
+def _commit(src: Path, dst: Path, target: Path, new_map: dict[str, str], total: int, metadata: dict[str, Any],
+            place: bool, index_changed: bool) -> str:
+    """Stage the file and the index as hidden temps, then rename both into place, the index last; on any
+    failure remove what was staged (and a file placed for an index that could not follow)."""
+    tmp_file = dst.with_name(f".{dst.name}.tmp")
+    tmp_index: Path | None = None
+    existed = os.path.lexists(dst)
+    placed = False
+    action = "kept"
+    try:
+        if place:
+            action = _stage_file(src, tmp_file)
+        if index_changed:
+            tmp_index = stage_index(target, new_map, total, {k: v for k, v in metadata.items()
+                                                             if k != "total_size"})
+        if place:
+            os.replace(tmp_file, dst)
+            placed = True
+        if tmp_index is not None:
+            os.replace(tmp_index, target / INDEX_NAME)
+            tmp_index = None
+        fsync_dir(target)
+    except OSError as exc:
+        if placed and not existed:
+            dst.unlink(missing_ok=True)
+        raise os_error(exc, dst, "re-run add-mtp") from None
+    finally:
+        tmp_file.unlink(missing_ok=True)
+        if tmp_index is not None:
+            tmp_index.unlink(missing_ok=True)
+    return action

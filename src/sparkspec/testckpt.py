@@ -9,7 +9,10 @@ Two layouts, with the tensor names of Qwen3.5-122B-A10B (see shared/FORMATS.md):
   ``.weight_scale_inv`` over 128x128 blocks (BF16 by default, F32 optional).
 
 The simulated Spark is provisioned from these, and tests and the benchmark use them. Bytes come from
-seeded pools of sane values (no NaN), sliced per tensor, so generating gigabytes is memcpy-bound.
+seeded pools of sane values (no NaN), sliced per tensor, so generating gigabytes is memcpy-bound. A checkpoint
+is written in a hidden sibling and swapped in (ckpt_out); an existing output folder is replaced only when it
+carries generate's marker (the ``sparkspec_generated`` key of its config.json), never when it holds anything
+else.
 """
 
 from __future__ import annotations
@@ -17,21 +20,27 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import zlib
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from sparkspec.ckpt_manifest import MANIFEST_NAME
+from sparkspec.ckpt_out import check_room, claim, replacing
 from sparkspec.ckpt_select import EXTRA_FILE
+from sparkspec.errors import UserError
+from sparkspec.jsonfile import read_json
 from sparkspec.safetensors_io import DTYPE_SIZES, encode_header, write_index
 
 BLOCK = 128  # AutoRound group size and FP8 weight block
 LM = "model.language_model"
 POOL_BYTES = 32 << 20
+MARKER = "sparkspec_generated"  # top-level config.json key: the spec it was generated from
+TOOL = "sparkspec checkpoint generate"
 
 
 @dataclass(frozen=True)
@@ -248,8 +257,7 @@ def _write_stream(path: Path, tensors: list[Tensor], pools: _Pools) -> None:
     with open(path, "wb") as fh:
         fh.write(prefix)
         for name, dtype, shape, fill in tensors:
-            for chunk in pools.chunks(name, dtype, _nbytes((name, dtype, shape, fill)), fill):
-                fh.write(chunk)
+            fh.writelines(pools.chunks(name, dtype, _nbytes((name, dtype, shape, fill)), fill))
 
 
 def _write_shards(directory: Path, tensors: list[Tensor], shards: int, pools: _Pools,
@@ -297,7 +305,7 @@ def _config(s: ModelSpec, quantization_config: dict[str, Any]) -> dict[str, Any]
         "vision_config": {"model_type": "qwen3_5_moe", "hidden_size": s.hidden, "depth": 1},
         "tie_word_embeddings": False, "torch_dtype": "bfloat16",
         "quantization_config": quantization_config,
-        "sparkspec_generated": asdict(s),
+        MARKER: asdict(s),
     }
 
 
@@ -324,18 +332,31 @@ def _write_side_files(directory: Path, config: dict[str, Any]) -> None:
         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
-def _fresh(directory: str | os.PathLike[str]) -> Path:
-    path = Path(directory)
-    if path.exists():
-        shutil.rmtree(path)
-    path.mkdir(parents=True)
-    return path
+def _generated(directory: Path) -> bool:
+    """A folder generate wrote: its config.json carries generate's marker, and no other command's manifest
+    is there (a hybrid assembled from generated sources copies the config)."""
+    if os.path.lexists(directory / MANIFEST_NAME):
+        return False
+    try:
+        config = read_json(directory / "config.json", "not found", "not generate's")
+    except UserError:
+        return False
+    return isinstance(config, dict) and MARKER in config
+
+
+@contextmanager
+def _output(directory: str | os.PathLike[str], nbytes: int) -> Iterator[Path]:
+    """The build folder of a checkpoint of about ``nbytes``, swapped into ``directory`` when complete."""
+    out = Path(directory)
+    claim(out, "--out", TOOL, _generated)
+    check_room(out, nbytes + (1 << 20), "--out", "the checkpoint")
+    with replacing(out, flag="--out", tool=TOOL, owned=_generated, stage="generate-tmp") as tmp:
+        yield tmp
 
 
 def write_int4_autoround(directory: str | os.PathLike[str], spec: ModelSpec, *, index_lists_mtp: bool = False,
                          shards: int = 2, seed: int = 0) -> dict[str, str]:
     """Write an AutoRound INT4 checkpoint (plus model_extra_tensors.safetensors); return its weight_map."""
-    out = _fresh(directory)
 
     def linear(name: str, role: str, o: int, i: int) -> list[Tensor]:
         if role in ("expert", "proj"):
@@ -344,16 +365,17 @@ def write_int4_autoround(directory: str | os.PathLike[str], spec: ModelSpec, *, 
 
     text = _materialize(text_items(spec), linear)
     mtp = _materialize(mtp_items(spec), linear)
-    pools = _pools_for(seed, text + mtp)
-    if mtp:
-        _write_stream(out / EXTRA_FILE, mtp, pools)
-    weight_map = _write_shards(out, text, shards, pools, mtp if index_lists_mtp else None)
-    shared16 = {f"{LM}.layers.{i}.mlp.shared_expert.{p}": {"bits": 16, "data_type": "float"}
-                for i in range(spec.layers) for p in ("gate_proj", "up_proj", "down_proj")}
-    qc = {"quant_method": "auto-round", "bits": 4, "group_size": BLOCK, "sym": True, "data_type": "int",
-          "packing_format": "auto_round:auto_gptq", "block_name_to_quantize": f"{LM}.layers",
-          "autoround_version": "0.9.0", "extra_config": shared16}
-    _write_side_files(out, _config(spec, qc))
+    with _output(directory, sum(map(_nbytes, text + mtp))) as out:
+        pools = _pools_for(seed, text + mtp)
+        if mtp:
+            _write_stream(out / EXTRA_FILE, mtp, pools)
+        weight_map = _write_shards(out, text, shards, pools, mtp if index_lists_mtp else None)
+        shared16 = {f"{LM}.layers.{i}.mlp.shared_expert.{p}": {"bits": 16, "data_type": "float"}
+                    for i in range(spec.layers) for p in ("gate_proj", "up_proj", "down_proj")}
+        qc = {"quant_method": "auto-round", "bits": 4, "group_size": BLOCK, "sym": True, "data_type": "int",
+              "packing_format": "auto_round:auto_gptq", "block_name_to_quantize": f"{LM}.layers",
+              "autoround_version": "0.9.0", "extra_config": shared16}
+        _write_side_files(out, _config(spec, qc))
     return weight_map
 
 
@@ -366,21 +388,23 @@ def write_fp8(directory: str | os.PathLike[str], spec: ModelSpec, shards: int = 
     """
     if scale_dtype not in ("BF16", "F32"):
         raise ValueError("scale_dtype must be BF16 or F32")
-    out = _fresh(directory)
     items = [*text_items(spec), *mtp_items(spec)]
     tensors = _materialize(iter(items), lambda n, role, o, i: _fp8(n, o, i, scale_dtype))
     if only is not None:
         tensors = [t for t in tensors if only(t[0])]
-    pools = _pools_for(seed, tensors)
-    weight_map = _write_shards(out, tensors, shards, pools)
+    with _output(directory, sum(map(_nbytes, tensors))) as out:
+        weight_map = _write_shards(out, tensors, shards, _pools_for(seed, tensors))
+        _write_side_files(out, _config(spec, _fp8_quantization(spec)))
+    return weight_map
+
+
+def _fp8_quantization(spec: ModelSpec) -> dict[str, Any]:
     not_converted = ["lm_head", "model.visual", "mtp.fc"] + [
         f"{LM}.layers.{i}.{m}" for i, kind in enumerate(spec.layer_types)
         for m in (["linear_attn.in_proj_a", "linear_attn.in_proj_b"] if kind == "linear_attention" else [])
         + ["mlp.gate", "mlp.shared_expert_gate"]]
-    qc = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
-          "weight_block_size": [BLOCK, BLOCK], "modules_to_not_convert": not_converted}
-    _write_side_files(out, _config(spec, qc))
-    return weight_map
+    return {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+            "weight_block_size": [BLOCK, BLOCK], "modules_to_not_convert": not_converted}
 
 
 def spec_for_bytes(target_bytes: int) -> ModelSpec:

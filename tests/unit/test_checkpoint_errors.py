@@ -15,8 +15,8 @@ from sparkspec.ckpt_select import EXTRA_FILE
 from sparkspec.safetensors_io import INDEX_NAME, encode_header, read_header, read_index
 
 
-def _assert_one_line_exit_2(res, names: Path | str) -> str:  # type: ignore[no-untyped-def]
-    assert res.rc == 2, (res.stdout, res.stderr)
+def _assert_one_line_exit_2(res, names: Path | str, rc: int = 2) -> str:  # type: ignore[no-untyped-def]
+    assert res.rc == rc, (res.stdout, res.stderr)
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
     assert str(names) in lines[0], lines[0]
@@ -108,8 +108,10 @@ def test_missing_model_extra_tensors(ckpt_pair: CkptPair) -> None:
 def test_add_mtp_without_target_index(ckpt_pair: CkptPair, tmp_path: Path) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()
-    _assert_one_line_exit_2(run_cli("checkpoint", "add-mtp", "--source", ckpt_pair.int4, "--target", empty),
-                            empty / INDEX_NAME)
+    line = _assert_one_line_exit_2(run_cli("checkpoint", "add-mtp", "--source", ckpt_pair.int4, "--target",
+                                           empty), empty)
+    assert "was not written by sparkspec checkpoint assemble" in line
+    assert list(empty.iterdir()) == []
 
 
 def test_output_filesystem_too_small(ckpt_pair: CkptPair, ckpt_tmpfs: Callable[[str], Path]) -> None:
@@ -132,10 +134,10 @@ def test_output_filesystem_fills_up_during_add_mtp_copy(ckpt_pair: CkptPair,
     assert _assemble(p).rc == 0, "tmpfs sized too small for the hybrid itself"
     index_before = (p.out / INDEX_NAME).read_bytes()
     line = _assert_one_line_exit_2(run_cli("checkpoint", "add-mtp", "--source", p.int4, "--target", p.out),
-                                   p.out / EXTRA_FILE)
+                                   p.out / EXTRA_FILE, rc=1)  # a run-time failure: exit 1
     assert "no space left" in line
     assert (p.out / INDEX_NAME).read_bytes() == index_before and not (p.out / EXTRA_FILE).exists()
-    assert not list(p.out.glob(".*.tmp"))
+    assert not list(p.out.glob(".*.tmp")) and not list(p.out.glob("*.tmp"))
     assert run_cli("checkpoint", "verify", p.out).rc == 2
 
 

@@ -1,0 +1,350 @@
+"""The hub as a hostile user meets it: the endpoint's path handling (traversal by absolute, dot, encoded and
+symlinked segments; header injection), ``hub publish`` and ``fetch`` refusing outputs that would destroy what
+they did not create, names and revisions from a mirror used in paths, and tokens kept off the command line.
+
+Every refusal asserts the exact outcome: the HTTP status and that no byte of the secret file comes back, or
+for a command exit 2 with one ``sparkspec: error:`` line and every input unchanged by content hash."""
+
+from __future__ import annotations
+
+import http.client
+import http.server
+import json
+import shutil
+import subprocess
+import sys
+import threading
+import urllib.parse
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sparkspec.hubserver import HubServer, publish
+from sparkspec.testckpt import ModelSpec, write_fp8, write_int4_autoround
+from tests.badinput import Outcome, assert_refused, fingerprint, refused_untouched, run
+
+
+def q(text: str) -> str:
+    """Percent-encode every separator, as an attacker writes a segment."""
+    return urllib.parse.quote(text, safe="")
+
+
+def raw(url: str, method: str, path: str, body: bytes | None = None,
+        headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+    """One request with ``path`` sent byte for byte (no client-side normalization of dots or escapes)."""
+    parts = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        response = conn.getresponse()
+        return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+    finally:
+        conn.close()
+
+
+@pytest.fixture(autouse=True)
+def _quiet(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("HF_ENDPOINT", raising=False)
+    monkeypatch.delenv("SPARKSPEC_HUB_TOKENS", raising=False)
+
+
+def _small_repo(path: Path, text: str = "tiny") -> Path:
+    (path / "sub").mkdir(parents=True)
+    (path / "config.json").write_text(json.dumps({"model_type": text}) + "\n")
+    (path / "model.safetensors").write_bytes(b"\0" * 4096)
+    (path / "sub" / "notes.txt").write_text("hello\n")
+    return path
+
+
+# --- the endpoint ---------------------------------------------------------------------------------------
+@pytest.fixture()
+def hostile_root(tmp_path: Path) -> dict[str, Path]:
+    """A hub root with one published repo and, beside it, a secret folder that must never be served; links
+    inside the root point at the secret (a file, a folder, and a whole org)."""
+    secret_dir = tmp_path / "secret"
+    secret_dir.mkdir()
+    secret = secret_dir / "secret.txt"
+    secret.write_text(f"TOP-SECRET-{uuid.uuid4().hex}\n")
+    root = tmp_path / "root"
+    publish(root, "org/tiny", _small_repo(tmp_path / "src"))
+    repo = root / "org" / "tiny"
+    (repo / "leak.txt").symlink_to(secret)
+    (repo / "linkdir").symlink_to(secret_dir)
+    (root / "evil").symlink_to(tmp_path)
+    return {"root": root, "secret": secret, "secret_dir": secret_dir, "tmp": tmp_path}
+
+
+def _attacks(p: dict[str, Path]) -> list[tuple[str, str]]:
+    sd, sf = str(p["secret_dir"]), str(p["secret"])
+    return [
+        ("GET", f"/x/{q(sd)}/resolve/main/secret.txt"),  # absolute repo segment
+        ("HEAD", f"/x/{q(sd)}/resolve/main/secret.txt"),
+        ("GET", f"/{q(sd)}/x/resolve/main/secret.txt"),
+        ("GET", f"/api/models/x/{q(sd)}/tree/main"),  # the tree endpoint listing any folder
+        ("GET", f"/api/models/x/{q(sd)}/tree/main?recursive=true"),
+        ("GET", f"/api/models/x/{q(sd)}?blobs=true"),
+        ("GET", f"/api/models/x/{q(sd)}/revision/main"),
+        ("GET", "/org/tiny/resolve/main/leak.txt"),  # a symlinked file inside the repo
+        ("GET", "/org/tiny/resolve/main/linkdir/secret.txt"),  # a symlinked folder inside the repo
+        ("GET", "/api/models/org/tiny/tree/main/linkdir"),
+        ("GET", "/evil/secret/resolve/main/secret.txt"),  # a symlinked org
+        ("GET", "/api/models/evil/secret/tree/main"),
+        ("GET", "/org/tiny/resolve/main/..%2F..%2F..%2Fsecret%2Fsecret.txt"),  # encoded traversal
+        ("GET", f"/org/tiny/resolve/main/{q(sf)}"),  # encoded absolute file path
+        ("GET", "/org/tiny/resolve/main/sub%5C..%5C..%5C..%5Csecret%5Csecret.txt"),  # backslashes
+        ("GET", "/org/tiny/resolve/main/config.json%00.txt"),  # NUL
+        ("GET", "/org/tiny/resolve/main/../../../secret/secret.txt"),  # raw dots
+        ("GET", "/org/tiny/resolve/%2E%2E/x"),
+        ("GET", "/org/%2E%2E/resolve/main/secret/secret.txt"),
+        ("GET", "/api/models/org/tiny/tree/main/..%2F..%2F..%2Fsecret"),
+        ("GET", f"/api/models/org/tiny/tree/main/{q(sd)}"),
+        ("GET", "//org/tiny/resolve/main/config.json/../../../../secret/secret.txt"),
+    ]
+
+
+def test_endpoint_answers_hostile_paths_with_404_and_never_the_secret(hostile_root: dict[str, Path]) -> None:
+    secret = hostile_root["secret"].read_bytes()
+    with HubServer(hostile_root["root"]) as server:
+        failures = []
+        for method, path in _attacks(hostile_root):
+            status, _, body = raw(server.url, method, path)
+            # the secret's bytes, or any listing (a tree entry or a sibling) instead of an error
+            leaked = secret.strip() in body or b'"size"' in body or b'"rfilename"' in body
+            if status != 404 or leaked:
+                failures.append(f"{method} {path}: {status} {'LEAKED ' if leaked else ''}{body[:80]!r}")
+        # paths-info answers only the repo's own files
+        status, _, body = raw(server.url, "POST", "/api/models/org/tiny/paths-info/main",
+                              urllib.parse.urlencode({"paths": ["leak.txt", "linkdir", "../../secret/secret.txt",
+                                                                str(hostile_root["secret"])]}, doseq=True).encode(),
+                              {"Content-Type": "application/x-www-form-urlencoded"})
+        if status != 200 or json.loads(body) != []:
+            failures.append(f"paths-info: {status} {body[:200]!r}")
+        # the repo's own files are still served, and only those are listed
+        status, _, body = raw(server.url, "GET", "/org/tiny/resolve/main/sub/notes.txt")
+        assert (status, body) == (200, b"hello\n")
+        status, _, body = raw(server.url, "GET", "/api/models/org/tiny/tree/main?recursive=true")
+        listed = sorted(e["path"] for e in json.loads(body)) if status == 200 else []
+        if listed != ["config.json", "model.safetensors", "sub", "sub/notes.txt"]:
+            failures.append(f"tree lists {listed}")
+    assert not failures, "\n".join(failures)
+
+
+def test_endpoint_error_headers_cannot_be_injected(hostile_root: dict[str, Path]) -> None:
+    with HubServer(hostile_root["root"]) as server:
+        for path in ("/api/models/org/tiny/revision/x%0d%0aX-Injected:%201",
+                     "/org/tiny/resolve/x%0d%0aX-Injected:%201/config.json",
+                     "/org/tiny/resolve/main/nope%0d%0aX-Injected:%201"):
+            status, headers, _ = raw(server.url, "GET", path)
+            assert status == 404 and "x-injected" not in headers, (path, status, headers)
+
+
+def test_hub_serve_takes_no_token_on_the_command_line(tmp_path: Path) -> None:
+    """A token in argv is in every process list; the option is gone (run apart: a server that starts would
+    never return)."""
+    (tmp_path / "root").mkdir()
+    try:
+        proc = subprocess.run([sys.executable, "-m", "sparkspec.cli", "hub", "serve", "--root",
+                               str(tmp_path / "root"), "--port", "0", "--token", "hf_in_argv"],
+                              capture_output=True, text=True, timeout=30, check=False)
+    except subprocess.TimeoutExpired:
+        pytest.fail("hub serve accepted --token on the command line and started serving")
+    assert_refused(Outcome(proc.returncode, proc.stdout, proc.stderr), 2, "unrecognized arguments: --token")
+
+
+# --- hub publish ----------------------------------------------------------------------------------------
+@pytest.fixture()
+def hub_root(tmp_path: Path) -> dict[str, Path]:
+    root = tmp_path / "root"
+    publish(root, "org/tiny", _small_repo(tmp_path / "first"))
+    publish(root, "org/other", _small_repo(tmp_path / "second", "other"))
+    new = _small_repo(tmp_path / "new", "new")
+    return {"root": root, "new": new, "tmp": tmp_path}
+
+
+@pytest.mark.parametrize("repo, match", [
+    ("org/.", "repo id 'org/.'"),  # removed every repo under org/
+    ("./.", "repo id '\\./\\.'"),  # replaced the whole hub root
+    ("org/..", "repo id"),
+    ("../x", "repo id"),
+    ("org/a/b", "repo id"),
+    ("/abs/x", "repo id"),
+    ("org/", "repo id"),
+    ("org\\x/y", "repo id"),
+])
+def test_publish_refuses_repo_ids_that_are_paths(hub_root: dict[str, Path], repo: str, match: str) -> None:
+    refused_untouched(["hub", "publish", "--root", hub_root["root"], "--repo", repo, "--from", hub_root["new"]],
+                      [hub_root["root"], hub_root["new"]], match=match)
+
+
+def test_publish_refuses_outputs_it_did_not_create(hub_root: dict[str, Path]) -> None:
+    root, new, tmp = hub_root["root"], hub_root["new"], hub_root["tmp"]
+    elsewhere = _small_repo(tmp / "elsewhere", "elsewhere")
+    (root / "org" / "linked").symlink_to(elsewhere)
+    hand = _small_repo(root / "org" / "hand", "by hand")  # placed by hand: not published by sparkspec
+    roots = [root, new, elsewhere]
+    publish_ = ["hub", "publish", "--root", root]
+    refused_untouched([*publish_, "--repo", "org/linked", "--from", new], roots, match="symbolic link")
+    refused_untouched([*publish_, "--repo", "org/hand", "--from", new], roots, match="not published")
+    # --from equal to, inside or containing the root or the target
+    refused_untouched([*publish_, "--repo", "org/tiny", "--from", root / "org" / "tiny"], roots, match="--from")
+    refused_untouched([*publish_, "--repo", "org/tiny", "--from", root / "org" / "other"], roots, match="--from")
+    refused_untouched([*publish_, "--repo", "org/tiny", "--from", root], roots, match="--from")
+    refused_untouched(["hub", "publish", "--root", new / "hub", "--repo", "org/x", "--from", new], roots,
+                      match="--from")
+    assert hand.is_dir()
+
+
+def test_publish_leaves_foreign_siblings_alone(hub_root: dict[str, Path]) -> None:
+    root, new = hub_root["root"], hub_root["new"]
+    for sibling in (".tiny.publishing", ".tiny.old"):
+        (root / "org" / sibling).mkdir()
+        (root / "org" / sibling / "keep.txt").write_text("not the hub's\n")
+    before = fingerprint(root / "org" / ".tiny.publishing", root / "org" / ".tiny.old")
+    outcome = run("hub", "publish", "--root", root, "--repo", "org/tiny", "--from", new, "--json")
+    assert outcome.rc == 0, outcome.stderr
+    assert json.loads(outcome.stdout.splitlines()[-1])["changed"] is True
+    assert fingerprint(root / "org" / ".tiny.publishing", root / "org" / ".tiny.old") == before
+    assert (root / "org" / "tiny" / "config.json").read_text() == (new / "config.json").read_text()
+    leftovers = sorted(p.name for p in (root / "org").iterdir())
+    assert leftovers == [".tiny.old", ".tiny.publishing", "other", "tiny"]
+
+
+# --- fetch ----------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    base = tmp_path_factory.mktemp("pair")
+    write_int4_autoround(base / "int4", ModelSpec(), shards=2)
+    write_fp8(base / "fp8", ModelSpec(), shards=2)
+    return {"int4": base / "int4", "fp8": base / "fp8"}
+
+
+@pytest.fixture()
+def work(pair: dict[str, Path], tmp_path: Path) -> dict[str, Path]:
+    """Private copies (a refused command must leave them as they were, byte for byte)."""
+    for name in ("int4", "fp8"):
+        shutil.copytree(pair[name], tmp_path / name)
+    return {"int4": tmp_path / "int4", "fp8": tmp_path / "fp8", "tmp": tmp_path}
+
+
+def _subset(w: dict[str, Path], dest: Path, *extra: str | Path) -> list[str | Path]:
+    return ["fetch", "fp8-subset", "Qwen/tiny-FP8", "--revision", "main", "--int4", w["int4"], "--dest", dest,
+            "--local-path", w["fp8"], *extra]
+
+
+def test_fetch_refuses_a_dest_that_overlaps_an_input(work: dict[str, Path]) -> None:
+    int4, fp8, tmp = work["int4"], work["fp8"], work["tmp"]
+    roots = [int4, fp8]
+    # the same folder for --dest and --int4 overwrote the INT4 shards and removed its extra tensors
+    refused_untouched(_subset(work, int4), roots, match="--dest .* the input --int4")
+    refused_untouched(_subset(work, int4 / "fp8"), roots, match="--dest .* the input --int4")
+    refused_untouched(_subset(work, tmp), roots, match="--dest .* the input --int4")
+    refused_untouched(_subset(work, fp8), roots, match="--dest .* the input --local-path")
+    repo = ["fetch", "repo", "Qwen/tiny-FP8", "--revision", "main", "--local-path", fp8, "--dest"]
+    refused_untouched([*repo, fp8], roots, match="--dest .* the input --local-path")
+    refused_untouched([*repo, fp8 / "copy"], roots, match="--dest .* the input --local-path")
+
+
+def test_fetch_refuses_a_dest_it_did_not_create(work: dict[str, Path]) -> None:
+    foreign = work["tmp"] / "foreign"
+    foreign.mkdir()
+    (foreign / "config.json").write_text('{"mine": true}\n')
+    (foreign / "old.safetensors").write_bytes(b"not the fetch's")
+    roots = [work["int4"], work["fp8"], foreign]
+    refused_untouched(_subset(work, foreign), roots, match="sparkspec fetch")
+    refused_untouched(["fetch", "repo", "Qwen/tiny-FP8", "--revision", "main", "--local-path", work["fp8"],
+                       "--dest", foreign], roots, match="sparkspec fetch")
+    link = work["tmp"] / "link"
+    link.symlink_to(work["tmp"] / "elsewhere")
+    refused_untouched(_subset(work, link), [*roots, link], match="symbolic link")
+
+
+def test_fetch_never_uses_a_mirrors_revision_as_a_path(work: dict[str, Path]) -> None:
+    (work["fp8"] / ".sparkspec-revision").write_text("../../../escaped\n")
+    dest = work["tmp"] / "a" / "b" / "dest"
+    refused_untouched(_subset(work, dest), [work["int4"], work["fp8"], work["tmp"] / "a"],
+                      match="\\.sparkspec-revision")
+    assert not list(work["tmp"].rglob("escaped"))
+
+
+class _Rewriter(http.server.BaseHTTPRequestHandler):
+    """A hostile mirror: relays a real endpoint but answers another commit id and adds file names."""
+
+    protocol_version = "HTTP/1.1"
+    upstream: str
+    real: str
+    fake: str
+    extra: list[str]
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        self._relay()
+
+    def do_HEAD(self) -> None:
+        self._relay()
+
+    def do_POST(self) -> None:
+        self._relay()
+
+    def _relay(self) -> None:
+        path = self.path.replace(q(self.fake), self.real).replace(self.fake, self.real)
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0)) if self.command == "POST" else None
+        headers = {k: v for k, v in self.headers.items() if k.lower() in ("range", "authorization",
+                                                                           "content-type")}
+        status, got, data = raw(self.upstream, self.command, path, body, headers)
+        if got.get("content-type") == "application/json" and data:
+            doc = json.loads(data.decode().replace(self.real, self.fake))
+            if "/tree/" in path and isinstance(doc, list):
+                doc += [{"type": "file", "oid": "0" * 40, "size": 10, "path": name} for name in self.extra]
+            data = json.dumps(doc).encode()
+        self.send_response(status)
+        for key, value in got.items():
+            if key not in ("content-length", "connection", "date", "server", "transfer-encoding"):
+                self.send_header(key, value.replace(self.real, self.fake))
+        self.send_header("Content-Length", str(len(data)) if self.command != "HEAD"
+                         else got.get("content-length", "0"))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
+
+
+@pytest.fixture()
+def mirror(work: dict[str, Path]) -> Iterator[type[_Rewriter]]:
+    root = work["tmp"] / "hubroot"
+    _, real, _ = publish(root, "Qwen/tiny-FP8", work["fp8"])
+    with HubServer(root) as upstream:
+        handler = type("Rewriter", (_Rewriter,), {"upstream": upstream.url, "real": real,
+                                                  "fake": real, "extra": []})
+        httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+        thread.start()
+        handler.url = f"http://127.0.0.1:{httpd.server_address[1]}"  # type: ignore[attr-defined]
+        try:
+            yield handler
+        finally:
+            httpd.shutdown()
+            httpd.server_close()
+
+
+@pytest.mark.parametrize("fake, extra, match", [
+    ("../../../escaped", [], "commit"),  # the mirror's commit id is used in the header cache's path
+    (None, ["../../escaped.json"], "escaped.json"),  # a file name from the listing used as a path
+    (None, ["/tmp/escaped.json"], "escaped.json"),
+    (None, ["sub/../../escaped.json"], "escaped.json"),
+])
+def test_fetch_refuses_a_mirrors_names_that_are_paths(work: dict[str, Path], mirror: type[_Rewriter],
+                                                      fake: str | None, extra: list[str], match: str) -> None:
+    mirror.fake = fake or mirror.real
+    mirror.extra = extra
+    dest = work["tmp"] / "a" / "b" / "dest"
+    url = mirror.url  # type: ignore[attr-defined]
+    for argv in (["fetch", "fp8-subset", "Qwen/tiny-FP8", "--revision", "main", "--int4", work["int4"],
+                  "--dest", dest, "--endpoint", url],
+                 ["fetch", "repo", "Qwen/tiny-FP8", "--revision", "main", "--dest", dest, "--endpoint", url]):
+        refused_untouched(argv, [work["int4"], work["fp8"], work["tmp"] / "a"], match=match)
+    assert not list(work["tmp"].rglob("escaped*"))

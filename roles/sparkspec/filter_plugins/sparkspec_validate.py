@@ -1,0 +1,197 @@
+"""Ansible filters over sparkspec's one validator (sparkspec.validate), for the roles.
+
+The roles build host paths from inventory strings (repo ids, revisions, profile folders, unit names) and write
+environment and config files from inventory values. These filters are the only way they do it: a value that
+could leave its folder, or that systemd or pip would read differently from what was written, is reported as one
+line naming the variable and the fix, before anything on the host changes. The controller's Python (the one
+running ansible-playbook) has the sparkspec package installed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from ansible.errors import AnsibleFilterError
+
+from sparkspec import validate
+from sparkspec.errors import UserError
+
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH", re.IGNORECASE)
+UNIT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,127}")
+USER_NAME = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
+REDACTED = "<redacted>"
+# vLLM flags whose value is a secret: on the command line it would show in every process list.
+SECRET_FLAGS = ("--api-key", "--hf-token")
+
+
+def _problem(check: Callable[[Any, str], object], value: Any, what: str, where: str) -> str | None:
+    try:
+        check(value, what)
+    except UserError as exc:
+        return f"{where}: {exc}"
+    return None
+
+
+def _dir_problem(value: Any, where: str) -> str | None:
+    if _problem(validate.filename, value, "dir", where) is None:
+        return None
+    return (f"{where}: dir {value!r} is not a plain file name (one folder under sparkspec_models_dir: letters, "
+            "digits, '._+=@,-'; no '/' or '..'); fix the profile")
+
+
+def profile_problems(profiles: Any, names: Iterable[str]) -> list[str]:
+    """Every name in the given profiles that becomes a path on the host, checked; one line per problem."""
+    if not isinstance(profiles, Mapping):
+        return [f"sparkspec_profiles is a {type(profiles).__name__}, not a mapping; fix the inventory"]
+    out: list[str] = []
+    for name in dict.fromkeys(names):
+        where = f"sparkspec_profiles.{name}"
+        if (p := _problem(validate.filename, name, "profile name", "sparkspec_profiles")) is not None:
+            out.append(p)
+            continue
+        profile = profiles.get(name)
+        if not isinstance(profile, Mapping):
+            continue  # preflight names a missing profile
+        if (p := _dir_problem(profile.get("dir"), f"{where}.dir")) is not None:
+            out.append(p)
+        sources = [(key, profile.get(key)) for key in ("int4", "fp8", "model") if key in profile]
+        heads = profile.get("heads") or {}
+        if isinstance(heads, Mapping):
+            sources += [(f"heads.{method}", head) for method, head in heads.items()]
+        for key, source in sources:
+            if not isinstance(source, Mapping):
+                out.append(f"{where}.{key} is not a mapping with repo and revision; fix the profile")
+                continue
+            out += [p for p in (
+                _problem(validate.repo_id, source.get("repo"), "repo id", f"{where}.{key}.repo"),
+                _problem(validate.revision, source.get("revision", "main"), "revision", f"{where}.{key}.revision"),
+            ) if p is not None]
+    return out
+
+
+def name_problems(unit_name: Any, user: Any) -> list[str]:
+    """The unit's and the service user's names, which become file names and paths."""
+    out = []
+    if not (isinstance(unit_name, str) and UNIT_NAME.fullmatch(unit_name)):
+        out.append(f"sparkspec_unit_name {unit_name!r} is not a unit name (letters, digits, '_.@-'); fix it")
+    if not (isinstance(user, str) and USER_NAME.fullmatch(user)):
+        out.append(f"sparkspec_user {user!r} is not a system user name (lowercase letters, digits, '_-'); fix it")
+    return out
+
+
+def _value_problem(where: str, value: Any) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        return (f"{where}: {type(value).__name__} value; give a string or a number "
+                "(quote true/false to mean the word)")
+    text = str(value)
+    if "\n" in text or "\r" in text:
+        return f"{where}: the value holds a newline, which an environment or config file cannot carry; remove it"
+    if "\0" in text:
+        return f"{where}: the value holds a NUL character, which no environment can carry; remove it"
+    return None
+
+
+def env_problems(env: Any, var: str = "deploy_env") -> list[str]:
+    """Variable names and values of an environment map that systemd's environment file can carry exactly."""
+    if not isinstance(env, Mapping):
+        return [f"{var} is a {type(env).__name__}, not a mapping of NAME: value; fix it"]
+    out = []
+    for name, value in env.items():
+        if not (isinstance(name, str) and ENV_NAME.fullmatch(name)):
+            out.append(f"{var}: {name!r} is not a variable name (letters, digits, '_'; not starting with a digit)")
+        elif (p := _value_problem(f"{var}.{name}", value)) is not None:
+            out.append(p)
+    return out
+
+
+def pip_env_problems(env: Any) -> list[str]:
+    """sparkspec_pip_env: PIP_* options only (they go to pip's 0600 config file, never to the environment)."""
+    out = env_problems(env, "sparkspec_pip_env")
+    if isinstance(env, Mapping):
+        out += [f"sparkspec_pip_env: {name!r} is not a PIP_* option; pip reads only those from its config file "
+                "(an environment variable shows in the process list); e.g. a proxy is PIP_PROXY"
+                for name in env if isinstance(name, str) and not name.startswith("PIP_")]
+    return out
+
+
+def args_problems(args: Any) -> list[str]:
+    """vLLM's command line: no secret flag (it would show in every process list), no control character (it
+    would end the unit's ExecStart line and start another directive)."""
+    out = []
+    for arg in args if isinstance(args, list) else []:
+        text = str(arg)
+        flag = text.split("=", 1)[0]
+        if flag in SECRET_FLAGS:
+            out.append(f"deploy_extra_args: {flag} puts a secret on vLLM's command line, where every process "
+                       f"list shows it; remove it{' and set sparkspec_api_key' if flag == '--api-key' else ''}")
+        elif any(ord(c) < 32 or ord(c) == 127 for c in text):
+            out.append(f"vLLM argument {text!r} holds a control character (a newline would start another line "
+                       "of the unit); fix deploy_extra_args or the profile's served_model_name")
+    return out
+
+
+def _raise_first(problems: list[str]) -> None:
+    if problems:
+        raise AnsibleFilterError(problems[0])
+
+
+def repo_folder(value: Any, where: str = "repo id") -> str:
+    """``org/name`` -> ``org--name`` for a valid repo id, else fail naming it."""
+    _raise_first([p for p in [_problem(validate.repo_id, value, "repo id", where)] if p])
+    return str(value).replace("/", "--")
+
+
+def plain_dir(value: Any, where: str = "dir") -> str:
+    """One folder name (a profile's dir), else fail naming it."""
+    _raise_first([p for p in [_dir_problem(value, where)] if p])
+    return str(value)
+
+
+def env_quote(value: Any) -> str:
+    """A value for a systemd environment file: double-quoted, with the four characters systemd unescapes
+    there (backslash, double quote, backtick, dollar) escaped; newlines and NULs refused."""
+    _raise_first([p for p in [_value_problem("environment value", value)] if p])
+    text = str(value)
+    for char in ("\\", '"', "`", "$"):
+        text = text.replace(char, "\\" + char)
+    return f'"{text}"'
+
+
+def is_secret_name(name: Any) -> bool:
+    """True for variable names that hold secrets by convention (*KEY*, *TOKEN*, *SECRET*, *PASSWORD*...)."""
+    return bool(SECRET_NAME.search(str(name)))
+
+
+def redact_env(env: Mapping[str, Any], redact: bool = True) -> dict[str, Any]:
+    """The map with the values of secret-named variables replaced by <redacted> (when ``redact``)."""
+    return {k: (REDACTED if redact and is_secret_name(k) else v) for k, v in env.items()}
+
+
+def pip_config(env: Mapping[str, Any]) -> str:
+    """pip's config file holding the PIP_* options of ``env`` exactly as pip would read them from the
+    environment ([global] section, PIP_FOO_BAR -> foo-bar; pip reads it without interpolation)."""
+    _raise_first(pip_env_problems(env))
+    lines = ["# Written by sparkspec (sparkspec_pip_env); readable by root only: it may hold index credentials.",
+             "[global]"]
+    lines += [f"{name[4:].lower().replace('_', '-')} = {value}" for name, value in sorted(env.items())]
+    return "\n".join(lines) + "\n"
+
+
+class FilterModule:
+    def filters(self) -> dict[str, Callable[..., Any]]:
+        return {
+            "sparkspec_profile_problems": profile_problems,
+            "sparkspec_name_problems": name_problems,
+            "sparkspec_env_problems": env_problems,
+            "sparkspec_pip_env_problems": pip_env_problems,
+            "sparkspec_args_problems": args_problems,
+            "sparkspec_repo_folder": repo_folder,
+            "sparkspec_plain_dir": plain_dir,
+            "sparkspec_env_quote": env_quote,
+            "sparkspec_is_secret_name": is_secret_name,
+            "sparkspec_redact_env": redact_env,
+            "sparkspec_pip_config": pip_config,
+        }

@@ -107,13 +107,17 @@ def compare(c, host=None, methods="baseline,ngram", inventory=None):
 
 @task(positional=[], auto_shortflags=False, help={"host": "inventory host", "method": "method to render", "dest": "folder to write the files under",
             "inventory": "inventory folder (default from invoke.yaml)",
-            "model-config": "local copy of the model's config.json (checks MTP k)"})
-def render(c, host=None, method=None, dest=None, inventory=None, model_config=""):
-    """Write the files the deploy would install for a host and method under DEST, touching no host."""
+            "model-config": "local copy of the model's config.json (checks MTP k)",
+            "show-secrets": "write the real API key and secret-named deploy_env values (default: <redacted>)"})
+def render(c, host=None, method=None, dest=None, inventory=None, model_config="", show_secrets=False):
+    """Write the files the deploy would install for a host and method under DEST, touching no host. Secrets
+    (the API key, deploy_env values named *KEY*, *TOKEN*, *SECRET*, *PASSWORD*...) are written as <redacted>
+    unless --show-secrets."""
     _method_playbook(method)
     if not dest:
         raise Exit("sparkspec: error: --dest is required; name a folder to write the files under", code=2)
-    extra = {"sparkspec_method": method, "deploy_render_root": str(Path(dest).resolve())}
+    extra = {"sparkspec_method": method, "deploy_render_root": str(Path(dest).resolve()),
+             "deploy_render_show_secrets": bool(show_secrets)}
     if model_config:
         extra["deploy_model_config_file"] = str(Path(model_config).resolve())
     _play(c, "render.yml", host, inventory, extra)
@@ -121,10 +125,13 @@ def render(c, host=None, method=None, dest=None, inventory=None, model_config=""
 
 
 @task(positional=[], auto_shortflags=False, help={"host": "inventory host", "inventory": "inventory folder (default from invoke.yaml)",
-            "remove-models": "also delete the checkpoints and heads"})
-def teardown(c, host=None, inventory=None, remove_models=False):
-    """Stop and remove the vLLM unit on a host (checkpoints stay unless --remove-models)."""
-    _play(c, "teardown.yml", host, inventory, {"teardown_remove_models": remove_models})
+            "remove-models": "also delete the checkpoints and heads",
+            "keep-token": "keep the hub token file (for a later fetch without the vault)"})
+def teardown(c, host=None, inventory=None, remove_models=False, keep_token=False):
+    """Stop and remove the vLLM unit on a host, with its secret files: the API key, pip's options and the hub
+    token (unless --keep-token). Checkpoints stay unless --remove-models."""
+    _play(c, "teardown.yml", host, inventory, {"teardown_remove_models": bool(remove_models),
+                                               "teardown_keep_token": bool(keep_token)})
 
 
 @task(positional=[], auto_shortflags=False, help={"host": "inventory host (default: every host)", "inventory": "inventory folder"})

@@ -47,7 +47,7 @@ def test_files_land_at_their_target_paths(rendered):
     unit = (dest / "etc/systemd/system/sparkspec-vllm.service").read_text()
     env = (dest / "etc/sparkspec/sparkspec-vllm.env").read_text()
     record = json.loads((dest / "etc/sparkspec/sparkspec-vllm.json").read_text())
-    assert "HF_HUB_OFFLINE=1" in env
+    assert 'HF_HUB_OFFLINE="1"' in env
     assert record["method"] == "dflash" and record["profile"] == "qwen35-122b-hybrid"
     spec = json.loads(record["args"][record["args"].index("--speculative-config") + 1])
     assert spec == {"method": "dflash", "num_speculative_tokens": 15,

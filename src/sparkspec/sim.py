@@ -44,6 +44,12 @@ KbdInteractiveAuthentication no
 PermitRootLogin prohibit-password
 """
 RECIPE_VERSION = "3"
+# How the container runs. CAP_SYS_ADMIN lets its systemd build each unit's mount namespace as on a Spark:
+# without it systemd silently drops ProtectSystem=, PrivateDevices=, ProtectProc=, ReadOnlyPaths= ... for
+# units in a container, and the unit's confinement would go untested. A change here restarts the container.
+RUN_OPTIONS = ("--systemd=always", "--network", "host", "--shm-size=1g", "--security-opt", "label=disable",
+               "--cap-add", "SYS_ADMIN")
+RUN_LABEL = "sparkspec.sim.run"
 LATEST = "localhost/sparkspec-sim:latest"
 HOST_CA_IN_CONTAINER = "/etc/sparkspec-sim/host-ca.crt"
 
@@ -156,13 +162,18 @@ class Sim:
             deb.unlink()
 
     # -- container -----------------------------------------------------------------------------------
+    @property
+    def run_id(self) -> str:
+        return hashlib.sha256("\n".join(RUN_OPTIONS).encode()).hexdigest()[:12]
+
     def running_image(self) -> str | None:
-        proc = self.podman("inspect", "--format", "{{.ImageName}} {{.State.Running}}", self.container,
-                           check=False)
+        """The running container's image and run options (``image@run_id``), "" when stopped, None when absent."""
+        proc = self.podman("inspect", "--format", f'{{{{.ImageName}}}} {{{{index .Config.Labels "{RUN_LABEL}"}}}} '
+                           "{{.State.Running}}", self.container, check=False)
         if proc.returncode != 0:
             return None
-        image, running = proc.stdout.strip().rsplit(" ", 1)
-        return image if running == "true" else ""
+        image, run_id, running = proc.stdout.strip().rsplit(" ", 2)
+        return f"{image}@{run_id}" if running == "true" else ""
 
     def ensure_key(self) -> None:
         if not self.key.exists():
@@ -194,16 +205,16 @@ class Sim:
         self.ensure_key()
         self.ensure_api_key()
         current = self.running_image()
-        if current == self.image and not built and self.ssh_ok():
+        if current == f"{self.image}@{self.run_id}" and not built and self.ssh_ok():
             return "already running"
-        if current is not None:  # another recipe, another checkout's key, or stopped: start afresh
+        if current is not None:  # another recipe or run options, another checkout's key, or stopped: afresh
             self.podman("rm", "-f", "-t", "5", self.container)
         mounts = [(str(self.key.with_suffix(".pub")), "/root/.ssh/authorized_keys"),
                   (str(self.host_ca()), HOST_CA_IN_CONTAINER), *self.extra_mounts]
         if Path("/opt/wheels").is_dir():
             mounts.append(("/opt/wheels", "/opt/wheels"))
-        args = ["run", "-d", "--name", self.container, "--hostname", self.name, "--systemd=always",
-                "--network", "host", "--shm-size=1g", "--security-opt", "label=disable"]
+        args = ["run", "-d", "--name", self.container, "--hostname", self.name, "--label",
+                f"{RUN_LABEL}={self.run_id}", *RUN_OPTIONS]
         for src, dst in mounts:
             args += ["-v", f"{src}:{dst}:ro"]
         self.podman(*args, self.image, "/sbin/init")

@@ -4,18 +4,16 @@
 What is read from (a hub repo or an air-gapped local copy) is a :class:`~sparkspec.hub_source.Source`, read
 through a :class:`~sparkspec.hub_source.Reader`. Every transfer writes ``NAME.part`` and renames it when
 complete, so a re-run after an interruption skips finished files. ``.sparkspec-fetch/fetch.json`` in the
-destination records what was fetched.
+destination records what was fetched and marks the folder as the fetch's own (:mod:`sparkspec.hub_dest`):
+a fetch never writes into a folder it did not create, nor into or around its inputs.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
-import json
 import os
-import shutil
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,11 +23,32 @@ from huggingface_hub._local_folder import read_download_metadata
 from huggingface_hub.utils import filter_repo_objects
 from huggingface_hub.utils import tqdm as hf_tqdm
 
-from sparkspec.ckpt_select import (fp8_candidates, fp8_pair, fp8_selection, int4_model_shards,
-                                   int4_model_tensors, weight_block_size)
+from sparkspec import validate
+from sparkspec.ckpt_select import (
+    fp8_candidates,
+    fp8_pair,
+    fp8_selection,
+    int4_model_shards,
+    int4_model_tensors,
+    weight_block_size,
+)
 from sparkspec.errors import UserError
+from sparkspec.hub_dest import (
+    STATE_DIR,
+    begin,
+    claim,
+    copy_local,
+    finish,
+    preflight,
+    prune,
+    recorded_shards,
+    remove_stale,
+    state,
+    write_file,
+    writing,
+)
 from sparkspec.hub_source import Reader, Source, hub_errors
-from sparkspec.hubrepo import COMMIT_RE, REVISION_FILE
+from sparkspec.jsonfile import read_json
 from sparkspec.safetensors_io import (
     INDEX_NAME,
     Header,
@@ -40,8 +59,6 @@ from sparkspec.safetensors_io import (
     read_index,
     write_index,
 )
-
-STATE_DIR = ".sparkspec-fetch"
 
 
 @dataclass
@@ -79,81 +96,10 @@ class FetchResult:
 def plan(source: Source, allow_patterns: Sequence[str] | None = None) -> Plan:
     """The commit a revision resolves to and the sizes of the files a fetch would bring (disk preflight)."""
     reader = Reader(source)
-    names = filter_repo_objects(list(reader.files), allow_patterns=list(allow_patterns or ["*"]))
+    patterns = list(allow_patterns or ["*"])
+    names = list(filter_repo_objects([*reader.files, *reader.unsafe], allow_patterns=patterns))
+    reader.check_names(names)
     return Plan(reader, {name: reader.files[name] for name in names})
-
-
-def preflight(dest: Path, needed: int) -> None:
-    probe = dest
-    while not probe.exists():
-        probe = probe.parent
-    free = shutil.disk_usage(probe).free
-    if needed > free:
-        raise UserError(f"{dest}: needs {_size(needed)} free for the download but {probe} has {_size(free)}; "
-                        "free space or choose another destination")
-
-
-def _size(n: int) -> str:
-    return str(hf_tqdm.format_sizeof(n, "B", 1024)).replace("B", "iB") if n >= 1024 else f"{n} B"
-
-
-# --- resumable state ----------------------------------------------------------------------------------
-def _state(dest: Path) -> dict[str, Any]:
-    try:
-        return json.loads((dest / STATE_DIR / "fetch.json").read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def _save_state(dest: Path, doc: dict[str, Any]) -> None:
-    path = dest / STATE_DIR / "fetch.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
-
-
-def _finish(dest: Path, doc: dict[str, Any]) -> None:
-    """Record a completed fetch; ``.sparkspec-revision`` names the commit for assemble's manifest (and lets
-    the directory serve as a ``local_path`` source or be published with that revision)."""
-    _save_state(dest, {**doc, "complete": True})
-    marker = dest / REVISION_FILE
-    current = marker.read_text().strip() if marker.is_file() else None
-    if COMMIT_RE.fullmatch(doc["commit"]) and current != doc["commit"]:
-        _write_file(dest, REVISION_FILE, [doc["commit"].encode() + b"\n"])
-
-
-def _begin(dest: Path, key: str, sizes: dict[str, int]) -> dict[str, int]:
-    """Record a fetch as started; return the files still to transfer. Files are renamed into place only when
-    complete, so one of the right size left by an earlier run of the same ``key`` is done; files from a run
-    with another key (commit, mode, selection) are removed first."""
-    if _state(dest).get("key") != key:
-        for rel in sizes:
-            with contextlib.suppress(FileNotFoundError):
-                (dest / rel).unlink()
-    _save_state(dest, {"key": key, "complete": False})
-    return {rel: size for rel, size in sizes.items()
-            if not ((dest / rel).is_file() and (dest / rel).stat().st_size == size)}
-
-
-def _write_file(dest: Path, rel: str, parts: Iterable[bytes]) -> int:
-    """Write ``rel`` from ``parts`` through ``rel.part`` + fsync + rename; return bytes written."""
-    target = dest / rel
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(target.name + ".part")
-    written = 0
-    try:
-        with open(tmp, "wb") as fh:
-            for part in parts:
-                fh.write(part)
-                written += len(part)
-            fh.flush()
-            os.fsync(fh.fileno())
-    except OSError as exc:
-        raise UserError(f"{tmp}: cannot write ({exc.strerror}); free space or fix permissions, then re-run "
-                        "to resume") from None
-    os.replace(tmp, target)
-    return written
 
 
 # --- whole repos ----------------------------------------------------------------------------------------
@@ -162,19 +108,21 @@ def fetch_repo(repo: str, revision: str, dest: str | os.PathLike[str],
                endpoint: str | None = None, local_path: str | None = None,
                max_workers: int = 8) -> FetchResult:
     """Download (or copy from ``local_path``) the repo's files at the pinned revision into ``dest``."""
-    p = plan(Source(repo, revision, endpoint, token, local_path), allow_patterns)
     out = Path(dest)
+    claim(out, {"--local-path": local_path})
+    p = plan(Source(repo, revision, endpoint, token, local_path), allow_patterns)
     todo = {rel: size for rel, size in p.files.items() if not _have(p.reader, out, rel)}
     preflight(out, sum(todo.values()))
-    out.mkdir(parents=True, exist_ok=True)
-    if local_path:
-        for rel in todo:
-            _fetch_whole(p.reader, rel, out)
-    elif todo:
-        with hub_errors(p.reader.source):
-            snapshot_download(repo, revision=p.commit, local_dir=out, allow_patterns=list(todo), token=token,
-                              endpoint=p.reader.endpoint, max_workers=max_workers)
-    _finish(out, {"repo": repo, "revision": revision, "commit": p.commit, "mode": "repo", "files": p.files})
+    with writing(out):
+        if local_path:
+            for rel in todo:
+                _fetch_whole(p.reader, rel, out)
+        elif todo:
+            with hub_errors(p.reader.source):
+                snapshot_download(repo, revision=p.commit, local_dir=out, allow_patterns=list(todo),
+                                  token=token, endpoint=p.reader.endpoint, max_workers=max_workers)
+        finish(out, {"repo": repo, "revision": revision, "commit": p.commit, "mode": "repo",
+                     "files": p.files})
     return FetchResult(repo, p.commit, str(out), "repo", bool(todo), sorted(p.files),
                        bytes_fetched=sum(todo.values()))
 
@@ -194,28 +142,12 @@ def _have(reader: Reader, dest: Path, rel: str) -> bool:
 def _fetch_whole(reader: Reader, rel: str, dest: Path) -> int:
     """One whole file into ``dest``: hf_hub_download (resumable, records the commit) or a local copy/link."""
     if reader.source.local_path:
-        _copy_local(Path(reader.source.local_path) / rel, dest / rel)
+        copy_local(validate.under(reader.source.local_path, rel), validate.under(dest, rel))
     else:
         with hub_errors(reader.source, rel):
             hf_hub_download(reader.source.repo, rel, revision=reader.commit, local_dir=dest,
                             endpoint=reader.endpoint, token=reader.source.token)
     return reader.size(rel)
-
-
-def _copy_local(src: Path, target: Path) -> None:
-    """Hard-link when on the same filesystem (no bytes duplicated), else copy via ``.part`` + rename."""
-    tmp = target.with_name(target.name + ".part")
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp.unlink(missing_ok=True)
-        try:
-            os.link(src, tmp)
-        except OSError:
-            shutil.copyfile(src, tmp)
-        os.replace(tmp, target)
-    except OSError as exc:
-        raise UserError(f"{target}: cannot copy from {src} ({exc.strerror}); free space or fix "
-                        "permissions") from None
 
 
 # --- the FP8 subset ----------------------------------------------------------------------------------------
@@ -255,7 +187,7 @@ def _cached(reader: Reader, path: Path, rel: str, parse: Callable[[Callable[[int
     """``parse(read)`` over the leading bytes of ``rel``; the bytes read are kept in ``path`` (per commit) so
     that a re-run of the same commit transfers nothing."""
     if path.is_file():
-        raw = path.read_bytes()
+        raw = validate.read_regular(path, "cached header")
         return parse(lambda offset, length: raw[offset: offset + length])
     got = bytearray()
 
@@ -266,7 +198,7 @@ def _cached(reader: Reader, path: Path, rel: str, parse: Callable[[Callable[[int
         return data
 
     result = parse(read)
-    _write_file(path.parent, path.name, [bytes(got)])
+    write_file(path.parent, path.name, [bytes(got)], sync=False)
     return result
 
 
@@ -290,10 +222,11 @@ def _select(reader: Reader, int4: Path, patterns: Sequence[str], config: Path, c
         raise UserError(f"{label}: {INDEX_NAME} maps {missing[0]} to {index8[missing[0]]}, whose header has "
                         "no such tensor; the repo is inconsistent, pin another revision")
     fp8_tensors = {n: headers[index8[n]].tensors[n] for n in names}
+    doc = read_json(config, "config.json not found; re-fetch it", "re-fetch it")
     try:
-        block = weight_block_size(json.loads(config.read_text(encoding="utf-8")))
-    except (OSError, ValueError, AttributeError):
-        raise UserError(f"{config}: not a JSON config; re-fetch it") from None
+        block = weight_block_size(doc)
+    except (AttributeError, TypeError):
+        raise UserError(f"{config}: has no quantization_config object; check the FP8 repo") from None
 
     def where(side: str, name: str) -> str:
         return f"{label}: {index8[name]}" if side == "fp8" else str(int4 / index4[name])
@@ -319,22 +252,28 @@ def fetch_fp8_subset(repo: str, revision: str, int4_dir: str | os.PathLike[str],
     that hold them (for mirrors without Range support)."""
     if mode not in ("ranges", "full"):
         raise UserError(f"--mode {mode}: unknown; use ranges or full")
-    reader = Reader(Source(repo, revision, endpoint, token, local_path, retries))
     out, int4 = Path(dest), Path(int4_dir)
+    claim(out, {"--int4": int4, "--local-path": local_path})
     read_index(int4)  # fail early, naming the INT4 index, before any transfer
-    tally = [0]  # body bytes transferred outside the tensor data
+    reader = Reader(Source(repo, revision, endpoint, token, local_path, retries))
     side = [rel for rel in sorted(reader.files) if not rel.endswith(".safetensors") and rel != INDEX_NAME]
+    reader.check_names(n for n in reader.unsafe if not n.endswith(".safetensors"))
     if "config.json" not in side:
         raise UserError(f"{reader.source.label}: config.json not found (404); check the repo and revision")
     side = [rel for rel in side if not _have(reader, out, rel)]
     preflight(out, sum(reader.size(rel) for rel in side))
-    out.mkdir(parents=True, exist_ok=True)
+    with writing(out):
+        return _fetch_subset(reader, int4, out, side, patterns, mode)
+
+
+def _fetch_subset(reader: Reader, int4: Path, out: Path, side: list[str], patterns: Sequence[str],
+                  mode: str) -> FetchResult:
+    repo, previous = reader.source.repo, state(out)
+    tally = [0]  # body bytes transferred outside the tensor data
     for rel in side:
         tally[0] += _fetch_whole(reader, rel, out)
     cache = out / STATE_DIR / "headers" / reader.commit
-    for old in (out / STATE_DIR / "headers").glob("*"):
-        if old != cache:
-            shutil.rmtree(old)
+    prune(out / STATE_DIR / "headers", cache)
     shards = _select(reader, int4, patterns, out / "config.json", cache, tally)
     used = sum(t.nbytes for s in shards for t in s.tensors)
     names = sorted(t.name for s in shards for t in s.tensors)
@@ -344,12 +283,10 @@ def fetch_fp8_subset(repo: str, revision: str, int4_dir: str | os.PathLike[str],
         weight_map = {t: s.name for s in shards for t in s.header.tensors}
         total_size = sum(s.header.data_size for s in shards)
     else:
-        todo = _begin(out, key, {s.name: len(s.prefix()) + sum(t.nbytes for t in s.tensors) for s in shards})
+        todo = begin(out, key, {s.name: len(s.prefix()) + sum(t.nbytes for t in s.tensors) for s in shards})
         weight_map = {t.name: s.name for s in shards for t in s.tensors}
         total_size = used
-    for stale in out.glob("*.safetensors"):
-        if stale.name not in {s.name for s in shards}:
-            stale.unlink()
+    remove_stale(out, recorded_shards(previous), {s.name for s in shards})
     preflight(out, sum(todo.values()))
     fetched = [0]
     if mode == "full":
@@ -358,11 +295,12 @@ def fetch_fp8_subset(repo: str, revision: str, int4_dir: str | os.PathLike[str],
         total = sum(t.nbytes for s in shards if s.name in todo for t in s.tensors)
         with hf_tqdm(total=total, unit="B", unit_scale=True, desc=f"FP8 tensors of {repo}") as bar:
             for shard in (s for s in shards if s.name in todo):
-                _write_file(out, shard.name, shard.body(reader, fetched, bar))
+                write_file(out, shard.name, shard.body(reader, fetched, bar))
     index_changed = _write_index_if_changed(out, weight_map, total_size)
-    _finish(out, {"key": key, "repo": repo, "revision": revision, "commit": reader.commit, "mode": mode,
-                  "endpoint": None if local_path else reader.endpoint, "local_path": local_path,
-                  "tensors": names})
+    local_path = reader.source.local_path
+    finish(out, {"key": key, "repo": repo, "revision": reader.source.revision, "commit": reader.commit,
+                 "mode": mode, "endpoint": None if local_path else reader.endpoint, "local_path": local_path,
+                 "tensors": names, "shards": sorted(s.name for s in shards)})
     return FetchResult(repo, reader.commit, str(out), mode, bool(todo) or index_changed,
                        sorted(s.name for s in shards), bytes_fetched=tally[0] + fetched[0],
                        tensor_bytes_fetched=fetched[0], tensor_bytes_used=used,

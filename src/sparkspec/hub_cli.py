@@ -1,73 +1,135 @@
 """``sparkspec fetch repo|fp8-subset|plan`` and ``sparkspec hub serve|publish``.
 
 Only argparse registration happens at import; each handler imports what it runs (huggingface_hub and the
-HTTP client load only for ``fetch``).
+HTTP client load only for ``fetch``). Every value is checked where argparse reads it (repo ids and revisions
+by :mod:`sparkspec.validate`, numbers by :mod:`sparkspec.argtypes`), so bad input ends in one line before
+anything is read or written. No secret is taken on the command line: tokens come from files or the
+environment.
 """
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
+import re
 import signal
+import stat
 import sys
+import urllib.parse
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from sparkspec import argtypes, validate
 from sparkspec.cli import emit_json
 from sparkspec.errors import UserError
 
+TOKENS_ENV = "SPARKSPEC_HUB_TOKENS"
+retries = argtypes.number(int, 1, 100)
+
+
+def _checked(check: Callable[[str], str], name: str) -> Callable[[str], str]:
+    """An argparse ``type=`` from a :mod:`sparkspec.validate` check (its message becomes argparse's)."""
+
+    def parse(text: str) -> str:
+        try:
+            return check(text)
+        except UserError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parse.__name__ = name
+    return parse
+
+
+def _url(text: str) -> str:
+    parts = urllib.parse.urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname or re.search(r"[\x00-\x20\x7f]", text):
+        raise UserError(f"{text!r} is not an http(s) URL; give the hub or mirror, e.g. "
+                        "https://huggingface.co")
+    if parts.username or parts.password:
+        raise UserError("the URL holds credentials, which every process list shows; put the token in "
+                        "--token-file instead")
+    return text.rstrip("/")
+
+
+def _text(text: str) -> str:
+    if not text or re.search(r"[\x00-\x1f\x7f]", text):
+        raise UserError(f"{text!r} is empty or holds a control character")
+    return text
+
+
+repo_id = _checked(validate.repo_id, "repo id")
+revision = _checked(validate.revision, "revision")
+commit = _checked(validate.commit, "commit id")
+url = _checked(_url, "URL")
+text = _checked(_text, "text")
+
 
 def _source_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("repo", help="hub repo id, e.g. Qwen/Qwen3.5-122B-A10B-FP8")
-    p.add_argument("--revision", required=True,
+    p.add_argument("repo", type=repo_id, help="hub repo id, e.g. Qwen/Qwen3.5-122B-A10B-FP8")
+    p.add_argument("--revision", required=True, type=revision,
                    help="commit id to pin (a branch name resolves to its current commit)")
-    p.add_argument("--endpoint", help="hub or mirror URL (default: HF_ENDPOINT, else huggingface.co)")
-    p.add_argument("--token-file", help="file holding the HF token (default: HF_TOKEN from the environment)")
-    p.add_argument("--local-path", help="air-gapped: copy from this directory instead of the hub")
+    p.add_argument("--endpoint", type=url,
+                   help="hub or mirror URL (default: HF_ENDPOINT, else huggingface.co)")
+    p.add_argument("--token-file", type=text,
+                   help="file holding the HF token (default: HF_TOKEN from the environment)")
+    p.add_argument("--local-path", type=text, help="air-gapped: copy from this directory instead of the hub")
     p.add_argument("--json", action="store_true", help="print a final JSON line")
+
+
+def _command(sub: Any, name: str, help: str) -> argparse.ArgumentParser:
+    # no abbreviations: "--token X" must not be taken for "--token-file X" (and X echoed as a file name)
+    parser: argparse.ArgumentParser = sub.add_parser(name, help=help, allow_abbrev=False)
+    return parser
 
 
 def register(sub: Any) -> None:
     fetch = sub.add_parser("fetch", help="download checkpoints with pinned revisions")
     fsub = fetch.add_subparsers(dest="fetch_command", metavar="SUBCOMMAND", required=True)
 
-    p = fsub.add_parser("repo", help="snapshot a repo (or the files matching --include) into --dest")
+    p = _command(fsub, "repo", "snapshot a repo (or the files matching --include) into --dest")
     _source_args(p)
-    p.add_argument("--dest", required=True)
-    p.add_argument("--include", action="append", help="glob of files to fetch (repeatable; default all)")
+    p.add_argument("--dest", required=True, type=text)
+    p.add_argument("--include", action="append", type=text,
+                   help="glob of files to fetch (repeatable; default all)")
     p.set_defaults(func=_fetch_repo)
 
-    p = fsub.add_parser("fp8-subset", help="fetch only the FP8 tensors assemble takes, by HTTP range reads")
+    p = _command(fsub, "fp8-subset", "fetch only the FP8 tensors assemble takes, by HTTP range reads")
     _source_args(p)
-    p.add_argument("--int4", required=True, help="the local INT4 AutoRound checkpoint assemble will use")
-    p.add_argument("--dest", required=True)
-    p.add_argument("--fp8-pattern", action="append", default=[], help="same as assemble's --fp8-pattern")
+    p.add_argument("--int4", required=True, type=text,
+                   help="the local INT4 AutoRound checkpoint assemble will use")
+    p.add_argument("--dest", required=True, type=text)
+    p.add_argument("--fp8-pattern", action="append", default=[], type=text,
+                   help="same as assemble's --fp8-pattern")
     p.add_argument("--mode", choices=("ranges", "full"), default="ranges",
                    help="ranges: tensor byte ranges only; full: whole shards (mirrors without Range)")
-    p.add_argument("--retries", type=int, default=5, help="retries per HTTP request (default 5)")
+    p.add_argument("--retries", type=retries, default=5, help="retries per HTTP request, 1-100 (default 5)")
     p.set_defaults(func=_fetch_subset)
 
-    p = fsub.add_parser("plan", help="resolve the revision and sum the file sizes; --dest checks free space")
+    p = _command(fsub, "plan", "resolve the revision and sum the file sizes; --dest checks free space")
     _source_args(p)
-    p.add_argument("--include", action="append")
-    p.add_argument("--dest", help="refuse (exit 2) when this filesystem lacks the space")
+    p.add_argument("--include", action="append", type=text)
+    p.add_argument("--dest", type=text, help="refuse (exit 2) when this filesystem lacks the space")
     p.set_defaults(func=_plan)
 
     hubp = sub.add_parser("hub", help="local HF-compatible endpoint (tests, simulated Spark, mirrors)")
     hsub = hubp.add_subparsers(dest="hub_command", metavar="SUBCOMMAND", required=True)
-    p = hsub.add_parser("serve", help="serve ROOT/<org>/<name> repos over HTTP")
-    p.add_argument("--root", required=True)
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8089)
-    p.add_argument("--token", action="append", help="accepted bearer token (repeatable; prefer --token-file)")
-    p.add_argument("--token-file", help="file with one accepted token per line")
+    p = _command(hsub, "serve", "serve ROOT/<org>/<name> repos over HTTP")
+    p.add_argument("--root", required=True, type=text)
+    p.add_argument("--host", default="127.0.0.1", type=text,
+                   help="address to bind (default loopback; anything else warns when no token is set)")
+    p.add_argument("--port", type=argtypes.port, default=8089, help="0-65535; 0 picks a free port")
+    p.add_argument("--token-file", type=text,
+                   help=f"file with the accepted bearer tokens, one per line (default: {TOKENS_ENV}, comma "
+                        "or newline separated; neither: no token needed)")
     p.add_argument("--verbose", action="store_true", help="log requests to stderr")
     p.set_defaults(func=_serve)
-    p = hsub.add_parser("publish", help="copy a local checkpoint in as ROOT/<org>/<name>, set its revision")
-    p.add_argument("--root", required=True)
-    p.add_argument("--repo", required=True, help="org/name")
-    p.add_argument("--from", dest="source", required=True, help="directory to publish")
-    p.add_argument("--revision", help="40-hex commit id (default: derived from the content)")
+    p = _command(hsub, "publish", "copy a local checkpoint in as ROOT/<org>/<name>, set its revision")
+    p.add_argument("--root", required=True, type=text)
+    p.add_argument("--repo", required=True, type=repo_id, help="org/name")
+    p.add_argument("--from", dest="source", required=True, type=text, help="directory to publish")
+    p.add_argument("--revision", type=commit, help="40-hex commit id (default: derived from the content)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_publish)
 
@@ -95,10 +157,10 @@ def _fetch_repo(args: argparse.Namespace) -> int:
 
 
 def _fetch_subset(args: argparse.Namespace) -> int:
-    if args.retries < 0:
-        raise UserError(f"--retries {args.retries}: must be >= 0")
     from sparkspec import hub
+    from sparkspec.ckpt_select import compile_patterns
 
+    compile_patterns(args.fp8_pattern)  # a bad --fp8-pattern is refused before anything is fetched
     result = hub.fetch_fp8_subset(args.repo, args.revision, args.int4, args.dest, args.fp8_pattern,
                                   token=_token(args), endpoint=args.endpoint, local_path=args.local_path,
                                   mode=args.mode, retries=args.retries)
@@ -111,12 +173,13 @@ def _fetch_subset(args: argparse.Namespace) -> int:
 
 def _plan(args: argparse.Namespace) -> int:
     from sparkspec import hub
+    from sparkspec.hub_dest import preflight
     from sparkspec.hub_source import Source
 
     source = Source(args.repo, args.revision, args.endpoint, _token(args), args.local_path)
     plan = hub.plan(source, args.include)
     if args.dest:
-        hub.preflight(Path(args.dest), plan.total_bytes)
+        preflight(Path(args.dest), plan.total_bytes)
     doc = {"changed": False, "repo": args.repo, "commit": plan.commit, "files": plan.files,
            "bytes_needed": plan.total_bytes, "bytes_fetched": 0}
     return _finish(args, doc, f"plan: {args.repo}@{plan.commit[:12]}: {len(plan.files)} files, "
@@ -126,22 +189,23 @@ def _plan(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from sparkspec.hubserver import HubServer
 
-    tokens = list(args.token or [])
-    if args.token_file:
-        try:
-            tokens += [t.strip() for t in Path(args.token_file).read_text().splitlines() if t.strip()]
-        except OSError as exc:
-            raise UserError(f"{args.token_file}: cannot read ({exc.strerror}); fix --token-file") from None
-    if not Path(args.root).is_dir():
-        raise UserError(f"{args.root}: not a directory; create it or publish a repo into it first")
+    root = Path(args.root)
+    if not root.is_dir():
+        raise UserError(f"--root {root}: not a directory; create it or publish a repo into it first")
+    tokens, warnings = _serve_tokens(args.token_file, root)
     try:
-        server = HubServer(args.root, args.host, args.port, tokens, verbose=args.verbose)
+        server = HubServer(root, args.host, args.port, tokens, verbose=args.verbose)
     except OSError as exc:
-        raise UserError(f"{args.host}:{args.port}: cannot listen ({exc.strerror}); pick another "
-                        "--port") from None
+        raise UserError(f"--host {args.host} --port {args.port}: cannot listen ({exc.strerror or exc}); pick "
+                        "another --port or --host") from None
     signal.signal(signal.SIGTERM, _interrupt)
-    print(f"hub: serving {os.path.abspath(args.root)} at {server.url} (tokens: {'on' if tokens else 'off'})",
+    print(f"hub: serving {root.resolve()} at {server.url} (tokens: {'on' if tokens else 'off'})",
           file=sys.stderr, flush=True)
+    if not tokens and not _loopback(args.host):
+        warnings.append(f"hub serve binds {args.host} without a token: anyone who reaches {server.url} can "
+                        f"read every repo under {root.resolve()}; set --token-file or {TOKENS_ENV}")
+    for warning in warnings:
+        print(f"sparkspec: warning: {warning}", file=sys.stderr, flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:
@@ -151,23 +215,49 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve_tokens(token_file: str | None, root: Path) -> tuple[list[str], list[str]]:
+    """The accepted tokens (and warnings): from ``token_file`` (one per line), else ``$SPARKSPEC_HUB_TOKENS``
+    (comma or newline separated), else none. Never from argv, where every process list shows them."""
+    warnings = []
+    if token_file:
+        where = f"--token-file {token_file}"
+        if validate.real(token_file).is_relative_to(validate.real(root)):
+            raise UserError(f"{where} is inside --root, which the hub may serve; keep it outside")
+        raw = validate.read_regular(token_file, "token file", 1 << 20)
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise UserError(f"{where}: is not UTF-8 text; write one token per line") from None
+        if stat.S_IMODE(os.stat(token_file).st_mode) & 0o077:
+            warnings.append(f"{where} is readable by other users; chmod 600 it")
+    else:
+        where, text = TOKENS_ENV, os.environ.get(TOKENS_ENV, "")
+    tokens = [t.strip() for t in re.split(r"[,\n]", text) if t.strip()]
+    if token_file and not tokens:
+        raise UserError(f"{where}: holds no token; write one token per line")
+    if any(re.search(r"[\x00-\x20\x7f]", t) for t in tokens):
+        raise UserError(f"{where}: a token holds a space or control character; write one token per line")
+    return tokens, warnings
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name may resolve anywhere
+        return False
+
+
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
 def _publish(args: argparse.Namespace) -> int:
-    from sparkspec.hubserver import publish
+    from sparkspec.hub_publish import publish
 
-    if not Path(args.source).is_dir():
-        raise UserError(f"{args.source}: not a directory; point --from at a checkpoint directory")
-    try:
-        changed, revision, files = publish(args.root, args.repo, args.source, args.revision)
-    except ValueError as exc:
-        raise UserError(f"--repo/--revision: {exc}") from None
-    except OSError as exc:
-        raise UserError(f"{args.root}: cannot publish ({exc.strerror}); check space and "
-                        "permissions") from None
-    doc = {"changed": changed, "repo": args.repo, "revision": revision, "files": len(files),
+    changed, rev, files = publish(args.root, args.repo, args.source, args.revision)
+    doc = {"changed": changed, "repo": args.repo, "revision": rev, "files": len(files),
            "bytes": sum(f.size for f in files.values())}
-    return _finish(args, doc, f"hub: {args.repo}@{revision} {'published' if changed else 'unchanged'} "
+    return _finish(args, doc, f"hub: {args.repo}@{rev} {'published' if changed else 'unchanged'} "
                               f"({len(files)} files)")

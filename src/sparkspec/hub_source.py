@@ -13,7 +13,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,8 +30,10 @@ from huggingface_hub.errors import (
 from huggingface_hub.hf_api import RepoFile
 from huggingface_hub.utils import build_hf_headers, hf_raise_for_status, http_stream_backoff
 
+from sparkspec import validate
 from sparkspec.errors import UserError
-from sparkspec.hubrepo import COMMIT_RE, REVISION_FILE, listed
+from sparkspec.hubrepo import REVISION_FILE, listed, os_failure, scan
+from sparkspec.validate import COMMIT_RE
 
 CHUNK = 1 << 20
 TOKEN_HINT = "set HF_TOKEN or sparkspec_hf_token in the vault"
@@ -53,12 +55,16 @@ class Source:
 
 
 def read_token_file(path: str | os.PathLike[str]) -> str:
+    """The token in ``path`` (a regular file: a FIFO or device is refused, never waited on)."""
     try:
-        token = Path(path).read_text(encoding="utf-8").strip()
-    except OSError as exc:
-        raise UserError(f"{path}: cannot read the HF token file ({exc.strerror}); {TOKEN_HINT}") from None
+        token = validate.read_regular(path, "HF token file", 1 << 16).decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: the HF token file is not UTF-8 text; {TOKEN_HINT}") from None
     if not token:
         raise UserError(f"{path}: the HF token file is empty; {TOKEN_HINT}")
+    if any(c.isspace() or not c.isprintable() for c in token):
+        raise UserError(f"{path}: the HF token file holds more than one token or a control character; "
+                        f"{TOKEN_HINT}")
     return token
 
 
@@ -86,36 +92,71 @@ def hub_errors(source: Source, path: str | None = None) -> Iterator[None]:
         raise UserError(f"{where}: transfer failed ({exc.__class__.__name__}); check the network or "
                         "HF_ENDPOINT, then re-run to resume") from None
     except OSError as exc:  # writing the download (disk full, permissions)
-        raise UserError(f"{exc.filename or where}: cannot write ({exc.strerror}); free space or fix "
-                        "permissions, then re-run to resume") from None
+        raise os_failure(exc, where, "fix the permissions of --dest, then re-run to resume") from None
 
 
 class Reader:
-    """A source resolved to one commit: its file sizes and byte-range reads (hub or local directory)."""
+    """A source resolved to one commit: its file sizes and byte-range reads (hub or local directory).
+
+    Nothing a source says is used as a path unchecked: the commit id must be 40 hex digits (it names a
+    folder of the fetch's state), and file names must be plain relative paths; other names are kept in
+    ``unsafe`` and refused by :meth:`check_names` when a fetch would write them. A local copy's symbolic
+    links are followed only where they stay inside it."""
 
     def __init__(self, source: Source) -> None:
         self.source = source
         self.endpoint = source.endpoint or os.environ.get("HF_ENDPOINT") or None
+        self.unsafe: dict[str, str] = {}
         if source.local_path:
-            root = Path(source.local_path)
-            if not root.is_dir():
-                raise UserError(f"{root}: local_path is not a directory; point it at a copy of the repo")
-            rels = (p.relative_to(root).as_posix() for p in sorted(root.rglob("*")) if p.is_file())
-            self.files = {rel: (root / rel).stat().st_size for rel in rels if listed(rel)}
-            marker = root / REVISION_FILE
-            self.commit = (marker.read_text().strip() if marker.is_file()
-                           else root.name if COMMIT_RE.fullmatch(root.name) else "local")
+            self._local(Path(source.local_path))
             return
         api = HfApi(endpoint=self.endpoint, token=source.token)
+        where = self.endpoint or "the hub"
         with hub_errors(source):
             info = api.repo_info(source.repo, revision=source.revision)
-            if not info.sha:
-                raise UserError(f"{self.endpoint or 'the hub'}: answered no commit for {source.label}; point "
-                                "HF_ENDPOINT at a Hugging Face Hub-compatible server")
+            if not isinstance(info.sha, str) or not COMMIT_RE.fullmatch(info.sha):
+                raise UserError(f"{where}: answered {info.sha!r:.60} as the commit id of {source.label}, not "
+                                "40 hex digits; point HF_ENDPOINT at a Hugging Face Hub-compatible server")
             self.commit = info.sha
-            self.files = {f.path: f.size for f in api.list_repo_tree(source.repo, recursive=True,
-                                                                       revision=self.commit)
-                          if isinstance(f, RepoFile)}
+            tree = list(api.list_repo_tree(source.repo, recursive=True, revision=self.commit))
+        self.files = {}
+        for f in tree:
+            if not isinstance(f, RepoFile) or not listed(f.path):
+                continue
+            if not isinstance(f.size, int) or isinstance(f.size, bool) or f.size < 0:
+                raise UserError(f"{where}: lists {f.path!r:.80} with size {f.size!r:.40}; the server is not "
+                                "a Hugging Face Hub-compatible mirror")
+            try:
+                self.files[validate.relpath(f.path)] = f.size
+            except UserError:
+                self.unsafe[f.path] = "is not a plain relative path (letters, digits, '._+=@,-', no '..')"
+
+    def _local(self, root: Path) -> None:
+        if not root.is_dir():
+            raise UserError(f"--local-path {root}: not a directory; point it at a copy of the repo")
+        try:
+            listing = scan(root, follow_inside=True)
+        except OSError as exc:
+            raise os_failure(exc, root, "check --local-path and its permissions") from None
+        self.files = {rel: v.size for rel, v in listing.files.items()}
+        self.unsafe = listing.unsafe
+        marker = root / REVISION_FILE
+        if os.path.lexists(marker):
+            raw = validate.read_regular(marker, "revision file", 4096).decode("ascii", "replace").strip()
+            if not COMMIT_RE.fullmatch(raw):
+                raise UserError(f"{marker}: holds {raw!r:.60}, not a 40-hex commit id; fix or remove the "
+                                "file (the commit id names a folder of the fetch)")
+            self.commit = raw
+        else:
+            self.commit = root.name if COMMIT_RE.fullmatch(root.name) else "local"
+
+    def check_names(self, selected: Iterable[str]) -> None:
+        """Refuse, before anything is written, a selection holding a name that is no plain relative path."""
+        for name in selected:
+            if name in self.unsafe:
+                raise UserError(f"{self.source.label}: the repo lists {name!r:.200}, which "
+                                f"{self.unsafe[name]}; sparkspec writes no such file: fix the mirror or "
+                                "leave it out with --include")
 
     def size(self, path: str) -> int:
         if path not in self.files:
@@ -125,11 +166,13 @@ class Reader:
     def chunks(self, path: str, start: int, end: int) -> Iterator[bytes]:
         """Bytes [start, end) of ``path``, streamed."""
         if self.source.local_path:
-            with open(Path(self.source.local_path) / path, "rb") as fh:
-                fh.seek(start)
-                while start < end and (chunk := fh.read(min(CHUNK, end - start))):
+            fd = validate.open_regular(validate.under(self.source.local_path, path), "file of --local-path")
+            try:
+                while start < end and (chunk := os.pread(fd, min(CHUNK, end - start), start)):
                     start += len(chunk)
                     yield chunk
+            finally:
+                os.close(fd)
             return
         url = hf_hub_url(self.source.repo, path, revision=self.commit, endpoint=self.endpoint)
         failures = 0

@@ -11,33 +11,46 @@ Layout: ``ROOT/<org>/<name>/<files>``; a repo's revision is the 40-hex commit id
 Errors carry the hub's ``X-Error-Code``/``X-Error-Message`` headers so huggingface_hub raises its own
 exception types. olah 0.5.4 was checked first: its local-mirror path answers a ranged GET with the whole file
 (200) and reads whole files into memory, so it cannot carry the ranged FP8 fetch.
+
+What it serves: only regular files under ROOT, reached without following a symbolic link (``org``, ``name``
+and every folder below are opened with O_NOFOLLOW), named by segments that :mod:`sparkspec.validate` accepts.
+A segment that decodes to a separator, a dot, a control character or nothing is answered with 404 before
+any file is touched. Hashes are computed per file when first needed and persisted (:class:`HashStore`), so
+model info without blobs or the resolve of a small file hashes nothing large; ``ServerStats.bytes_hashed``
+counts it. Tokens are compared in constant time.
 """
 
 from __future__ import annotations
 
-import hashlib
+import hmac
 import json
 import os
 import re
-import shutil
 import socket
+import sys
 import threading
 import urllib.parse
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Self
 
-from sparkspec.hubrepo import (CHUNK, COMMIT_RE, REVISION_FILE, RepoFile, content_revision, repo_revision,
-                               scan_repo)
+from sparkspec.hub_api import NOT_FOUND, HubError, Repos, header_text, segments
+from sparkspec.hubrepo import CHUNK, is_lfs
+
+MAX_FORM_BYTES = 1 << 20
+
 
 @dataclass
 class ServerStats:
-    """What the server sent: file body bytes per ``org/name/path`` and every request line (for tests)."""
+    """What the server did: file body bytes sent per ``org/name/path``, bytes hashed, and every request line
+    (for tests)."""
 
     file_bytes: Counter[str] = field(default_factory=Counter)
     body_bytes: int = 0
+    bytes_hashed: int = 0
     requests: list[tuple[str, str, str | None, int]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -45,7 +58,12 @@ class ServerStats:
         with self.lock:
             self.file_bytes.clear()
             self.body_bytes = 0
+            self.bytes_hashed = 0
             self.requests.clear()
+
+    def hashed(self, n: int) -> None:
+        with self.lock:
+            self.bytes_hashed += n
 
 
 @dataclass
@@ -58,19 +76,14 @@ class Cut:
     times: int
 
 
-class HubError(Exception):
-    def __init__(self, status: int, code: str | None, message: str, commit: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.code, self.message, self.commit = status, code, message, commit
-
-
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    timeout = 120  # a client that stops sending does not hold a thread forever
     server: _Server
 
     def log_message(self, format: str, *args: Any) -> None:
         if self.server.hub.verbose:
-            super().log_message(format, *args)
+            sys.stderr.write(header_text(f"{self.address_string()} - {format % args}") + "\n")
 
     def do_HEAD(self) -> None:
         self._dispatch("HEAD")
@@ -83,29 +96,39 @@ class _Handler(BaseHTTPRequestHandler):
 
     def send_response(self, code: int, message: str | None = None) -> None:
         # recorded before anything is sent, so a client that has its answer sees the record
+        self._answered = True
         with self.server.hub.stats.lock:
-            self.server.hub.stats.requests.append((self.command, urllib.parse.urlsplit(self.path).path,
+            self.server.hub.stats.requests.append((self.command, self.path.partition("?")[0],
                                                    self.headers.get("Range"), code))
         super().send_response(code, message)
 
     def _dispatch(self, method: str) -> None:
-        url = urllib.parse.urlsplit(self.path)
-        parts = [urllib.parse.unquote(p) for p in url.path.split("/") if p]
+        self._answered = False
+        target, _, query = self.path.partition("?")
         try:
             self.server.hub.check_token(self.headers.get("Authorization"))
+            parts = segments(target.partition("#")[0])
             if parts[:2] == ["api", "models"] and len(parts) >= 4:
-                self._api(method, parts[2] + "/" + parts[3], parts[4:], url.query)
+                self._api(method, parts[2], parts[3], parts[4:], query)
             elif len(parts) >= 5 and parts[2] == "resolve" and method in ("HEAD", "GET"):
-                self._resolve(method, parts[0] + "/" + parts[1], parts[3], "/".join(parts[4:]))
+                self._resolve(method, parts[0], parts[1], parts[3], parts[4:])
             else:
-                raise HubError(404, None, "Not Found")
+                raise NOT_FOUND
         except HubError as err:
-            headers = {"X-Error-Message": err.message}
+            headers = {"X-Error-Message": header_text(err.message)}
             if err.code:
                 headers["X-Error-Code"] = err.code
             if err.commit:
                 headers["X-Repo-Commit"] = err.commit
             self._send(err.status, json.dumps({"error": err.message}).encode(), headers, method)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+        except Exception as exc:  # noqa: BLE001  one line in the log, never a traceback; the client: 500
+            print(header_text(f"sparkspec: error: hub: {method} {target[:200]}: {exc.__class__.__name__}: "
+                              f"{exc}"), file=sys.stderr, flush=True)
+            self.close_connection = True
+            if not self._answered:
+                self._send(500, b'{"error": "Internal Server Error"}', {}, method)
 
     def _send(self, status: int, body: bytes, headers: dict[str, str], method: str,
               content_type: str = "application/json") -> None:
@@ -120,79 +143,93 @@ class _Handler(BaseHTTPRequestHandler):
                 self.server.hub.stats.body_bytes += len(body)
             self.wfile.write(body)
 
-    def _api(self, method: str, repo_id: str, rest: list[str], query: str) -> None:
+    def _form(self) -> dict[str, list[str]]:
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            raise HubError(400, None, "Bad Request: Content-Length is not a number") from None
+        if not 0 <= length <= MAX_FORM_BYTES:
+            raise HubError(413, None, f"Request body over {MAX_FORM_BYTES} bytes")
+        body = self.rfile.read(length).decode("utf-8", "replace")
+        return urllib.parse.parse_qs(body, max_num_fields=10_000)
+
+    def _api(self, method: str, org: str, name: str, rest: list[str], query: str) -> None:
         hub = self.server.hub
-        if not rest and method == "GET":
+        if not rest and method in ("GET", "HEAD"):
             rest = ["revision", "main"]
         if len(rest) < 2:
-            raise HubError(404, None, "Not Found")
+            raise NOT_FOUND
         kind, revision = rest[0], rest[1]
-        directory, files, commit = hub.snapshot(repo_id, revision)
+        repos = hub.repos
+        snap = repos.snapshot(org, name, revision)
+        args = urllib.parse.parse_qs(query)
         doc: Any
-        if kind == "revision" and method == "GET":
-            blobs = urllib.parse.parse_qs(query).get("blobs", ["false"])[0].lower() == "true"
-            doc = hub.model_info(repo_id, directory, files, commit, blobs)
-        elif kind == "tree" and method == "GET":
-            recursive = urllib.parse.parse_qs(query).get("recursive", ["false"])[0].lower() == "true"
-            doc = hub.tree(files, "/".join(rest[2:]), recursive, commit)
-        elif kind == "paths-info" and method == "POST":
-            length = int(self.headers.get("Content-Length") or 0)
-            form = urllib.parse.parse_qs(self.rfile.read(length).decode())
-            doc = hub.paths_info(files, form.get("paths", []))
+        if kind == "revision" and method in ("GET", "HEAD") and len(rest) == 2:
+            doc = repos.model_info(snap, args.get("blobs", ["false"])[0].lower() == "true")
+        elif kind == "tree" and method in ("GET", "HEAD"):
+            recursive = args.get("recursive", ["false"])[0].lower() == "true"
+            doc = repos.tree(snap, "/".join(rest[2:]), recursive)
+        elif kind == "paths-info" and method == "POST" and len(rest) == 2:
+            doc = repos.paths_info(snap, self._form().get("paths", []))
         else:
-            raise HubError(404, None, "Not Found")
-        self._send(200, json.dumps(doc).encode(), {"X-Repo-Commit": commit}, method)
+            raise NOT_FOUND
+        self._send(200, json.dumps(doc).encode(), {"X-Repo-Commit": snap.commit}, method)
 
-    def _resolve(self, method: str, repo_id: str, revision: str, rel: str) -> None:
+    def _resolve(self, method: str, org: str, name: str, revision: str, rest: list[str]) -> None:
         hub = self.server.hub
-        directory, files, commit = hub.snapshot(repo_id, revision)
-        entry = files.get(rel)
-        if entry is None:
-            raise HubError(404, "EntryNotFound", f"{rel} does not exist on \"{revision}\"", commit)
-        start, end, status = 0, entry.size, 200
-        headers = {"ETag": f'"{entry.etag}"', "X-Repo-Commit": commit, "Accept-Ranges": "bytes"}
-        if entry.lfs:
-            headers["X-Linked-Etag"] = f'"{entry.sha256}"'
-            headers["X-Linked-Size"] = str(entry.size)
-        wanted = self.headers.get("Range")
-        if wanted:
-            start, end = _parse_range(wanted, entry.size)
-            status = 206
-            headers["Content-Range"] = f"bytes {start}-{end - 1}/{entry.size}"
-        self.send_response(status)
-        self.send_header("Content-Type", "application/octet-stream")
-        self.send_header("Content-Length", str(end - start))
-        for key, value in headers.items():
-            self.send_header(key, value)
-        self.end_headers()
-        if method == "GET":
-            self._stream(directory / rel, f"{repo_id}/{rel}", start, end)
+        snap = hub.repos.snapshot(org, name, revision)
+        rel = "/".join(rest)
+        fd, st = hub.repos.open(snap, rel)  # only the repo's own listed, validated, regular files
+        try:
+            digests = snap.store.of_fd(rel, fd, st, snap.count)
+            size = st.st_size
+            lfs = is_lfs(rel, size)
+            start, end, status = 0, size, 200
+            headers = {"ETag": f'"{digests.sha256 if lfs else digests.blob_id}"',
+                       "X-Repo-Commit": snap.commit, "Accept-Ranges": "bytes"}
+            if lfs:
+                headers["X-Linked-Etag"] = f'"{digests.sha256}"'
+                headers["X-Linked-Size"] = str(size)
+            wanted = self.headers.get("Range")
+            if wanted:
+                start, end = _parse_range(wanted, size)
+                status = 206
+                headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
+            self.send_response(status)
+            self.send_header("Content-Type", "application/octet-stream")
+            self.send_header("Content-Length", str(end - start))
+            for key, value in headers.items():
+                self.send_header(key, value)
+            self.end_headers()
+            if method == "GET":
+                self._stream(fd, f"{snap.repo_id}/{rel}", start, end)
+        finally:
+            os.close(fd)
 
-    def _stream(self, path: Path, key: str, start: int, end: int) -> None:
+    def _stream(self, fd: int, key: str, start: int, end: int) -> None:
         hub = self.server.hub
         cut = hub.find_cut(key)
         stop = min(end, start + cut.after) if cut is not None else end
-        with open(path, "rb") as fh:
-            fh.seek(start)
-            while start < stop and (chunk := fh.read(min(CHUNK, stop - start))):
-                with hub.stats.lock:  # counted before sending: a client that has the bytes sees the count
-                    hub.stats.file_bytes[key] += len(chunk)
-                    hub.stats.body_bytes += len(chunk)
-                try:
-                    self.wfile.write(chunk)
-                except (BrokenPipeError, ConnectionResetError):  # the client went away
-                    self.close_connection = True
-                    return
-                start += len(chunk)
-        if cut is not None and stop < end:  # the fault: drop the connection mid-body
-            hub.spend_cut(cut)
+        while start < stop and (chunk := os.pread(fd, min(CHUNK, stop - start), start)):
+            with hub.stats.lock:  # counted before sending: a client that has the bytes sees the count
+                hub.stats.file_bytes[key] += len(chunk)
+                hub.stats.body_bytes += len(chunk)
+            try:
+                self.wfile.write(chunk)
+            except (BrokenPipeError, ConnectionResetError):  # the client went away
+                self.close_connection = True
+                return
+            start += len(chunk)
+        if start < end:  # the fault (drop the connection mid-body), or the file shrank while sent
+            if cut is not None:
+                hub.spend_cut(cut)
             self.connection.shutdown(socket.SHUT_RDWR)
             self.close_connection = True
 
 
 def _parse_range(value: str, size: int) -> tuple[int, int]:
     """A single ``bytes=a-b`` / ``bytes=a-`` / ``bytes=-n`` range as [start, end); else 416."""
-    match = re.fullmatch(r"\s*bytes=(\d*)-(\d*)\s*", value)
+    match = re.fullmatch(r"\s*bytes=(\d{0,19})-(\d{0,19})\s*", value)
     if match and (match.group(1) or match.group(2)):
         first, last = match.group(1), match.group(2)
         if first:
@@ -201,7 +238,7 @@ def _parse_range(value: str, size: int) -> tuple[int, int]:
             start, end = max(size - int(last), 0), size
         if start < end:
             return start, end
-    raise HubError(416, None, f"Range Not Satisfiable: {value} of {size} bytes")
+    raise HubError(416, None, f"Range Not Satisfiable: {value[:60]} of {size} bytes")
 
 
 class _Server(ThreadingHTTPServer):
@@ -213,12 +250,13 @@ class HubServer:
     """Serve ``root`` on ``host:port`` (port 0 picks a free one); ``tokens`` turns on bearer-token checks."""
 
     def __init__(self, root: str | os.PathLike[str], host: str = "127.0.0.1", port: int = 0,
-                 tokens: list[str] | None = None, verbose: bool = False) -> None:
-        self.root = Path(root)
-        self.tokens = set(tokens or [])
+                 tokens: Iterable[str] | None = None, verbose: bool = False) -> None:
+        self.root = Path(root).resolve()
+        self.tokens = [t.encode("utf-8") for t in tokens or ()]
         self.verbose = verbose
         self.stats = ServerStats()
         self.cuts: list[Cut] = []
+        self.repos = Repos(self.root, self.stats.hashed)
         self._httpd = _Server((host, port), _Handler)
         self._httpd.hub = self
         self._thread: threading.Thread | None = None
@@ -264,105 +302,17 @@ class HubServer:
             cut.times -= 1
 
     def check_token(self, authorization: str | None) -> None:
+        """Accept a ``Bearer`` token equal to one of ``tokens``: every token is compared, each in constant
+        time, so the answer's timing tells nothing about how much of a guess was right."""
         if not self.tokens:
             return
         if not authorization:
             raise HubError(401, "RepoNotFound", "Invalid username or password.")
         scheme, _, token = authorization.partition(" ")
-        if scheme.lower() != "bearer" or token.strip() not in self.tokens:
+        given = token.strip().encode("latin-1", "replace")  # http.server decodes headers as latin-1
+        match = False
+        for accepted in self.tokens:
+            match |= hmac.compare_digest(given, accepted)
+        if scheme.lower() != "bearer" or not match:
             raise HubError(401, None, "Invalid credentials in Authorization header")
 
-    def snapshot(self, repo_id: str, revision: str) -> tuple[Path, dict[str, RepoFile], str]:
-        org, _, name = repo_id.partition("/")
-        directory = self.root / org / name
-        if not org or not name or ".." in (org, name) or not directory.is_dir():
-            raise HubError(404, "RepoNotFound", "Repository not found")
-        files = scan_repo(directory)
-        commit = repo_revision(directory, files)
-        if revision not in ("main", commit):
-            raise HubError(404, "RevisionNotFound", f"Invalid rev id: {revision}")
-        return directory, files, commit
-
-    @staticmethod
-    def model_info(repo_id: str, directory: Path, files: dict[str, RepoFile], commit: str,
-                   blobs: bool) -> dict[str, Any]:
-        siblings: list[dict[str, Any]] = []
-        for entry in files.values():
-            sibling: dict[str, Any] = {"rfilename": entry.path}
-            if blobs:
-                sibling.update(size=entry.size, blobId=entry.blob_id)
-                if entry.lfs:
-                    sibling["lfs"] = {"sha256": entry.sha256, "size": entry.size, "pointerSize": 134}
-            siblings.append(sibling)
-        return {"_id": commit[:24], "id": repo_id, "modelId": repo_id, "author": repo_id.split("/")[0],
-                "sha": commit, "private": False, "gated": False, "disabled": False, "downloads": 0,
-                "likes": 0, "tags": [], "siblings": siblings,
-                "usedStorage": sum(f.size for f in files.values())}
-
-    @staticmethod
-    def tree(files: dict[str, RepoFile], prefix: str, recursive: bool, commit: str) -> list[dict[str, Any]]:
-        base = prefix.strip("/") + "/" if prefix.strip("/") else ""
-        if base and not any(rel.startswith(base) for rel in files):
-            raise HubError(404, "EntryNotFound", f"{prefix} does not exist", commit)
-        out: list[dict[str, Any]] = []
-        folders: set[str] = set()
-        for rel, entry in files.items():
-            if not rel.startswith(base):
-                continue
-            rest = rel[len(base):].split("/")
-            for depth in range(1, len(rest)):
-                folder = base + "/".join(rest[:depth])
-                if folder not in folders and (recursive or depth == 1):
-                    folders.add(folder)
-                    out.append({"type": "directory", "oid": hashlib.sha1(folder.encode()).hexdigest(),
-                                "size": 0, "path": folder})
-            if recursive or len(rest) == 1:
-                out.append(entry.tree_entry())
-        return out
-
-    @staticmethod
-    def paths_info(files: dict[str, RepoFile], paths: list[str]) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
-        for path in paths:
-            path = path.strip("/")
-            if path in files:
-                out.append(files[path].tree_entry())
-            elif any(rel.startswith(path + "/") for rel in files):
-                out.append({"type": "directory", "oid": hashlib.sha1(path.encode()).hexdigest(), "size": 0,
-                            "path": path})
-        return out
-
-
-def publish(root: str | os.PathLike[str], repo_id: str, source: str | os.PathLike[str],
-            revision: str | None = None) -> tuple[bool, str, dict[str, RepoFile]]:
-    """Copy ``source`` in as ``root/<repo_id>`` (atomic swap) and set its revision; return
-    (changed, revision, files). Unchanged content and revision: a no-op."""
-    org, _, name = repo_id.partition("/")
-    if not org or not name or "/" in name or ".." in (org, name):
-        raise ValueError(f"repo id {repo_id!r} is not org/name")
-    if revision is not None and not COMMIT_RE.fullmatch(revision):
-        raise ValueError(f"revision {revision!r} is not a 40-hex commit id")
-    src = Path(source)
-    wanted = scan_repo(src)
-    new_revision = revision or content_revision(wanted)
-    target = Path(root) / org / name
-    if target.is_dir():
-        current = scan_repo(target)
-        same = {k: (v.size, v.sha256) for k, v in current.items()} == {
-            k: (v.size, v.sha256) for k, v in wanted.items()}
-        if same and repo_revision(target, current) == new_revision:
-            return False, new_revision, current
-    staging = target.with_name(f".{name}.publishing")
-    if staging.exists():
-        shutil.rmtree(staging)
-    for rel in wanted:
-        (staging / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(src / rel, staging / rel)
-    (staging / REVISION_FILE).write_text(new_revision + "\n")
-    old = target.with_name(f".{name}.old")
-    if target.exists():
-        os.replace(target, old)
-    os.replace(staging, target)
-    if old.exists():
-        shutil.rmtree(old)
-    return True, new_revision, scan_repo(target)

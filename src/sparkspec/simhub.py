@@ -8,7 +8,9 @@ loopback (host networking), so the fetch role downloads from it with huggingface
 
 from __future__ import annotations
 
+import contextlib
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -18,8 +20,9 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from sparkspec import hubserver, testckpt, tinymodel
+from sparkspec import testckpt, tinymodel
 from sparkspec.errors import UserError
+from sparkspec.hub_publish import publish
 
 PORT = int(os.environ.get("SPARKSPEC_HUB_PORT", "8089"))
 
@@ -45,12 +48,17 @@ REPOS: dict[str, Callable[[Path], None]] = {
 
 
 class SimHub:
+    """The simulated Spark's hub: published repos under ``state/hub``, served on the controller's loopback
+    with a per-machine token (``state/hub-token``, 0600, created once) that the sim inventory hands to the
+    fetch role, as a site's token would be."""
+
     def __init__(self, state: Path, port: int = PORT) -> None:
         self.state = state
         self.port = port
         self.root = state / "hub"
         self.pidfile = state / "hub.pid"
         self.log = state / "hub.log"
+        self.token_file = state / "hub-token"
 
     @property
     def url(self) -> str:
@@ -62,27 +70,54 @@ class SimHub:
         for repo, generate in REPOS.items():
             work = self.state / "gen" / repo.replace("/", "--")
             generate(work)
-            changed, revision, _ = hubserver.publish(self.root, repo, work)
+            changed, revision, _ = publish(self.root, repo, work)
             revisions[repo] = revision
             log(f"hub: {repo} @ {revision[:12]}{' (published)' if changed else ''}")
         return revisions
 
-    def answering(self) -> bool:
+    def ensure_token(self) -> str:
+        """Create the token file once (O_EXCL, 0600 from the start) and return the token."""
+        self.state.mkdir(parents=True, exist_ok=True)
         try:
-            with urllib.request.urlopen(f"{self.url}/api/models/sparkspec/sim-tiny", timeout=3) as resp:
-                return resp.status == 200
+            fd = os.open(self.token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        except FileExistsError:
+            self.token_file.chmod(0o600)
+            token = self.token_file.read_text().strip()
+            if token:
+                return token
+            raise UserError(f"{self.token_file}: empty; remove it and run `invoke sim.up` again") from None
+        token = "hf_sim_" + secrets.token_urlsafe(24)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(token + "\n")
+        return token
+
+    def _status(self, token: str | None) -> int | None:
+        request = urllib.request.Request(f"{self.url}/api/models/sparkspec/sim-tiny",
+                                         headers={"Authorization": f"Bearer {token}"} if token else {})
+        try:
+            with urllib.request.urlopen(request, timeout=3) as resp:
+                return int(resp.status)
+        except urllib.error.HTTPError as exc:
+            return exc.code
         except (urllib.error.URLError, OSError):
-            return False
+            return None
+
+    def answering(self) -> bool:
+        """Whether this hub answers with the token and refuses without it."""
+        return self._status(self.ensure_token()) == 200 and self._status(None) == 401
 
     def up(self, log: Callable[[str], None] = print) -> str:
         self.publish_all(log)
+        self.ensure_token()
         if self.answering():
             return "already serving"
-        self.state.mkdir(parents=True, exist_ok=True)
+        if self._status(None) is not None:  # an older hub of ours, serving without a token
+            log(f"hub: {self.down()} (it served without a token)")
+            time.sleep(1)
         with open(self.log, "ab") as logf:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "sparkspec.cli", "hub", "serve", "--root", str(self.root),
-                 "--host", "127.0.0.1", "--port", str(self.port)],
+                 "--host", "127.0.0.1", "--port", str(self.port), "--token-file", str(self.token_file)],
                 stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         self.pidfile.write_text(f"{proc.pid}\n")
         deadline = time.monotonic() + 30
@@ -96,13 +131,18 @@ class SimHub:
         raise UserError(f"hub endpoint did not answer on {self.url} within 30 s; see {self.log}")
 
     def down(self) -> str:
+        """Stop the hub this state started (the pid file's process, if it still is `hub serve` of this
+        root: a reused pid is never signalled)."""
         try:
             pid = int(self.pidfile.read_text())
         except (FileNotFoundError, ValueError):
             return "not running"
         try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            argv = []
+        if b"serve" in argv and str(self.root).encode() in argv:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
         self.pidfile.unlink(missing_ok=True)
         return "stopped"

@@ -14,7 +14,8 @@ from sparkspec.checkpoint import MANIFEST_NAME, assemble
 from sparkspec.cli import main
 from sparkspec.errors import UserError
 from sparkspec.hub import fetch_fp8_subset, fetch_repo
-from sparkspec.hubserver import HubServer, publish
+from sparkspec.hub_publish import publish
+from sparkspec.hubserver import HubServer
 from sparkspec.safetensors_io import read_header, read_index
 from sparkspec.testckpt import ModelSpec, write_fp8, write_int4_autoround
 
@@ -126,7 +127,8 @@ def test_resume_after_interrupted_fetch(ckpts: dict[str, Path], server: HubServe
     with pytest.raises(UserError, match="re-run to resume"):
         fetch_fp8_subset(FP8_REPO, "main", ckpts["int4"], dest, endpoint=server.url, retries=0)
     assert _shards(dest) == ["model-00001-of-00003.safetensors"]
-    assert (dest / "model-00002-of-00003.safetensors.part").exists()
+    leftovers = [p.name for p in dest.rglob("*") if p.suffix in (".part", ".lock", ".incomplete", ".tmp")]
+    assert leftovers == []  # the failed run leaves no temp file; the finished shard stays for the re-run
 
     server.stats.reset()
     result = fetch_fp8_subset(FP8_REPO, "main", ckpts["int4"], dest, endpoint=server.url)

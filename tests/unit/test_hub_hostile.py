@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkspec.hubserver import HubServer, publish
+from sparkspec.hub_publish import publish
+from sparkspec.hubserver import HubServer
 from sparkspec.testckpt import ModelSpec, write_fp8, write_int4_autoround
 from tests.badinput import Outcome, assert_refused, fingerprint, refused_untouched, run
 
@@ -118,8 +119,9 @@ def test_endpoint_answers_hostile_paths_with_404_and_never_the_secret(hostile_ro
                 failures.append(f"{method} {path}: {status} {'LEAKED ' if leaked else ''}{body[:80]!r}")
         # paths-info answers only the repo's own files
         status, _, body = raw(server.url, "POST", "/api/models/org/tiny/paths-info/main",
-                              urllib.parse.urlencode({"paths": ["leak.txt", "linkdir", "../../secret/secret.txt",
-                                                                str(hostile_root["secret"])]}, doseq=True).encode(),
+                              urllib.parse.urlencode({"paths": [
+                                  "leak.txt", "linkdir", "../../secret/secret.txt",
+                                  str(hostile_root["secret"])]}, doseq=True).encode(),
                               {"Content-Type": "application/x-www-form-urlencoded"})
         if status != 200 or json.loads(body) != []:
             failures.append(f"paths-info: {status} {body[:200]!r}")
@@ -176,7 +178,8 @@ def hub_root(tmp_path: Path) -> dict[str, Path]:
     ("org\\x/y", "repo id"),
 ])
 def test_publish_refuses_repo_ids_that_are_paths(hub_root: dict[str, Path], repo: str, match: str) -> None:
-    refused_untouched(["hub", "publish", "--root", hub_root["root"], "--repo", repo, "--from", hub_root["new"]],
+    refused_untouched(["hub", "publish", "--root", hub_root["root"], "--repo", repo, "--from",
+                       hub_root["new"]],
                       [hub_root["root"], hub_root["new"]], match=match)
 
 
@@ -190,8 +193,8 @@ def test_publish_refuses_outputs_it_did_not_create(hub_root: dict[str, Path]) ->
     refused_untouched([*publish_, "--repo", "org/linked", "--from", new], roots, match="symbolic link")
     refused_untouched([*publish_, "--repo", "org/hand", "--from", new], roots, match="not published")
     # --from equal to, inside or containing the root or the target
-    refused_untouched([*publish_, "--repo", "org/tiny", "--from", root / "org" / "tiny"], roots, match="--from")
-    refused_untouched([*publish_, "--repo", "org/tiny", "--from", root / "org" / "other"], roots, match="--from")
+    for source in (root / "org" / "tiny", root / "org" / "other"):
+        refused_untouched([*publish_, "--repo", "org/tiny", "--from", source], roots, match="--from")
     refused_untouched([*publish_, "--repo", "org/tiny", "--from", root], roots, match="--from")
     refused_untouched(["hub", "publish", "--root", new / "hub", "--repo", "org/x", "--from", new], roots,
                       match="--from")
@@ -293,7 +296,8 @@ class _Rewriter(http.server.BaseHTTPRequestHandler):
 
     def _relay(self) -> None:
         path = self.path.replace(q(self.fake), self.real).replace(self.fake, self.real)
-        body = self.rfile.read(int(self.headers.get("Content-Length") or 0)) if self.command == "POST" else None
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if self.command == "POST" else None
         headers = {k: v for k, v in self.headers.items() if k.lower() in ("range", "authorization",
                                                                            "content-type")}
         status, got, data = raw(self.upstream, self.command, path, body, headers)

@@ -16,8 +16,10 @@ from huggingface_hub import HfApi, HfFileSystem, hf_hub_download, snapshot_downl
 from huggingface_hub.errors import RemoteEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
 
 from sparkspec.cli import main
+from sparkspec.hub_publish import publish
 from sparkspec.hubrepo import REVISION_FILE
-from sparkspec.hubserver import HubServer, publish
+from sparkspec.hubserver import HubServer
+from tests.badinput import assert_refused, run
 
 
 @pytest.fixture()
@@ -142,15 +144,14 @@ def test_cli_publish_json(tmp_path: Path, repo_dir: Path, capsys: pytest.Capture
     assert main(args) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["changed"] is False
     bad = ["hub", "publish", "--root", str(tmp_path / "root"), "--repo", "bad", "--from", str(repo_dir)]
-    assert main(bad) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "org/name" in err[0]
+    assert_refused(run(*bad), 2, "--repo: repo id 'bad' is not org/name")
 
 
 def test_cli_serve_answers_and_stops_on_sigterm(tmp_path: Path, repo_dir: Path) -> None:
     root = tmp_path / "root"
     _, revision, _ = publish(root, "org/tiny", repo_dir)
     (tmp_path / "tokens").write_text("hf_one\nhf_two\n")
+    (tmp_path / "tokens").chmod(0o600)
     proc = subprocess.Popen([sys.executable, "-m", "sparkspec.cli", "hub", "serve", "--root", str(root),
                              "--port", "0", "--token-file", str(tmp_path / "tokens")],
                             stderr=subprocess.PIPE, text=True)

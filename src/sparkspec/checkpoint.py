@@ -120,6 +120,24 @@ def _unique(root: Path, headers: Mapping[str, Header]) -> None:
             seen[name] = file
 
 
+def _side_files(int4: Path) -> list[str]:
+    """The INT4 folder's other files (tokenizer, generation config, ...), copied into the hybrid: each a
+    regular file of the folder itself; sub-folders and hidden entries are left out."""
+    side = []
+    for path in sorted(int4.iterdir()):
+        name = path.name
+        if name.startswith(".") or name.endswith(".safetensors") or name in (INDEX_NAME, "config.json",
+                                                                             MANIFEST_NAME):
+            continue
+        if path.is_dir():
+            continue
+        if not path.is_file():
+            raise UserError(f"{path}: not a regular file (a FIFO, socket, device or broken link); remove it "
+                            "from --int4 or put the real file there")
+        side.append(str(_own_file(int4, path, "--int4").name))
+    return side
+
+
 def _check_index(index_path: Path, weight_map: dict[str, str], headers: dict[str, Header]) -> None:
     for tensor, file in weight_map.items():
         if file in headers and tensor not in headers[file].tensors:
@@ -130,7 +148,11 @@ def _check_index(index_path: Path, weight_map: dict[str, str], headers: dict[str
 def plan_assembly(int4: Path, fp8: Path, patterns: Iterable[str] = (), expect_fp8: int | None = None) -> Plan:
     int4, fp8, patterns = Path(int4), Path(fp8), list(patterns)
     compile_patterns(patterns)
-    index4 = read_index(_own_file(int4, int4, "--int4"))["weight_map"]
+    for flag, source in (("--int4", int4), ("--fp8", fp8)):
+        if not source.is_dir():
+            raise UserError(f"{flag} {source}: not a folder; point it at the checkpoint download")
+        _own_file(source, source / INDEX_NAME, flag)
+    index4 = read_index(int4)["weight_map"]
     shard_files = int4_model_shards(index4)
     if not shard_files:
         raise UserError(f"{int4 / INDEX_NAME}: maps no model shard; point --int4 at the INT4 checkpoint")
@@ -184,11 +206,7 @@ def plan_assembly(int4: Path, fp8: Path, patterns: Iterable[str] = (), expect_fp
             pieces.append(Piece(name, t.dtype, t.shape, int4 / file, header.data_start + t.begin, t.nbytes))
         if pieces:
             shards[file] = pieces
-    side = sorted(p.name for p in int4.iterdir()
-                  if p.is_file() and not p.name.startswith(".") and not p.name.endswith(".safetensors")
-                  and p.name not in (INDEX_NAME, "config.json", MANIFEST_NAME))
-    for name in side:
-        _own_file(int4, int4 / name, "--int4")
+    side = _side_files(int4)
     where_config = str(int4 / "config.json")
     tc = text_config(config, where_config)
     layers = config_int(tc, "num_hidden_layers", where_config, 1, 1 << 16)

@@ -57,6 +57,9 @@ def claim(out: Path, flag: str, tool: str, owned: Callable[[Path], bool],
     check_not_symlink(out, flag)
     check_disjoint(out, inputs or {}, flag)
     if not os.path.lexists(out):
+        above = existing_ancestor(out.parent)
+        if not above.is_dir():
+            raise UserError(f"{flag} {out}: {above} is not a folder; choose a path inside a folder")
         return
     if not out.is_dir():
         raise UserError(f"{flag} {out} exists and is not a folder; choose a new folder path")

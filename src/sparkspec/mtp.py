@@ -71,6 +71,8 @@ def _stage_file(src: Path, tmp: Path) -> str:
 
 def _validated(source: Path, target: Path) -> tuple[Path, Header, list[str], dict[str, Any]]:
     check_disjoint(target, {"--source": source}, "--target")
+    if not source.is_dir():
+        raise UserError(f"--source {source}: not a folder; point it at the INT4 checkpoint download")
     if not target.is_dir():
         raise UserError(f"--target {target}: not a folder; point it at the hybrid `checkpoint assemble` wrote")
     if not owned(target):

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from sparkspec import testckpt
+from sparkspec.safetensors_io import encode_header, read_header
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -34,7 +35,7 @@ class CliResult:
 
 def run_cli(*args: str | os.PathLike[str], env: dict[str, str] | None = None) -> CliResult:
     proc = subprocess.run([sys.executable, "-m", "sparkspec.cli", *map(str, args)], capture_output=True,
-                          text=True, cwd=REPO, env={**os.environ, **(env or {})}, timeout=300)
+                          text=True, cwd=REPO, env={**os.environ, **(env or {})}, timeout=300, check=False)
     return CliResult(proc.returncode, proc.stdout, proc.stderr)
 
 
@@ -46,6 +47,15 @@ def tree_digest(root: Path) -> dict[str, tuple[str, int]]:
             out[str(path.relative_to(root))] = (hashlib.sha256(path.read_bytes()).hexdigest(),
                                                 path.stat().st_mtime_ns)
     return out
+
+
+def add_tensor(path: Path, name: str, dtype: str, shape: tuple[int, ...], data: bytes) -> None:
+    """Rewrite a shard with one more tensor at the end (a valid file on its own)."""
+    header = read_header(path)
+    raw = path.read_bytes()
+    specs = [(t.name, t.dtype, t.shape, t.nbytes) for t in header.tensors.values()]
+    prefix, _ = encode_header([*specs, (name, dtype, shape, len(data))], header.metadata)
+    path.write_bytes(prefix + raw[header.data_start:] + data)
 
 
 @dataclass
@@ -91,7 +101,7 @@ def ckpt_tmpfs(tmp_path: Path) -> Iterator[Callable[..., Path]]:
         point.mkdir()
         options = f"size={size}" + (",ro" if readonly else "")
         proc = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(point)],
-                              capture_output=True, text=True)
+                              capture_output=True, text=True, check=False)
         if proc.returncode:
             pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
         mounts.append(point)

@@ -14,11 +14,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from conftest import CkptPair
+from conftest import CkptPair, add_tensor
 
 from sparkspec.checkpoint import MANIFEST_NAME
 from sparkspec.ckpt_select import EXTRA_FILE
-from sparkspec.safetensors_io import INDEX_NAME, encode_header, read_header, read_index, write_index
+from sparkspec.safetensors_io import read_header, read_index, write_index
 from tests.badinput import assert_refused, fingerprint, refused_untouched, run
 
 
@@ -205,15 +205,6 @@ def test_add_mtp_never_writes_into_a_source_or_a_foreign_checkpoint(ckpt_pair: C
 
 
 # --- duplicate tensors, non-regular files -------------------------------------------------------------------
-def _add_tensor(path: Path, name: str, dtype: str, shape: tuple[int, ...], data: bytes) -> None:
-    """Rewrite a shard with one more tensor at the end (a valid file on its own)."""
-    header = read_header(path)
-    raw = path.read_bytes()
-    specs = [(t.name, t.dtype, t.shape, t.nbytes) for t in header.tensors.values()]
-    prefix, _ = encode_header([*specs, (name, dtype, shape, len(data))], header.metadata)
-    path.write_bytes(prefix + raw[header.data_start:] + data)
-
-
 @pytest.mark.parametrize("side", ["int4", "fp8"])
 def test_duplicate_tensor_across_shards_is_refused_naming_both(ckpt_pair: CkptPair, side: str) -> None:
     p = ckpt_pair
@@ -224,7 +215,7 @@ def test_duplicate_tensor_across_shards_is_refused_naming_both(ckpt_pair: CkptPa
     home = weight_map[name]
     other = next(f for f in sorted(set(weight_map.values())) if f != home)
     info = read_header(directory / home).tensors[name]
-    _add_tensor(directory / other, name, info.dtype, info.shape, bytes(info.nbytes))
+    add_tensor(directory / other, name, info.dtype, info.shape, bytes(info.nbytes))
     refused_untouched(_assemble(p), [p.int4.parent], match=rf"{name}.*({home}.*{other}|{other}.*{home})")
 
 
@@ -253,7 +244,7 @@ def test_read_only_output_folder_is_one_line(ckpt_pair: CkptPair, ckpt_tmpfs: Ca
 def test_disk_full_while_writing_is_a_run_time_failure_with_nothing_left(
         ckpt_pair: CkptPair, monkeypatch: pytest.MonkeyPatch) -> None:
     p = ckpt_pair
-    import sparkspec.checkpoint as checkpoint
+    from sparkspec import checkpoint
 
     real = checkpoint.write_pieces
     calls = []
@@ -273,7 +264,7 @@ def test_disk_full_while_rebuilding_keeps_the_old_hybrid(ckpt_pair: CkptPair,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     p = ckpt_pair
     _built(p, fp8=p.fp8.parent / "fp8_f32")
-    import sparkspec.checkpoint as checkpoint
+    from sparkspec import checkpoint
 
     def full(path, prefix, pieces, progress=None):  # type: ignore[no-untyped-def]
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))

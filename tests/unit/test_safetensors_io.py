@@ -1,17 +1,21 @@
 from __future__ import annotations
 
 import json
+import math
 import struct
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
 from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
 from sparkspec.errors import UserError
-from sparkspec.safetensors_io import (INDEX_NAME, encode_header, parse_header, read_header, read_index,
-                                      write_file, write_index)
+from sparkspec.safetensors_io import (DTYPE_SIZES, INDEX_NAME, Header, encode_header, expected_nbytes,
+                                      parse_header, read_header, read_index, write_file, write_index)
 
 
 def _sample(tmp_path: Path) -> Path:
@@ -131,3 +135,76 @@ def test_index_round_trip_and_errors(tmp_path: Path) -> None:
     assert doc["metadata"] == {"format": "pt", "total_size": 123}
     assert list(doc["weight_map"]) == ["a", "b"]
     assert not list(tmp_path.glob("*.tmp"))
+
+
+# --- property tests: whatever the bytes, a header that tiles the file exactly, or one UserError ---------------
+_JSON_LEAF = st.one_of(st.none(), st.booleans(), st.integers(-(2 ** 70), 2 ** 70), st.floats(allow_nan=True),
+                       st.text(max_size=8))
+_JSON = st.recursive(_JSON_LEAF, lambda inner: st.lists(inner, max_size=4)
+                     | st.dictionaries(st.text(max_size=6), inner, max_size=4), max_leaves=12)
+_DIMS = st.lists(st.integers(0, 6), max_size=3)
+_ENTRY = st.one_of(
+    st.fixed_dictionaries({"dtype": st.sampled_from(sorted(DTYPE_SIZES)), "shape": _DIMS}),  # valid, offsets later
+    st.dictionaries(st.sampled_from(["dtype", "shape", "data_offsets", "extra"]), _JSON, max_size=4),
+    _JSON,
+)
+
+
+def _well_typed(entry: Any) -> bool:
+    """An entry with a known dtype and a shape of natural numbers, still without offsets."""
+    return (isinstance(entry, dict) and set(entry) == {"dtype", "shape"} and isinstance(entry["dtype"], str)
+            and entry["dtype"] in DTYPE_SIZES and isinstance(entry["shape"], list)
+            and all(type(d) is int and d >= 0 for d in entry["shape"]))
+
+
+def _assert_tiles(header: Header, size: int) -> None:
+    infos = sorted(header.tensors.values(), key=lambda t: (t.begin, t.end))
+    cursor = 0
+    for info in infos:
+        assert info.begin == cursor and info.end >= info.begin
+        assert info.nbytes == expected_nbytes(info.dtype, info.shape)
+        cursor = info.end
+    assert header.data_start + cursor == size == header.file_size
+
+
+def _parse(blob: bytes) -> Header | None:
+    try:
+        header = parse_header(lambda off, n: blob[off: off + n], len(blob), "prop.safetensors")
+    except UserError as exc:
+        assert "\n" not in str(exc) and str(exc).startswith("prop.safetensors: ")
+        return None
+    _assert_tiles(header, len(blob))
+    return header
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.binary(max_size=256))
+def test_parse_header_on_arbitrary_bytes(blob: bytes) -> None:
+    _parse(blob)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(entries=st.dictionaries(st.text(max_size=6), _ENTRY, max_size=5),
+       metadata=st.one_of(st.none(), _JSON, st.dictionaries(st.text(max_size=4), st.text(max_size=4))),
+       lay_out=st.booleans(), slack=st.integers(-3, 3), length_delta=st.sampled_from([0, 0, 0, -1, 1, 2 ** 40]),
+       raw_json=st.one_of(st.none(), st.text(max_size=40)))
+def test_parse_header_on_generated_headers(entries: dict[str, Any], metadata: Any, lay_out: bool, slack: int,
+                                           length_delta: int, raw_json: str | None) -> None:
+    """Headers near the valid ones: right or wrong types in every field, offsets laid out contiguously or
+    not, a data buffer of the right size or a few bytes off, a length prefix that lies, or raw text."""
+    doc: dict[str, Any] = {}
+    cursor = 0
+    for name, entry in entries.items():
+        if lay_out and _well_typed(entry):
+            nbytes = math.prod(entry["shape"]) * DTYPE_SIZES[entry["dtype"]]
+            entry = {**entry, "data_offsets": [cursor, cursor + nbytes]}
+            cursor += nbytes
+        doc[name] = entry
+    if metadata is not None:
+        doc["__metadata__"] = metadata
+    body = (raw_json if raw_json is not None else json.dumps(doc)).encode()
+    blob = struct.pack("<Q", max(0, len(body) + length_delta)) + body + bytes(max(0, cursor + slack))
+    header = _parse(blob)
+    event("parsed" if header is not None else "refused")  # --hypothesis-show-statistics: both happen
+    if header is not None and raw_json is None:
+        assert set(header.tensors) == set(doc) - {"__metadata__"}

@@ -198,15 +198,15 @@ def _serve(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise UserError(f"--host {args.host} --port {args.port}: cannot listen ({exc.strerror or exc}); pick "
                         "another --port or --host") from None
-    signal.signal(signal.SIGTERM, _interrupt)
-    print(f"hub: serving {root.resolve()} at {server.url} (tokens: {'on' if tokens else 'off'})",
-          file=sys.stderr, flush=True)
     if not tokens and not _loopback(args.host):
         warnings.append(f"hub serve binds {args.host} without a token: anyone who reaches {server.url} can "
                         f"read every repo under {root.resolve()}; set --token-file or {TOKENS_ENV}")
-    for warning in warnings:
-        print(f"sparkspec: warning: {warning}", file=sys.stderr, flush=True)
-    try:
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:  # from here a SIGTERM is a clean stop (exit 0)
+        print(f"hub: serving {root.resolve()} at {server.url} (tokens: {'on' if tokens else 'off'})",
+              file=sys.stderr, flush=True)
+        for warning in warnings:
+            print(f"sparkspec: warning: {warning}", file=sys.stderr, flush=True)
         server.serve_forever()
     except KeyboardInterrupt:
         pass

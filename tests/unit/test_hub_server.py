@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -163,6 +165,113 @@ def test_cli_serve_answers_and_stops_on_sigterm(tmp_path: Path, repo_dir: Path) 
         info = HfApi(endpoint=url.group(1), token="hf_two").model_info("org/tiny")
         assert info.sha == revision
         assert httpx2.get(f"{url.group(1)}/api/models/org/tiny").status_code == 401
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+
+
+def _hashed(server: HubServer, method: str, path: str, headers: dict[str, str] | None = None) -> int:
+    """Bytes the server hashed to answer one request (which must succeed)."""
+    server.stats.reset()
+    r = httpx2.request(method, server.url + path, headers=headers or {})
+    assert r.status_code in (200, 206), (path, r.status_code, r.text[:200])
+    return server.stats.bytes_hashed
+
+
+def test_requests_hash_only_what_they_answer_once(tmp_path: Path, repo_dir: Path) -> None:
+    """A repo put in the root by hand (nothing hashed yet): model info without blobs and a small file's
+    resolve hash nothing large; each file is hashed once, persisted across servers, and again only when
+    written (the same size and mtime, but a new change time)."""
+    root = tmp_path / "root"
+    repo = root / "org" / "hand"
+    shutil.copytree(repo_dir, repo)
+    (repo / REVISION_FILE).write_text("a" * 40 + "\n")
+    size = {rel: (repo / rel).stat().st_size for rel in ("config.json", "model.safetensors", "sub/notes.txt")}
+    with HubServer(root) as server:
+        assert _hashed(server, "GET", "/api/models/org/hand") == 0
+        assert _hashed(server, "HEAD", "/org/hand/resolve/main/config.json") == size["config.json"]
+        assert _hashed(server, "GET", "/org/hand/resolve/main/config.json") == 0
+        assert _hashed(server, "GET", "/api/models/org/hand?blobs=true") == \
+            size["model.safetensors"] + size["sub/notes.txt"]
+        assert _hashed(server, "GET", "/api/models/org/hand/tree/main?recursive=true") == 0
+        assert _hashed(server, "GET", "/org/hand/resolve/main/model.safetensors", {"Range": "bytes=0-9"}) == 0
+    with HubServer(root) as server:  # a new server: the hashes come from .sparkspec-hashes.json
+        info = HfApi(endpoint=server.url).model_info("org/hand", files_metadata=True)
+        assert server.stats.bytes_hashed == 0
+        lfs = {s.rfilename: s.lfs.sha256 for s in info.siblings if s.lfs}
+        model = repo / "model.safetensors"
+        assert lfs == {"model.safetensors": hashlib.sha256(model.read_bytes()).hexdigest()}
+        st = (repo / "model.safetensors").stat()
+        with open(repo / "model.safetensors", "r+b") as fh:  # in place: same size, mtime put back
+            fh.write(b"\xff" * 16)
+        os.utime(repo / "model.safetensors", ns=(st.st_atime_ns, st.st_mtime_ns))
+        head = httpx2.head(f"{server.url}/org/hand/resolve/main/model.safetensors")
+        assert server.stats.bytes_hashed == size["model.safetensors"]
+        assert head.headers["X-Linked-Etag"].strip('"') == \
+            hashlib.sha256((repo / "model.safetensors").read_bytes()).hexdigest()
+    assert ".sparkspec-hashes.json" not in {s.rfilename for s in info.siblings}
+
+
+def test_published_repos_are_hashed_by_publish_not_by_requests(served) -> None:
+    server, revision = served
+    for method, path in (("GET", "/api/models/org/tiny?blobs=true"),
+                         ("GET", "/api/models/org/tiny/tree/main?recursive=true"),
+                         ("HEAD", "/org/tiny/resolve/main/model.safetensors"),
+                         ("GET", f"/org/tiny/resolve/{revision}/config.json")):
+        assert _hashed(server, method, path) == 0, path
+
+
+def test_a_repo_without_revision_file_is_hashed_once(tmp_path: Path, repo_dir: Path) -> None:
+    root = tmp_path / "root"
+    shutil.copytree(repo_dir, root / "org" / "bare")
+    total = sum(p.stat().st_size for p in repo_dir.rglob("*") if p.is_file())
+    with HubServer(root) as server:
+        assert _hashed(server, "GET", "/api/models/org/bare") == total  # the content revision, once
+        assert _hashed(server, "GET", "/api/models/org/bare") == 0
+
+
+def test_tokens_any_of_several_and_never_partial(tmp_path: Path, repo_dir: Path) -> None:
+    root = tmp_path / "root"
+    publish(root, "org/tiny", repo_dir)
+    with HubServer(root, tokens=["hf_first", "hf_second"]) as server:
+        url = f"{server.url}/api/models/org/tiny"
+        codes = {token: httpx2.get(url, headers={"Authorization": f"Bearer {token}".encode()}).status_code
+                 for token in ("hf_first", "hf_second", "hf_firs", "hf_first0", "hf_second hf_first",
+                               "hf_f\u00edrst")}
+        assert codes == {"hf_first": 200, "hf_second": 200, "hf_firs": 401, "hf_first0": 401,
+                         "hf_second hf_first": 401, "hf_f\u00edrst": 401}
+        assert httpx2.get(url, headers={"Authorization": "Basic hf_first"}).status_code == 401
+
+
+def _serve(root: Path, *args: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen([sys.executable, "-m", "sparkspec.cli", "hub", "serve", "--root", str(root),
+                             *args], stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
+    assert proc.stderr is not None
+    return proc, proc.stderr.readline()
+
+
+def test_serve_takes_tokens_from_the_environment_and_warns_off_loopback(tmp_path: Path,
+                                                                        repo_dir: Path) -> None:
+    root = tmp_path / "root"
+    publish(root, "org/tiny", repo_dir)
+    proc, line = _serve(root, "--port", "0", env={"SPARKSPEC_HUB_TOKENS": "hf_env_one, hf_env_two\nhf_env_3"})
+    try:
+        url = re.search(r"at (http://127\.0\.0\.1:\d+) \(tokens: on\)", line)
+        assert url, line
+        for token, code in (("hf_env_two", 200), ("hf_env_3", 200), ("hf_env_one, hf_env_two", 401)):
+            got = httpx2.get(f"{url.group(1)}/api/models/org/tiny",
+                             headers={"Authorization": f"Bearer {token}"})
+            assert got.status_code == code, token
+        assert "hf_env" not in " ".join(Path(f"/proc/{proc.pid}/cmdline").read_text().split("\0"))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    proc, line = _serve(root, "--host", "0.0.0.0", "--port", "0", env={"SPARKSPEC_HUB_TOKENS": ""})
+    try:
+        assert "(tokens: off)" in line
+        assert proc.stderr is not None
+        warning = proc.stderr.readline()
+        assert warning.startswith("sparkspec: warning: hub serve binds 0.0.0.0 without a token"), warning
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkspec.argtypes import non_negative_int, number
+from sparkspec.ckpt_out import os_error
 from sparkspec.cli import emit_json
 from sparkspec.errors import UserError
 
@@ -35,6 +36,16 @@ def _done(args: argparse.Namespace, line: str, doc: dict[str, Any]) -> int:
     if args.json:
         emit_json(doc)
     return 0
+
+
+@contextmanager
+def _os_errors(fix: str) -> Iterator[None]:
+    """An OSError no step turned into its own line (an unreadable source folder, an I/O error while verify
+    re-hashes): one line naming the file, exit 2 for a path to fix, 1 for a run-time failure."""
+    try:
+        yield
+    except OSError as exc:
+        raise os_error(exc, exc.filename or "checkpoint", fix) from None
 
 
 @contextmanager
@@ -59,7 +70,7 @@ def _progress(enabled: bool, label: str) -> Iterator[Callable[[int], Callable[[i
 def _assemble(args: argparse.Namespace) -> int:
     from sparkspec.checkpoint import assemble
 
-    with _progress(not args.json, "assemble") as progress:
+    with _os_errors("check the path and its permissions"), _progress(not args.json, "assemble") as progress:
         result = assemble(Path(args.int4), Path(args.fp8), Path(args.out), args.fp8_pattern or [],
                           args.expect_fp8, progress)
     for warning in result.warnings:
@@ -74,7 +85,8 @@ def _assemble(args: argparse.Namespace) -> int:
 def _add_mtp(args: argparse.Namespace) -> int:
     from sparkspec.mtp import add_mtp
 
-    result = add_mtp(Path(args.source), Path(args.target))
+    with _os_errors("check the path and its permissions, then re-run add-mtp"):
+        result = add_mtp(Path(args.source), Path(args.target))
     state = "changed" if result.changed else "already registered, no-op"
     return _done(args, f"{result.target}: {result.mtp_tensors} MTP tensors registered ({state}; file "
                        f"{result.file_action})", result.as_dict())
@@ -83,7 +95,8 @@ def _add_mtp(args: argparse.Namespace) -> int:
 def _verify(args: argparse.Namespace) -> int:
     from sparkspec.ckpt_verify import verify
 
-    report = verify(Path(args.dir), args.expect_mtp, load_sample=not args.no_load, full=args.full)
+    with _os_errors("check the checkpoint folder and the disk"):
+        report = verify(Path(args.dir), args.expect_mtp, load_sample=not args.no_load, full=args.full)
     out = sys.stderr if args.json else sys.stdout
     for note in report.notes:
         print(f"note: {note}", file=out)
@@ -108,11 +121,12 @@ def _generate(args: argparse.Namespace) -> int:
                                    ("mtp_layers", args.mtp_layers),
                                    ("shared_intermediate", args.shared_intermediate)) if v is not None}
     spec = testckpt.ModelSpec(**overrides)  # each flag is in range: argparse checked it
-    if args.kind == "int4":
-        wm = testckpt.write_int4_autoround(args.out, spec, index_lists_mtp=args.index_lists_mtp,
-                                           shards=args.shards)
-    else:
-        wm = testckpt.write_fp8(args.out, spec, args.shards, scale_dtype=args.scale_dtype)
+    with _os_errors("choose a writable --out with room"):
+        if args.kind == "int4":
+            wm = testckpt.write_int4_autoround(args.out, spec, index_lists_mtp=args.index_lists_mtp,
+                                               shards=args.shards)
+        else:
+            wm = testckpt.write_fp8(args.out, spec, args.shards, scale_dtype=args.scale_dtype)
     return _done(args, f"{args.out}: {args.kind} checkpoint, {len(wm)} indexed tensors",
                  {"changed": True, "out": args.out, "tensors": len(wm)})
 

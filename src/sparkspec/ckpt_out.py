@@ -187,10 +187,12 @@ def replacing(out: Path, *, flag: str, tool: str, owned: Callable[[Path], bool],
             _swap_in(tmp, out)
             tmp = None
     except OSError as exc:
-        where = exc.filename or out
+        where, fix = exc.filename or out, f"choose a writable {flag} with room"
         if tmp is not None and exc.filename and Path(exc.filename).parent == tmp:
             where = out / Path(exc.filename).name  # the file it was writing, by the name it would have had
-        raise os_error(exc, where, f"choose a writable {flag} with room") from None
+        elif exc.filename and not Path(exc.filename).is_relative_to(out.parent):
+            fix = "check that input file and its permissions"  # reading a source failed
+        raise os_error(exc, where, fix) from None
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -274,3 +274,28 @@ def test_disk_full_while_rebuilding_keeps_the_old_hybrid(ckpt_pair: CkptPair,
     res = run(*_assemble(p))
     assert_refused(res, 1, match="no space left on device")
     assert fingerprint(p.int4.parent) == before
+
+
+def test_io_error_reading_a_source_is_exit_1_naming_it(ckpt_pair: CkptPair, monkeypatch: pytest.MonkeyPatch) -> None:
+    p = ckpt_pair
+    from sparkspec import checkpoint
+
+    def bad_sector(path, prefix, pieces, progress=None):  # type: ignore[no-untyped-def]
+        raise OSError(errno.EIO, os.strerror(errno.EIO), str(pieces[0].src))
+
+    monkeypatch.setattr(checkpoint, "write_pieces", bad_sector)
+    refused_untouched(_assemble(p), [p.int4.parent], rc=1,
+                      match=rf"{_first_shard(p.int4)}: Input/output error \(a run-time failure\)")
+
+
+def test_io_error_while_verify_rehashes_is_exit_1(ckpt_pair: CkptPair, monkeypatch: pytest.MonkeyPatch) -> None:
+    p = ckpt_pair
+    _built(p)
+    from sparkspec import ckpt_manifest
+
+    def bad_sector(path: Path) -> str:
+        raise OSError(errno.EIO, os.strerror(errno.EIO), str(path))
+
+    monkeypatch.setattr(ckpt_manifest, "rehash", bad_sector)
+    refused_untouched(["checkpoint", "verify", p.out, "--expect-mtp", "0", "--no-load", "--full"],
+                      [p.int4.parent], rc=1, match=r"Input/output error \(a run-time failure\); check the")

@@ -8,10 +8,15 @@ The output head is scaled so that the logits have large gaps (standard deviation
 stable under the small numeric differences of batched speculative verification, and the text is repetitive, which
 is what lets n-gram drafts be accepted. Rows of special tokens and of tokens that are not printable text alone
 are scaled down, so greedy output is readable characters and runs to max_tokens (no end-of-turn token).
+
+The output folder is written only when it is new, empty, or one this module wrote before (it holds nothing but
+the model's files, and its config.json is byte for byte the one written here, whatever the seed). Every file
+is written to a sibling first and renamed into place; a failure removes the siblings and any folder made.
 """
 
 from __future__ import annotations
 
+import contextlib
 import filecmp
 import json
 import os
@@ -32,6 +37,9 @@ HEAD_DIM = 64
 INTERMEDIATE = 512
 VOCAB = 512
 MAX_POSITIONS = 4096
+MAX_SEED = 2**32 - 1
+FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+         "generation_config.json")  # config.json first: it marks a folder as ours
 # Attention and MLP outputs are scaled down against the token embedding: the next token then depends mostly on
 # the current one (repetitive text that n-gram drafts match) and little on low-order bits of the context, so
 # greedy output survives the numeric differences between batched verification and one-token decoding.
@@ -206,8 +214,12 @@ def tokenizer_config(tok: Tokenizer) -> dict[str, object]:
     }
 
 
+def _json(doc: object) -> str:
+    return json.dumps(doc, indent=2, sort_keys=True) + "\n"
+
+
 def _dump(path: Path, doc: object) -> None:
-    path.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    path.write_text(_json(doc), encoding="utf-8")
 
 
 def _settle(tmp: Path, final: Path) -> bool:
@@ -219,36 +231,71 @@ def _settle(tmp: Path, final: Path) -> bool:
     return True
 
 
+def _tmp(path: Path, name: str) -> Path:
+    return path / f".{name}.tmp"
+
+
+def _claim(path: Path, tok: Tokenizer) -> list[Path]:
+    """Check that ``--out`` may be written; make it if missing. Returns the folders made (outermost first)."""
+    if path.is_symlink():
+        raise UserError(f"--out {path} is a symbolic link; give the real folder path")
+    if path.exists():
+        if not path.is_dir():
+            raise UserError(f"--out {path}: exists and is not a directory; choose another --out")
+        ours = set(FILES) | {_tmp(path, n).name for n in FILES}
+        entries = {p.name for p in path.iterdir()}
+        config_file = path / "config.json"
+        if entries and not (entries <= ours and config_file.is_file() and not config_file.is_symlink()
+                            and config_file.read_text(encoding="utf-8", errors="replace") == _json(config(tok))):
+            raise UserError(f"--out {path}: holds files `sparkspec model tiny` did not write; give a new or "
+                            "empty folder")
+        return []
+    made = [p for p in [path, *path.parents] if not p.exists()][::-1]
+    for folder in made:
+        folder.mkdir()
+    return made
+
+
 def write_tiny_model(out: str | Path, seed: int = 0) -> TinyModel:
-    """Write the model directory ``out``; files whose bytes are already right are left untouched."""
-    if seed < 0:
-        raise UserError(f"--seed {seed}: must be >= 0; pass a non-negative integer")
+    """Write the model folder ``out``; files whose bytes are already right are left untouched. A failure
+    (OSError) leaves no temp file and removes the folders it made."""
+    if not 0 <= seed <= MAX_SEED:
+        raise UserError(f"--seed {seed}: must be from 0 to {MAX_SEED}")
     path = Path(out)
-    if path.exists() and not path.is_dir():
-        raise UserError(f"{path}: exists and is not a directory; choose another --out")
-    path.mkdir(parents=True, exist_ok=True)
     tok = train_tokenizer()
-    rng = np.random.default_rng(seed)
-    tensors: dict[str, tuple[str, tuple[int, ...], bytes]] = {}
-    params = 0
-    for name, (shape, std) in _shapes().items():
-        values = np.ones(shape, np.float32) if std == 0.0 else rng.standard_normal(shape, np.float32) * std
-        if name == "lm_head.weight":
-            values[_muted_tokens(tok)] *= 0.02
-        tensors[name] = ("BF16", shape, _bf16(values))
-        params += int(np.prod(shape))
-    names = ("model.safetensors", "tokenizer.json", "config.json", "tokenizer_config.json",
-             "special_tokens_map.json", "generation_config.json")
-    tmp = {name: path / f".{name}.tmp" for name in names}
-    write_file(tmp["model.safetensors"], tensors, metadata={"format": "pt"})
-    tok.save(str(tmp["tokenizer.json"]))
-    _dump(tmp["config.json"], config(tok))
-    _dump(tmp["tokenizer_config.json"], tokenizer_config(tok))
-    _dump(tmp["special_tokens_map.json"], {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"})
-    _dump(tmp["generation_config.json"], {
-        "bos_token_id": tok.token_to_id("<|endoftext|>"),
-        "eos_token_id": [tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")],
-        "pad_token_id": tok.token_to_id("<|endoftext|>"),
-    })
-    changed = [_settle(tmp[name], path / name) for name in names]
+    made = _claim(path, tok)
+    tmp = {name: _tmp(path, name) for name in FILES}
+    try:
+        for t in tmp.values():
+            t.unlink(missing_ok=True)  # a leftover (or a planted link) is replaced, never written through
+        rng = np.random.default_rng(seed)
+        tensors: dict[str, tuple[str, tuple[int, ...], bytes]] = {}
+        params = 0
+        for name, (shape, std) in _shapes().items():
+            values = np.ones(shape, np.float32) if std == 0.0 else rng.standard_normal(shape, np.float32) * std
+            if name == "lm_head.weight":
+                values[_muted_tokens(tok)] *= 0.02
+            tensors[name] = ("BF16", shape, _bf16(values))
+            params += int(np.prod(shape))
+        write_file(tmp["model.safetensors"], tensors, metadata={"format": "pt"})
+        tok.save(str(tmp["tokenizer.json"]))
+        _dump(tmp["config.json"], config(tok))
+        _dump(tmp["tokenizer_config.json"], tokenizer_config(tok))
+        _dump(tmp["special_tokens_map.json"], {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"})
+        _dump(tmp["generation_config.json"], {
+            "bos_token_id": tok.token_to_id("<|endoftext|>"),
+            "eos_token_id": [tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")],
+            "pad_token_id": tok.token_to_id("<|endoftext|>"),
+        })
+        changed = [_settle(tmp[name], path / name) for name in FILES]
+    except OSError:
+        with contextlib.suppress(OSError):
+            for t in tmp.values():
+                t.unlink(missing_ok=True)
+            if made:
+                for name in FILES:
+                    (path / name).unlink(missing_ok=True)
+                for folder in reversed(made):
+                    folder.rmdir()
+        raise
     return TinyModel(path, seed, len(tensors), params, tok.get_vocab_size(), any(changed))

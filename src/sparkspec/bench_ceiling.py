@@ -94,7 +94,8 @@ def run(tokens: int = 4096, requests: int = 16, concurrency: int = 4) -> dict[st
             raise RuntimeError("ceiling server did not start")
         port = parent.recv()
         result = run_bench(BenchConfig(url=f"http://127.0.0.1:{port}", model=MODEL, suite="structured",
-                                       concurrency=concurrency, requests=requests, max_tokens=tokens))
+                                       concurrency=concurrency, requests=requests, max_tokens=tokens,
+                                       metrics=False))  # no counters here: the client alone is measured
     finally:
         server.terminate()
         server.join(5)

@@ -11,12 +11,15 @@ server's speed drifts between runs by more than the tools differ; the drift-free
 that of vllm) compares the tools as if the server had been equally fast for both.
 
     python -m sparkspec.bench_vs_vllm --url http://127.0.0.1:8000 --model NAME \\
-        --vllm-python .cache/vllm-venv/bin/python --repeats 20
+        --vllm-python .cache/vllm-venv/bin/python --repeats 20 [--api-key-file FILE]
+
+The API key comes from --api-key-file or $SPARKSPEC_API_KEY (never the command line) and reaches vllm bench serve
+through its environment (OPENAI_API_KEY), not its arguments.
 """
 
 from __future__ import annotations
 
-import argparse
+import functools
 import json
 import math
 import os
@@ -24,15 +27,31 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import httpx2 as httpx
 
 from sparkspec import metrics
-from sparkspec.bench import BenchConfig, preflight, run_bench, suites_for, sync_client
+from sparkspec.argtypes import number, temperature
+from sparkspec.bench import BenchConfig, preflight, run_bench, sync_client
+from sparkspec.bench_cli import (
+    MAX_CONCURRENCY,
+    MAX_TOKENS,
+    api_key,
+    arg_type,
+    check_label,
+    check_url,
+    json_bytes,
+)
+from sparkspec.cli import Parser
 from sparkspec.errors import UserError
-from sparkspec.jsonfile import write_json
+from sparkspec.jsonfile import read_json
+from sparkspec.report import Output, check_outputs, write_outputs
+from sparkspec.suites import file_of, suites_for
+
+FORMAT = "sparkspec-bench-vs-vllm/1"
 
 DEFAULT_VLLM_PYTHON = ".cache/vllm-venv/bin/python"
 DEFAULT_REPEATS = 20
@@ -54,10 +73,11 @@ def _vllm_bench(python: str, url: str, model: str, tokenizer: str, dataset: Path
             "--extra-body", json.dumps({"chat_template_kwargs": {"enable_thinking": False}}),
             "--disable-tqdm", "--save-result", "--result-dir", str(workdir), "--result-filename", f"{tag}.json"]
     env = dict(os.environ, **({"OPENAI_API_KEY": api_key} if api_key else {}))
-    proc = subprocess.run([python, "-c", _LAUNCH, *args], capture_output=True, text=True, env=env, timeout=1800)
+    proc = subprocess.run([python, "-c", _LAUNCH, *args], capture_output=True, text=True, env=env,
+                          timeout=1800, check=False)
     if proc.returncode != 0:
         raise UserError(f"vllm bench serve failed (exit {proc.returncode}): {_last_line(proc.stderr)}")
-    return json.loads((workdir / f"{tag}.json").read_text())
+    return dict(read_json(workdir / f"{tag}.json", "vllm bench serve wrote no result", "run it again"))
 
 
 def _last_line(text: str) -> str:
@@ -71,7 +91,7 @@ def _check_vllm_python(python: str) -> None:
         raise UserError(f"--vllm-python {python}: not found; run scripts/bootstrap (it makes "
                         f"{DEFAULT_VLLM_PYTHON}) or point it at a python with vLLM installed")
     probe = subprocess.run([python, "-c", "import pandas, vllm.benchmarks.serve"], capture_output=True, text=True,
-                           timeout=600)
+                           timeout=600, check=False)
     if probe.returncode != 0:
         raise UserError(f"--vllm-python {python}: cannot run vllm bench serve ({_last_line(probe.stderr)}); "
                         "run scripts/bootstrap, or pip install pandas there (vLLM's [bench] extra)")
@@ -154,8 +174,8 @@ def run(url: str, model: str, repeats: int = DEFAULT_REPEATS, vllm_python: str =
         for i in range(repeats):
             for name in (("vllm", "ours") if i % 2 == 0 else ("ours", "vllm")):
                 runs, tool = tools[name]
-                runs.append(_measured(lambda: tool(i), client, url, api_key))
-    return {"url": url, "model": model, "prompts": len(prompts), "max_tokens": max_tokens,
+                runs.append(_measured(functools.partial(tool, i), client, url, api_key))
+    return {"format": FORMAT, "url": url, "model": model, "prompts": len(prompts), "max_tokens": max_tokens,
             "concurrency": concurrency, "temperature": temperature, "repeats": repeats,
             "ours_runs": ours_runs, "vllm_runs": vllm_runs} | summarize(ours_runs, vllm_runs, concurrency)
 
@@ -183,22 +203,26 @@ def print_table(r: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--url", required=True)
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS)
+    parser = Parser(prog="sparkspec bench-vs-vllm", description=__doc__.splitlines()[0])
+    parser.add_argument("--url", required=True, type=arg_type(lambda v, f: check_url(v), "--url"))
+    parser.add_argument("--model", required=True, type=arg_type(check_label, "--model"))
+    parser.add_argument("--repeats", type=number(int, 1, 1000), default=DEFAULT_REPEATS)
     parser.add_argument("--vllm-python", default=DEFAULT_VLLM_PYTHON)
     parser.add_argument("--suite", default="all")
-    parser.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS)
-    parser.add_argument("--concurrency", type=int, default=1)
-    parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--api-key", default=os.environ.get("SPARKSPEC_API_KEY"))
+    parser.add_argument("--max-tokens", type=number(int, 1, MAX_TOKENS), default=DEFAULT_MAX_TOKENS)
+    parser.add_argument("--concurrency", type=number(int, 1, MAX_CONCURRENCY), default=1)
+    parser.add_argument("--temperature", type=temperature, default=0.0)
+    parser.add_argument("--api-key-file", metavar="FILE", help="file holding the API key (default: "
+                        "$SPARKSPEC_API_KEY)")
     parser.add_argument("--output", default="reports/bench-vs-vllm.json")
     a = parser.parse_args(argv)
+    out = Output(a.output, "--output", "vs-vllm",
+                 (("--suite", file_of(a.suite)), ("--api-key-file", a.api_key_file)))
     try:
+        check_outputs([out])
         result = run(a.url, a.model, a.repeats, a.vllm_python, a.suite, a.max_tokens, a.concurrency,
-                     a.temperature, a.api_key)
-        write_json(a.output, result)
+                     a.temperature, api_key(a.api_key_file))
+        write_outputs([(out, json_bytes(result))])
     except UserError as exc:
         print(f"sparkspec: error: {exc}", file=sys.stderr)
         return exc.exit_code

@@ -15,12 +15,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from sparkspec.bench import (Prompt, RequestOptions, async_client, preflight, run_requests, suites_for,
-                             sync_client)
+from sparkspec.bench import RequestOptions, async_client, preflight, run_requests, sync_client
+from sparkspec.bench_cli import MAX_TOKENS
 from sparkspec.errors import UserError
-from sparkspec.jsonfile import read_json
+from sparkspec.jsonfile import expect, read_json
+from sparkspec.suites import MAX_ID, Prompt, suites_for
 
 FORMAT = "sparkspec-lossless-reference/1"
+REPORT_FORMAT = "sparkspec-lossless-report/1"
 CONTEXT = 24
 
 
@@ -56,7 +58,8 @@ def parses_as_json(text: str) -> bool:
 
 def generate(url: str, model: str, prompts: list[Prompt], max_tokens: int, api_key: str | None = None,
              concurrency: int = 1, enable_thinking: bool = False, timeout: float = 600.0) -> list[dict[str, Any]]:
-    """Greedy (temperature 0) outputs for ``prompts``; any failed request is an error, not a mismatch."""
+    """Greedy (temperature 0) outputs for ``prompts``; a failed request ends the run (RunFailure), it is never
+    counted as a mismatch."""
     with sync_client() as client:
         preflight(client, url, model, api_key)
     opts = RequestOptions(model, max_tokens, 0.0, enable_thinking)
@@ -66,47 +69,55 @@ def generate(url: str, model: str, prompts: list[Prompt], max_tokens: int, api_k
             results, _ = await run_requests(aclient, url, prompts, opts, concurrency, api_key)
             return results
 
-    results = asyncio.run(go())
-    failed = [r for r in results if not r.ok]
-    if failed or len(results) != len(prompts):
-        what = failed[0].error if failed else "the run stopped early"
-        raise UserError(f"{url}: {len(failed) or len(prompts) - len(results)} of {len(prompts)} requests "
-                        f"failed ({what}); check the server's health and log")
-    by_id = {r.prompt.id: r for r in results}
+    by_id = {r.prompt.id: r for r in asyncio.run(go())}
     return [{"id": p.id, "suite": p.suite, "prompt": p.prompt, "expect_json": p.expect_json,
              "text": by_id[p.id].text, "output_tokens": by_id[p.id].output_tokens,
              "finish_reason": by_id[p.id].finish_reason} for p in prompts]
 
 
 def record(url: str, model: str, suite: str = "all", max_tokens: int = 128, api_key: str | None = None,
-           method: str | None = "baseline", concurrency: int = 1, enable_thinking: bool = False
-           ) -> dict[str, Any]:
+           method: str | None = "baseline", concurrency: int = 1, enable_thinking: bool = False,
+           timeout: float = 600.0) -> dict[str, Any]:
     prompts = [p for _, ps in suites_for(suite) for p in ps]
     ids = [p.id for p in prompts]
     if len(set(ids)) != len(ids):
         raise UserError(f"--suite {suite}: prompt ids repeat; give every prompt a unique \"id\"")
-    outputs = generate(url, model, prompts, max_tokens, api_key, concurrency, enable_thinking)
+    outputs = generate(url, model, prompts, max_tokens, api_key, concurrency, enable_thinking, timeout)
     return {"format": FORMAT, "model": model, "url": url, "method": method, "suite": suite,
             "temperature": 0.0, "max_tokens": max_tokens, "enable_thinking": enable_thinking,
             "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "outputs": outputs}
 
 
 def load_reference(path: str | Path) -> dict[str, Any]:
-    doc = read_json(path, "no such reference; record one with `sparkspec check-output record`",
-                    "record the reference again")
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT or not isinstance(doc.get("outputs"), list) \
-            or not doc["outputs"] or not all(isinstance(o, dict) and {"id", "prompt", "text"} <= o.keys()
-                                             for o in doc["outputs"]):
-        raise UserError(f"{path}: not a {FORMAT} file with outputs; record it with "
-                        "`sparkspec check-output record`")
-    ids = [o["id"] for o in doc["outputs"]]
+    """A reference written by ``record``, every field of the type ``compare`` relies on, else one line."""
+    fix = "record it again with `sparkspec check-output record`"
+    doc = read_json(path, "no such reference; record one with `sparkspec check-output record`", fix)
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise UserError(f"{path}: not a {FORMAT} file; {fix}")
+    max_tokens = expect(doc, "max_tokens", int, str(path), fix)
+    if not 1 <= max_tokens <= MAX_TOKENS:
+        raise UserError(f"{path}: max_tokens {max_tokens} is not from 1 to {MAX_TOKENS}; {fix}")
+    expect(doc, "enable_thinking", bool, str(path), fix, required=False)
+    expect(doc, "method", (str, type(None)), str(path), fix, required=False)
+    outputs = expect(doc, "outputs", list, str(path), fix)
+    if not outputs:
+        raise UserError(f"{path}: has no outputs; {fix}")
+    for n, out in enumerate(outputs):
+        where = f"{path}: outputs[{n}]"
+        for key in ("id", "prompt", "text"):
+            expect(out, key, str, where, fix)
+        expect(out, "suite", str, where, fix, required=False)
+        expect(out, "expect_json", bool, where, fix, required=False)
+        if not out["id"] or len(out["id"]) > MAX_ID or not out["id"].isprintable() or not out["prompt"].strip():
+            raise UserError(f"{where}: needs a printable id of 1 to {MAX_ID} characters and a prompt; {fix}")
+    ids = [o["id"] for o in outputs]
     if len(set(ids)) != len(ids):
-        raise UserError(f"{path}: output ids repeat; record the reference again")
+        raise UserError(f"{path}: output ids repeat; {fix}")
     return doc
 
 
 def reference_prompts(reference: dict[str, Any]) -> list[Prompt]:
-    return [Prompt(str(o["id"]), str(o.get("suite", "")), "", str(o["prompt"]), bool(o.get("expect_json")))
+    return [Prompt(o["id"], o.get("suite", ""), "", o["prompt"], bool(o.get("expect_json")))
             for o in reference["outputs"]]
 
 
@@ -154,8 +165,9 @@ def verdict(report: dict[str, Any], min_share: float, require_json: bool) -> tup
 
 
 def run_compare(url: str, model: str, reference: dict[str, Any], api_key: str | None = None,
-                concurrency: int = 1, method: str | None = None) -> dict[str, Any]:
-    outputs = generate(url, model, reference_prompts(reference), int(reference.get("max_tokens", 128)), api_key,
-                       concurrency, bool(reference.get("enable_thinking", False)))
-    return {"method": method, "model": model, "url": url, "reference_method": reference.get("method"),
+                concurrency: int = 1, method: str | None = None, timeout: float = 600.0) -> dict[str, Any]:
+    outputs = generate(url, model, reference_prompts(reference), reference["max_tokens"], api_key, concurrency,
+                       bool(reference.get("enable_thinking", False)), timeout)
+    return {"format": REPORT_FORMAT, "method": method, "model": model, "url": url,
+            "reference_method": reference.get("method"),
             "max_tokens": reference.get("max_tokens"), **compare(reference, outputs), "outputs": outputs}

@@ -79,9 +79,9 @@ class Server:
         port = free_port()
         args = [VLLM_PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
                 "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "1024", *extra]
-        if api_key:
-            args += ["--api-key", api_key]
         env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1")
+        if api_key:  # through the environment, as the unit does: never on a command line (`ps` shows those)
+            env["VLLM_API_KEY"] = api_key
         with open(log, "wb") as fh:
             proc = subprocess.Popen(args, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         return cls(f"http://127.0.0.1:{port}", str(model_dir), api_key, proc, log, args)
@@ -155,7 +155,7 @@ def ngram(vllm_servers: dict[str, Server]) -> Server:
 
 @pytest.fixture()
 def keyed_server(tiny_model: Path, tmp_path: Path) -> Iterator[Server]:
-    """A server of our own started with --api-key (tests may kill it)."""
+    """A server of our own that requires API_KEY (tests may kill it)."""
     if why := vllm_available():
         pytest.skip(why)
     server = Server.start(tiny_model, tmp_path / "keyed.log", api_key=API_KEY)
@@ -168,9 +168,11 @@ def keyed_server(tiny_model: Path, tmp_path: Path) -> Iterator[Server]:
 Cli = Callable[..., "subprocess.CompletedProcess[str]"]
 
 
-def _sparkspec(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+def _sparkspec(*args: str, timeout: float = 900, env: dict[str, str] | None = None
+               ) -> subprocess.CompletedProcess[str]:
+    """``env`` is added to this process's environment (e.g. SPARKSPEC_API_KEY: a key never goes on argv)."""
     return subprocess.run([sys.executable, "-m", "sparkspec.cli", *args], capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, env=dict(os.environ, **(env or {})), check=False)
 
 
 @pytest.fixture()

@@ -4,7 +4,8 @@ Every bad flag value and every malformed file is refused with one line ``sparksp
 before any request and before anything is written; a server whose stream is broken ends the run with one line
 naming the URL and exit 1, with no output file and no temp file left. The server is a fake vLLM written here
 (stdlib http.server on 127.0.0.1): it streams chat completions the way vLLM does, counts what it generated on
-/metrics, records every Authorization header it sees, and misbehaves on request.
+/metrics, records every Authorization header it sees, and misbehaves on request. Hypothesis feeds the stream
+parser arbitrary data lines.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.badinput import fingerprint, refused_untouched, run
 
@@ -321,7 +324,8 @@ def test_valid_command_lines_succeed(fake: FakeVllm, work: Path) -> None:
         (work / "out.json").unlink()
     out = run(*argv("report", fake, work))
     assert out.rc == 0, out.stderr
-    assert (work / "out.md").read_text().startswith("| Method |") and (work / "out.png").read_bytes()[:4] == b"\x89PNG"
+    assert (work / "out.md").read_text().startswith("| Method |")
+    assert (work / "out.png").read_bytes()[:4] == b"\x89PNG"
 
 
 # --- outputs: never a symlink, a folder, an input, or a file some other tool wrote --------------------------
@@ -716,3 +720,47 @@ def test_tiny_model_failure_leaves_nothing(work: Path, monkeypatch: pytest.Monke
     assert "No space left" in out.stderr and fingerprint(work) == before
 
 
+
+
+# --- the stream parser under arbitrary input ---------------------------------------------------------------
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers(-2**40, 2**40) | st.floats(allow_nan=False)
+                    | st.text(max_size=20),
+                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner,
+                                                                                   max_size=4), max_leaves=20)
+COUNT = st.integers(0, TOKENS) | JSON
+CHOICE = st.fixed_dictionaries({"delta": st.fixed_dictionaries({"content": st.text(max_size=8) | st.none() | JSON})
+                                | JSON, "finish_reason": st.none() | st.text(max_size=8) | JSON}) | JSON
+CHUNKISH = st.one_of(
+    st.fixed_dictionaries({"choices": st.lists(CHOICE, min_size=1, max_size=2) | JSON}),
+    st.fixed_dictionaries({"choices": st.just([]), "usage": st.fixed_dictionaries(
+        {"completion_tokens": COUNT, "prompt_tokens": COUNT}) | JSON}),
+    st.fixed_dictionaries({"error": JSON}),
+    JSON)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.one_of(CHUNKISH.map(lambda d: json.dumps(d).encode()), st.binary(max_size=64),
+                          st.just(b"[DONE]")), max_size=6))
+def test_stream_parser_takes_any_data_lines_or_says_what_is_wrong(lines: list[bytes]) -> None:
+    """Whatever a server sends, the parser folds it in or raises StreamError: never another exception, and what
+    it keeps has the types and bounds the figures rely on."""
+    from sparkspec.bench import ChunkParser, RequestResult, StreamError
+    from sparkspec.suites import Prompt
+
+    parser = ChunkParser(RequestResult(Prompt("p", "s", "c", "x")), 0.0, TOKENS, KEY)
+    tail = [usage(TOKENS)[len(b"data: "):].strip(), b"[DONE]"]  # so that most runs reach finish()
+    for line in lines + tail:  # a real stream stops at the first StreamError; going on explores more states
+        try:
+            parser.feed(line)
+        except StreamError as exc:
+            assert str(exc) and "\n" not in str(exc)
+        kept = parser.result
+        assert type(kept.output_tokens) is int and 0 <= kept.output_tokens <= TOKENS
+        assert type(kept.input_tokens) is int and kept.input_tokens >= 0
+    try:
+        result = parser.finish()
+    except StreamError:
+        return
+    assert isinstance(result.text, str) and result.e2e >= 0
+    assert result.finish_reason is None or result.finish_reason.isprintable()

@@ -335,6 +335,7 @@ def _outputs() -> Iterator[Any]:
     yield pytest.param("bench", "--output", "link", id="bench-output-symlink")
     yield pytest.param("bench", "--output", "foreign", id="bench-output-foreign-file")
     yield pytest.param("bench", "--output", "suite", id="bench-output-is-the-suite")
+    yield pytest.param("bench", "--output", "key", id="bench-output-is-the-key-file")
     yield pytest.param("check-output record", "--output", "foreign", id="record-output-foreign-file")
     yield pytest.param("check-output record", "--output", "link", id="record-output-symlink")
     yield pytest.param("check-output compare", "--output", "reference", id="compare-output-is-the-reference")
@@ -351,6 +352,7 @@ def _outputs() -> Iterator[Any]:
 def test_output_that_is_not_ours_to_replace_is_refused(command: str, flag: str, kind: str, fake: FakeVllm,
                                                        work: Path, tmp_path_factory: pytest.TempPathFactory
                                                        ) -> None:
+    flags: dict[str, str] = {}
     outside = tmp_path_factory.mktemp("outside") / "victim.txt"
     outside.write_text("not yours\n")
     (work / "precious.json").write_text('{"mine": true}\n')
@@ -358,14 +360,17 @@ def test_output_that_is_not_ours_to_replace_is_refused(command: str, flag: str, 
     (work / "link").symlink_to(outside)
     target = {"dir": work / "dir", "link": work / "link", "foreign": work / "precious.json",
               "suite": work / "suite.jsonl", "reference": work / "ref.json", "input": work / "result.json",
-              "markdown": work / "out.md", "under-a-file": work / "precious.json" / "x.png"}[kind]
+              "markdown": work / "out.md", "under-a-file": work / "precious.json" / "x.png", "key": work / "key"}[kind]
+    if kind == "key":
+        flags["--api-key-file"] = str(work / "key")
     if flag == "--markdown" and kind == "foreign":
         target = work / "notes.md"
         target.write_text("# my notes\n")
     if flag == "--plot" and kind == "foreign":
         target = work / "photo.png"
         target.write_bytes(b"\x89PNG\r\n\x1a\n someone's picture")
-    refused_untouched(argv(command, fake, work, **{flag: str(target)}), [work, outside.parent], 2,
+    flags[flag] = str(target)
+    refused_untouched(argv(command, fake, work, **flags), [work, outside.parent], 2,
                       match=re.escape(flag))
     assert fake.chats() == 0
 
@@ -380,6 +385,21 @@ def test_outputs_of_our_own_are_replaced(fake: FakeVllm, work: Path) -> None:
         if command != "report":
             (work / "out.json").unlink()
     assert not [p.name for p in work.iterdir() if p.name.startswith(".")]
+
+
+@pytest.mark.parametrize("command", ["bench", "check-output record", "check-output compare", "report"])
+def test_disk_full_at_the_write_leaves_nothing(command: str, fake: FakeVllm, work: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run succeeded but its output cannot be written: exit 1, one line, no temp file, no folder made."""
+    import errno
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    flag = "--markdown" if command == "report" else "--output"
+    refused_untouched(argv(command, fake, work, **{flag: str(work / "new" / "out")}), [work], 1,
+                      match=r"new/out: cannot write \(No space left on device\)")
 
 
 # --- files the commands read: wrong types, missing keys, deep nesting, truncation, non-regular files -------

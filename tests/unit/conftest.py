@@ -16,6 +16,7 @@ import pytest
 
 from sparkspec import testckpt
 from sparkspec.safetensors_io import encode_header, read_header
+from tests.badinput import run
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -64,6 +65,32 @@ class CkptPair:
     fp8: Path
     out: Path
     spec: testckpt.ModelSpec
+
+
+@dataclass
+class Tree:
+    root: Path
+    int4: Path
+    fp8: Path
+    out: Path
+
+    def assemble(self) -> list[str | Path]:
+        return ["checkpoint", "assemble", "--int4", self.int4, "--fp8", self.fp8, "--out", self.out]
+
+    def hybrid(self, mtp: bool = True) -> Path:
+        """An assembled hybrid (with its MTP head registered) in ``out``."""
+        assert run(*self.assemble()).rc == 0
+        if mtp:
+            assert run("checkpoint", "add-mtp", "--source", self.int4, "--target", self.out).rc == 0
+        return self.out
+
+
+@pytest.fixture
+def ckpt_tree(ckpt_sources: dict[str, Path], tmp_path: Path) -> Tree:
+    """Copies of the INT4 and FP8 sources in tmp_path (its own root: the bad-input tests fingerprint it)."""
+    for name in ("int4", "fp8"):
+        shutil.copytree(ckpt_sources[name], tmp_path / name)
+    return Tree(tmp_path, tmp_path / "int4", tmp_path / "fp8", tmp_path / "out")
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,5 @@
-"""Every flag of ``sparkspec checkpoint assemble|add-mtp|verify|generate`` and every file format they read, fed
-bad values. Each case asserts the exact outcome through tests.badinput: exit 2, exactly one line
+"""Every file format ``sparkspec checkpoint assemble|add-mtp|verify`` read, fed bad content (the flags: in
+test_checkpoint_badflags.py). Each case asserts the exact outcome through tests.badinput: exit 2, exactly one line
 ``sparkspec: error: ...`` matching the case's regex, no traceback, and every folder involved unchanged by
 content hash (inputs, outputs, and nothing left behind: no temp, lock or partial output)."""
 
@@ -7,85 +7,26 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import add_tensor
+from conftest import Tree, add_tensor
 
 from sparkspec.checkpoint import MANIFEST_NAME
 from sparkspec.ckpt_select import EXTRA_FILE
 from sparkspec.hubrepo import REVISION_FILE
 from sparkspec.safetensors_io import INDEX_NAME, read_header
-from tests.badinput import refused_untouched, run
+from tests.badinput import refused_untouched
 
 SHARD = "model-00001-of-00002.safetensors"
+Damage = Callable[[Path], object]  # does something to the file at that path
 DEEP = "[" * 5000 + "]" * 5000
 
 
-@dataclass
-class Tree:
-    root: Path
-    int4: Path
-    fp8: Path
-    out: Path
-
-    def assemble(self) -> list[str | Path]:
-        return ["checkpoint", "assemble", "--int4", self.int4, "--fp8", self.fp8, "--out", self.out]
-
-    def hybrid(self, mtp: bool = True) -> Path:
-        """An assembled hybrid (with its MTP head registered) in ``out``."""
-        assert run(*self.assemble()).rc == 0
-        if mtp:
-            assert run("checkpoint", "add-mtp", "--source", self.int4, "--target", self.out).rc == 0
-        return self.out
-
-
-@pytest.fixture
-def tree(ckpt_sources: dict[str, Path], tmp_path: Path) -> Tree:
-    for name in ("int4", "fp8"):
-        shutil.copytree(ckpt_sources[name], tmp_path / name)
-    return Tree(tmp_path, tmp_path / "int4", tmp_path / "fp8", tmp_path / "out")
-
-
-# --- flags --------------------------------------------------------------------------------------------------
-NUMBERS = {"nan": "nan", "inf": "inf", "negative": "-1", "huge": "99999999999", "float": "1.5", "word": "many"}
-
-
-def _flag_cases() -> list[Any]:
-    cases = []
-    for flag, action in (("--expect-fp8", "assemble"), ("--expect-mtp", "verify")):
-        for kind, value in NUMBERS.items():
-            cases.append(pytest.param(action, flag, value, rf"argument {flag}: ", id=f"{action}{flag}={kind}"))
-    bounds = {"--hidden": ("0", "100", "8320"), "--layers": ("0", "129"), "--experts": ("0", "1", "513"),
-              "--shared-intermediate": ("0", "130", "8320"), "--mtp-layers": ("5",), "--shards": ("0", "257")}
-    for flag, special in bounds.items():
-        for kind, value in [*NUMBERS.items(), *((f"edge{v}", v) for v in special)]:
-            cases.append(pytest.param("generate", flag, value, rf"argument {flag}: ", id=f"generate{flag}={kind}"))
-    for flag, value in (("--kind", "int8"), ("--scale-dtype", "F16")):
-        cases.append(pytest.param("generate", flag, value, rf"argument {flag}: invalid choice",
-                                  id=f"generate{flag}={value}"))
-    return cases
-
-
-@pytest.mark.parametrize("action, flag, value, match", _flag_cases())
-def test_bad_number_or_choice_flag(tree: Tree, action: str, flag: str, value: str, match: str) -> None:
-    argv: list[str | Path]
-    if action == "assemble":
-        argv = [*tree.assemble(), flag, value]
-    elif action == "verify":
-        argv = ["checkpoint", "verify", tree.int4, "--no-load", flag, value]
-    else:
-        argv = ["checkpoint", "generate", "--kind", "int4", "--out", tree.root / "gen", flag, value]
-        if flag == "--kind":
-            argv = ["checkpoint", "generate", "--out", tree.root / "gen", flag, value]
-    refused_untouched(argv, [tree.root], match=match)
-
-
+# --- file formats -------------------------------------------------------------------------------------------
 def _fifo(path: Path) -> Path:
     os.mkfifo(path)
     return path
@@ -101,60 +42,6 @@ def _as_folder(path: Path) -> None:
     path.mkdir()
 
 
-PATH_CASES: list[tuple[str, str, str, str]] = [
-    # (id, command, which path flag gets the bad value, match)
-    ("missing", "assemble --int4", "missing", r"--int4 .*absent: not a folder"),
-    ("file", "assemble --int4", "file", r"--int4 .*notes.txt: not a folder"),
-    ("fifo", "assemble --fp8", "fifo", r"--fp8 .*pipe: not a folder"),
-    ("missing", "add-mtp --source", "missing", r"--source .*absent: not a folder"),
-    ("no_head", "add-mtp --source", "empty", rf"{EXTRA_FILE}: not found"),
-    ("file", "add-mtp --target", "file", r"--target .*: not a folder"),
-    ("foreign", "add-mtp --target", "foreign", r"was not written by sparkspec checkpoint assemble"),
-    ("missing", "verify", "missing", r"not a directory"),
-    ("fifo", "verify", "fifo", r"not a directory"),
-    ("empty_folder", "verify", "empty", r"index not found"),
-    ("file", "generate --out", "file", r"--out .* not a folder"),
-    ("foreign", "generate --out", "foreign", r"was not written by sparkspec checkpoint generate"),
-    ("file_parent", "assemble --out", "under_file", r"--out .*: .*notes.txt is not a folder"),
-    ("foreign", "assemble --out", "foreign", r"was not written by sparkspec checkpoint assemble"),
-    ("empty_string", "assemble --out", "", r"--out .* contains the input --int4"),
-]
-
-
-@pytest.mark.parametrize("case, command, bad, match", PATH_CASES, ids=[f"{c[1]}={c[0]}" for c in PATH_CASES])
-def test_bad_path_flag(tree: Tree, case: str, command: str, bad: str, match: str,
-                       monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(tree.root)  # '' is the current folder: the one holding the sources
-    value: str | Path = {"missing": tree.root / "absent", "file": tree.root / "notes.txt",
-                         "fifo": tree.root / "pipe", "empty": tree.root / "empty", "foreign": tree.root / "mine",
-                         "under_file": tree.root / "notes.txt" / "out", "": ""}[bad]
-    (tree.root / "notes.txt").write_text("notes")
-    _fifo(tree.root / "pipe")
-    (tree.root / "empty").mkdir()
-    (tree.root / "mine").mkdir()
-    (tree.root / "mine" / "keep.txt").write_text("mine")
-    action, _, flag = command.partition(" ")
-    if action == "add-mtp":
-        tree.hybrid(mtp=False)
-    if action == "assemble":
-        args = {"--int4": tree.int4, "--fp8": tree.fp8, "--out": tree.out, flag: value}
-        argv = ["checkpoint", "assemble", *[x for kv in args.items() for x in kv]]
-    elif action == "add-mtp":
-        args = {"--source": tree.int4, "--target": tree.out, flag: value}
-        argv = ["checkpoint", "add-mtp", *[x for kv in args.items() for x in kv]]
-    elif action == "verify":
-        argv = ["checkpoint", "verify", value, "--no-load"]
-    else:
-        argv = ["checkpoint", "generate", "--kind", "fp8", "--out", value]
-    refused_untouched(argv, [tree.root], match=match)
-
-
-def test_bad_fp8_pattern(tree: Tree) -> None:
-    refused_untouched([*tree.assemble(), "--fp8-pattern", "(unclosed"], [tree.root],
-                      match=r"--fp8-pattern '\(unclosed': not a valid regular expression")
-
-
-# --- file formats -------------------------------------------------------------------------------------------
 def _header_doc(path: Path) -> tuple[dict[str, Any], bytes]:
     raw = path.read_bytes()
     (length,) = struct.unpack("<Q", raw[:8])
@@ -189,7 +76,7 @@ def _entry(field: str, value: Any) -> Callable[[dict[str, Any]], Any]:
 
 
 _DROP = object()
-HEADER_DAMAGE: dict[str, tuple[Callable[[Path], None], str]] = {
+HEADER_DAMAGE: dict[str, tuple[Damage, str]] = {
     "dtype_number": (lambda p: _edit_header(p, _entry("dtype", 5)), r"unknown dtype 5"),
     "dtype_missing": (lambda p: _edit_header(p, _entry("dtype", _DROP)), r"unknown dtype None"),
     "shape_string": (lambda p: _edit_header(p, _entry("shape", "3x4")), r"bad shape"),
@@ -216,7 +103,7 @@ HEADER_DAMAGE: dict[str, tuple[Callable[[Path], None], str]] = {
 }
 
 
-def _json_damage(key_path: tuple[str, ...], value: Any) -> Callable[[Path], None]:
+def _json_damage(key_path: tuple[str, ...], value: Any) -> Damage:
     def damage(path: Path) -> None:
         doc = json.loads(path.read_text())
         node = doc
@@ -230,13 +117,13 @@ def _json_damage(key_path: tuple[str, ...], value: Any) -> Callable[[Path], None
     return damage
 
 
-def _raw(text: str) -> Callable[[Path], None]:
+def _raw(text: str) -> Damage:
     def damage(path: Path) -> None:
         path.write_text(text)
     return damage
 
 
-def _first_mapped(value: Any) -> Callable[[Path], None]:
+def _first_mapped(value: Any) -> Damage:
     def damage(path: Path) -> None:
         doc = json.loads(path.read_text())
         doc["weight_map"][next(iter(doc["weight_map"]))] = value
@@ -245,7 +132,7 @@ def _first_mapped(value: Any) -> Callable[[Path], None]:
 
 
 # damage common to every JSON file the commands read
-JSON_DAMAGE: dict[str, tuple[Callable[[Path], None], str]] = {
+JSON_DAMAGE: dict[str, tuple[Damage, str]] = {
     "truncated": (lambda p: p.write_bytes(p.read_bytes()[: len(p.read_bytes()) // 2]), r"not valid JSON"),
     "deep_nesting": (_raw(DEEP), r"not valid JSON .*nests deeper"),
     "nan": (_raw('{"a": NaN}'), r"not valid JSON .*NaN"),
@@ -253,7 +140,7 @@ JSON_DAMAGE: dict[str, tuple[Callable[[Path], None], str]] = {
     "fifo": (_as_fifo, r"not a regular file"),
     "folder": (_as_folder, r"not a regular file"),
 }
-INDEX_DAMAGE: dict[str, tuple[Callable[[Path], None], str]] = {
+INDEX_DAMAGE: dict[str, tuple[Damage, str]] = {
     **JSON_DAMAGE,
     "weight_map_list": (_json_damage(("weight_map",), []), r"no weight_map"),
     "weight_map_missing": (_json_damage(("weight_map",), _DROP), r"no weight_map"),
@@ -266,7 +153,7 @@ INDEX_DAMAGE: dict[str, tuple[Callable[[Path], None], str]] = {
     "total_size_negative": (_json_damage(("metadata", "total_size"), -5), r"total_size is negative"),
     "metadata_list": (_json_damage(("metadata",), []), r"'metadata' is list"),
 }
-INT4_CONFIG_DAMAGE: dict[str, tuple[Callable[[Path], None], str]] = {
+INT4_CONFIG_DAMAGE: dict[str, tuple[Damage, str]] = {
     **JSON_DAMAGE,
     "text_config_list": (_json_damage(("text_config",), []), r"text_config is list"),
     "layers_string": (_json_damage(("text_config", "num_hidden_layers"), "4"), r"num_hidden_layers is '4'"),
@@ -275,7 +162,7 @@ INT4_CONFIG_DAMAGE: dict[str, tuple[Callable[[Path], None], str]] = {
     "shared_negative": (_json_damage(("text_config", "shared_expert_intermediate_size"), -128),
                         r"shared_expert_intermediate_size is -128"),
 }
-FP8_CONFIG_DAMAGE: dict[str, tuple[Callable[[Path], None], str]] = {
+FP8_CONFIG_DAMAGE: dict[str, tuple[Damage, str]] = {
     **JSON_DAMAGE,
     "block_zero": (_json_damage(("quantization_config", "weight_block_size"), [0, 128]), r"weight_block_size"),
     "block_string": (_json_damage(("quantization_config", "weight_block_size"), "128"), r"weight_block_size"),
@@ -284,14 +171,14 @@ FP8_CONFIG_DAMAGE: dict[str, tuple[Callable[[Path], None], str]] = {
                    r"weight_block_size"),
     "quantization_string": (_json_damage(("quantization_config",), "fp8"), r"quantization_config is str"),
 }
-HYBRID_CONFIG_DAMAGE: dict[str, tuple[Callable[[Path], None], str]] = {
+HYBRID_CONFIG_DAMAGE: dict[str, tuple[Damage, str]] = {
     **JSON_DAMAGE,
     "mtp_negative": (_json_damage(("text_config", "mtp_num_hidden_layers"), -1), r"mtp_num_hidden_layers is -1"),
     "mtp_string": (_json_damage(("text_config", "mtp_num_hidden_layers"), "1"), r"mtp_num_hidden_layers is '1'"),
     "experts_string": (_json_damage(("text_config", "num_experts"), "4"), r"num_experts is '4'"),
     "experts_zero": (_json_damage(("text_config", "num_experts"), 0), r"num_experts is 0"),
 }
-MANIFEST_DAMAGE: dict[str, tuple[Callable[[Path], None], str]] = {
+MANIFEST_DAMAGE: dict[str, tuple[Damage, str]] = {
     **JSON_DAMAGE,
     "outputs_list": (_json_damage(("outputs",), []), r"'outputs' is list"),
     "outputs_missing": (_json_damage(("outputs",), _DROP), r"has no 'outputs'"),
@@ -308,7 +195,7 @@ MANIFEST_DAMAGE: dict[str, tuple[Callable[[Path], None], str]] = {
 def _cases() -> list[Any]:
     cases = []
 
-    def add(table: dict[str, tuple[Callable[[Path], None], str]], target: str, command: str) -> None:
+    def add(table: dict[str, tuple[Damage, str]], target: str, command: str) -> None:
         for name, (damage, match) in table.items():
             cases.append(pytest.param(target, command, damage, match, id=f"{target}-{name}-{command}"))
 
@@ -335,28 +222,28 @@ def _cases() -> list[Any]:
     return cases
 
 
-def _target(tree: Tree, target: str, command: str) -> Path:
+def _target(ckpt_tree: Tree, target: str, command: str) -> Path:
     if command == "add-mtp" or target.startswith("hybrid") or target == "manifest":
-        tree.hybrid(mtp=command == "verify")  # verify: a complete hybrid, so that only the damage fails it
-    fp8_shard = json.loads((tree.fp8 / INDEX_NAME).read_text())["weight_map"][
+        ckpt_tree.hybrid(mtp=command == "verify")  # verify: a complete hybrid, so that only the damage fails it
+    fp8_shard = json.loads((ckpt_tree.fp8 / INDEX_NAME).read_text())["weight_map"][
         "model.language_model.layers.0.mlp.shared_expert.gate_proj.weight"]
-    return {"int4-shard": tree.int4 / SHARD, "fp8-shard": tree.fp8 / fp8_shard, "extra": tree.int4 / EXTRA_FILE,
-            "hybrid-shard": tree.out / SHARD, "int4-index": tree.int4 / INDEX_NAME,
-            "fp8-index": tree.fp8 / INDEX_NAME, "hybrid-index": tree.out / INDEX_NAME,
-            "int4-config": tree.int4 / "config.json", "fp8-config": tree.fp8 / "config.json",
-            "hybrid-config": tree.out / "config.json", "manifest": tree.out / MANIFEST_NAME}[target]
+    return {"int4-shard": ckpt_tree.int4 / SHARD, "fp8-shard": ckpt_tree.fp8 / fp8_shard, "extra": ckpt_tree.int4 / EXTRA_FILE,
+            "hybrid-shard": ckpt_tree.out / SHARD, "int4-index": ckpt_tree.int4 / INDEX_NAME,
+            "fp8-index": ckpt_tree.fp8 / INDEX_NAME, "hybrid-index": ckpt_tree.out / INDEX_NAME,
+            "int4-config": ckpt_tree.int4 / "config.json", "fp8-config": ckpt_tree.fp8 / "config.json",
+            "hybrid-config": ckpt_tree.out / "config.json", "manifest": ckpt_tree.out / MANIFEST_NAME}[target]
 
 
 @pytest.mark.parametrize("target, command, damage, match", _cases())
-def test_bad_file(tree: Tree, target: str, command: str, damage: Callable[[Path], None], match: str) -> None:
-    path = _target(tree, target, command)
+def test_bad_file(ckpt_tree: Tree, target: str, command: str, damage: Damage, match: str) -> None:
+    path = _target(ckpt_tree, target, command)
     damage(path)
     argv: list[str | Path] = {
-        "assemble": tree.assemble(),
-        "add-mtp": ["checkpoint", "add-mtp", "--source", tree.int4, "--target", tree.out],
-        "verify": ["checkpoint", "verify", tree.out, "--no-load", "--full"],
+        "assemble": ckpt_tree.assemble(),
+        "add-mtp": ["checkpoint", "add-mtp", "--source", ckpt_tree.int4, "--target", ckpt_tree.out],
+        "verify": ["checkpoint", "verify", ckpt_tree.out, "--no-load", "--full"],
     }[command]
-    line = refused_untouched(argv, [tree.root], match=match).stderr
+    line = refused_untouched(argv, [ckpt_tree.root], match=match).stderr
     assert path.name in line or str(path.parent) in line, f"the line does not name {path}: {line}"
 
 
@@ -366,49 +253,49 @@ def test_bad_file(tree: Tree, target: str, command: str, damage: Callable[[Path]
     ("fifo", r"not a regular file"),
     ("huge", r"more than the 4096"),
 ])
-def test_bad_revision_marker(tree: Tree, damage: str, match: str) -> None:
-    marker = tree.int4 / REVISION_FILE
+def test_bad_revision_marker(ckpt_tree: Tree, damage: str, match: str) -> None:
+    marker = ckpt_tree.int4 / REVISION_FILE
     if damage == "fifo":
         _fifo(marker)
     else:
         marker.write_text("not a revision!\n" if damage == "garbage" else "a" * 5000)
-    refused_untouched(tree.assemble(), [tree.root], match=rf"{REVISION_FILE}.*{match}|{match}.*{REVISION_FILE}")
+    refused_untouched(ckpt_tree.assemble(), [ckpt_tree.root], match=rf"{REVISION_FILE}.*{match}|{match}.*{REVISION_FILE}")
 
 
 @pytest.mark.parametrize("kind", ["fifo", "broken_link", "link_out"])
-def test_side_file_that_is_not_a_file_of_the_source(tree: Tree, kind: str) -> None:
-    side = tree.int4 / "tokenizer.json"
+def test_side_file_that_is_not_a_file_of_the_source(ckpt_tree: Tree, kind: str) -> None:
+    side = ckpt_tree.int4 / "tokenizer.json"
     side.unlink()
     if kind == "fifo":
         _fifo(side)
     elif kind == "broken_link":
-        side.symlink_to(tree.root / "nowhere")
+        side.symlink_to(ckpt_tree.root / "nowhere")
     else:
-        (tree.root / "secret").write_text("ssh key")
-        side.symlink_to(tree.root / "secret")
+        (ckpt_tree.root / "secret").write_text("ssh key")
+        side.symlink_to(ckpt_tree.root / "secret")
     match = r"links out of --int4" if kind == "link_out" else r"tokenizer.json.* not a regular file"
-    refused_untouched(tree.assemble(), [tree.root], match=match)
+    refused_untouched(ckpt_tree.assemble(), [ckpt_tree.root], match=match)
 
 
-def test_shard_linked_out_of_the_source_is_refused(tree: Tree) -> None:
-    shard = tree.int4 / SHARD
-    elsewhere = tree.root / "elsewhere.safetensors"
+def test_shard_linked_out_of_the_source_is_refused(ckpt_tree: Tree) -> None:
+    shard = ckpt_tree.int4 / SHARD
+    elsewhere = ckpt_tree.root / "elsewhere.safetensors"
     shard.rename(elsewhere)
     shard.symlink_to(elsewhere)
-    refused_untouched(tree.assemble(), [tree.root], match=rf"{SHARD}: links out of --int4")
+    refused_untouched(ckpt_tree.assemble(), [ckpt_tree.root], match=rf"{SHARD}: links out of --int4")
 
 
-def test_mtp_tensor_also_in_a_model_shard_is_refused_by_add_mtp(tree: Tree) -> None:
-    out = tree.hybrid(mtp=False)
-    info = read_header(tree.int4 / EXTRA_FILE).tensors["mtp.fc.weight"]
+def test_mtp_tensor_also_in_a_model_shard_is_refused_by_add_mtp(ckpt_tree: Tree) -> None:
+    out = ckpt_tree.hybrid(mtp=False)
+    info = read_header(ckpt_tree.int4 / EXTRA_FILE).tensors["mtp.fc.weight"]
     add_tensor(out / SHARD, "mtp.fc.weight", info.dtype, info.shape, bytes(info.nbytes))
-    refused_untouched(["checkpoint", "add-mtp", "--source", tree.int4, "--target", out], [tree.root],
+    refused_untouched(["checkpoint", "add-mtp", "--source", ckpt_tree.int4, "--target", out], [ckpt_tree.root],
                       match=rf"mtp.fc.weight is in both ({SHARD} and {EXTRA_FILE}|{EXTRA_FILE} and {SHARD})")
 
 
-def test_extra_file_with_a_non_mtp_tensor_is_refused(tree: Tree) -> None:
-    out = tree.hybrid(mtp=False)
-    extra = tree.int4 / EXTRA_FILE
+def test_extra_file_with_a_non_mtp_tensor_is_refused(ckpt_tree: Tree) -> None:
+    out = ckpt_tree.hybrid(mtp=False)
+    extra = ckpt_tree.int4 / EXTRA_FILE
     _edit_header(extra, lambda d: {("lm_head.weight" if k == _first_tensor(d) else k): v for k, v in d.items()})
-    refused_untouched(["checkpoint", "add-mtp", "--source", tree.int4, "--target", out], [tree.root],
+    refused_untouched(["checkpoint", "add-mtp", "--source", ckpt_tree.int4, "--target", out], [ckpt_tree.root],
                       match=r"non-MTP tensors \(e.g. lm_head.weight\)")

@@ -173,9 +173,11 @@ def _fetch_subset(args: argparse.Namespace) -> int:
 
 def _plan(args: argparse.Namespace) -> int:
     from sparkspec import hub
-    from sparkspec.hub_dest import preflight
+    from sparkspec.hub_dest import claim, preflight
     from sparkspec.hub_source import Source
 
+    if args.dest:  # the checks a fetch into --dest would make first
+        claim(Path(args.dest), {"--local-path": args.local_path})
     source = Source(args.repo, args.revision, args.endpoint, _token(args), args.local_path)
     plan = hub.plan(source, args.include)
     if args.dest:

@@ -9,6 +9,7 @@ endpoint never hashes a published file again.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -134,8 +135,17 @@ def _copy(src: Path, rel: str, dst: Path) -> Digests:
 
 def _replace(folder: Path, target: Path, repo_id: str, src: Path, wanted: Listing, revision: str | None
              ) -> tuple[str, dict[str, RepoFile]]:
+    made: list[Path] = []  # the folders this run creates (the root, the org), outermost first
+    missing = folder
+    while not missing.exists():
+        made.insert(0, missing)
+        missing = missing.parent
     folder.mkdir(parents=True, exist_ok=True)
-    staging = _fresh(folder, f".{target.name}.publishing")
+    try:
+        staging = _fresh(folder, f".{target.name}.publishing")
+    except OSError:
+        _unmake(made)
+        raise
     try:
         digests = {rel: _copy(src, rel, staging / rel) for rel in wanted.files}
         files = {rel: RepoFile(rel, wanted.files[rel].size, d.sha256, d.blob_id)
@@ -156,13 +166,21 @@ def _replace(folder: Path, target: Path, repo_id: str, src: Path, wanted: Listin
             except OSError:
                 os.replace(old, target)
                 raise
-            shutil.rmtree(old)
+            shutil.rmtree(old, ignore_errors=True)  # published; a leftover is hidden and marked as ours
         else:
             os.replace(staging, target)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        _unmake(made)
+        raise
     return new_revision, files
+
+
+def _unmake(made: list[Path]) -> None:
+    """Remove the folders this run made (innermost first), where they are still empty."""
+    for path in reversed(made):
+        with contextlib.suppress(OSError):
+            path.rmdir()
 
 
 def _fresh(folder: Path, prefix: str) -> Path:

@@ -10,14 +10,17 @@ from __future__ import annotations
 import http.client
 import http.server
 import json
+import os
 import shutil
+import socket
 import subprocess
 import sys
 import threading
 import urllib.parse
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -352,3 +355,216 @@ def test_fetch_refuses_a_mirrors_names_that_are_paths(work: dict[str, Path], mir
                  ["fetch", "repo", "Qwen/tiny-FP8", "--revision", "main", "--dest", dest, "--endpoint", url]):
         refused_untouched(argv, [work["int4"], work["fp8"], work["tmp"] / "a"], match=match)
     assert not list(work["tmp"].rglob("escaped*"))
+
+
+# --- every flag of fetch repo|fp8-subset|plan and hub serve|publish, with bad values -------------------
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory, pair: dict[str, Path]) -> dict[str, Path]:
+    """Inputs for the bad-value table; every row must leave all of them (and the absent ``out``) as they
+    were, byte for byte."""
+    base = tmp_path_factory.mktemp("world")
+    root = base / "root"
+    publish(root, "org/tiny", _small_repo(base / "src"))
+    os.mkfifo(base / "fifo")
+    (base / "empty").write_text("")
+    (base / "two-tokens").write_text("hf_a hf_b\n")
+    (base / "binary").write_bytes(b"\xff\xfe\x00hf")
+    (base / "afile").write_text("a file\n")
+    (base / "emptydir").mkdir()
+    (base / "foreign").mkdir()
+    (base / "foreign" / "mine.txt").write_text("not the fetch's\n")
+    (base / "link").symlink_to(base / "emptydir")
+    (root / "tokens").write_text("hf_in_root\n")
+    (base / "token").write_text("hf_good\n")
+    (base / "token").chmod(0o600)
+    return {"base": base, "root": root, "src": base / "src", "repo": root / "org" / "tiny", **pair}
+
+
+NUMBERS = ["nan", "inf", "-inf", "-1", "1e3", "1.5", "x", "99999999999999999999", ""]
+REPO_IDS = ["org", "org/", "/etc/passwd", "org/..", "../x", "org/a/b", "org\\x/y", "org/na me",
+            "o" * 97 + "/x", "org/x\n", "org/-x", "org/x.", "a--b/c"]
+REVISIONS = ["", "../x", "main/../x", "a b", "x" * 200, "refs/pr/x", "main\n", "-"]
+ENDPOINTS = ["ftp://h", "http://", "not a url", "http://user:pw@h", "http://h/\n", ""]
+
+
+def _set(argv: list[str | Path], flag: str, value: str | Path) -> list[str | Path]:
+    """``argv`` with ``flag`` given ``value`` (replaced, or added); flag "repo" is the positional."""
+    out = list(argv)
+    if flag == "repo":
+        out[2] = value
+    elif flag in out:
+        out[out.index(flag) + 1] = value
+    else:
+        out += [flag, value]
+    return out
+
+
+def _rows() -> list[Any]:
+    """(command, flag, value, rc, regex): the value may name a path of ``world`` as {key}."""
+    rows: list[tuple[str, str, str, str]] = []
+    for cmd in ("repo", "fp8-subset", "plan"):
+        rows += [(cmd, "repo", v, "argument repo: repo id .* is not org/name") for v in REPO_IDS]
+        rows += [(cmd, "--revision", v, "argument --revision: (revision .* is not a commit id|expected one)")
+                 for v in REVISIONS]
+        rows += [(cmd, "--endpoint", v, "argument --endpoint: .*(not an http\\(s\\) URL|credentials)")
+                 for v in ENDPOINTS]
+        rows += [(cmd, "--token-file", "{base}/missing", "token file not found"),
+                 (cmd, "--token-file", "{base}/emptydir", "not a regular file"),
+                 (cmd, "--token-file", "{base}/fifo", "not a regular file \\(a folder, FIFO or device\\)"),
+                 (cmd, "--token-file", "{base}/empty", "token file is empty"),
+                 (cmd, "--token-file", "{base}/two-tokens", "more than one token"),
+                 (cmd, "--token-file", "{base}/binary", "not UTF-8"),
+                 (cmd, "--token-file", "", "argument --token-file: '' is empty"),
+                 (cmd, "--local-path", "{base}/missing", "--local-path .*missing: not a directory"),
+                 (cmd, "--local-path", "{base}/afile", "--local-path .*afile: not a directory"),
+                 (cmd, "--local-path", "", "argument --local-path: '' is empty"),
+                 (cmd, "--json", "yes", "unrecognized arguments: yes"),
+                 (cmd, "--dest", "{base}/afile", "--dest .*afile: exists and is not a folder"),
+                 (cmd, "--dest", "{base}/fifo", "--dest .*fifo: exists and is not a folder"),
+                 (cmd, "--dest", "{base}/link", "--dest .*link is a symbolic link"),
+                 (cmd, "--dest", "{base}/foreign", "holds files that `sparkspec fetch` did not write"),
+                 (cmd, "--dest", "{local}", "--dest .* is the input --local-path"),
+                 (cmd, "--dest", "{local}/sub", "--dest .* is inside the input --local-path"),
+                 (cmd, "--dest", "", "argument --dest: '' is empty"),
+                 (cmd, "--token", "hf_in_argv", "unrecognized arguments: --token")]
+    for cmd in ("repo", "plan"):
+        rows += [(cmd, "--include", "", "argument --include: '' is empty")]
+    rows += [("fp8-subset", "--int4", "{base}/missing", "index not found"),
+             ("fp8-subset", "--int4", "{base}/emptydir", "index not found"),
+             ("fp8-subset", "--int4", "{base}/afile", "index not found"),
+             ("fp8-subset", "--int4", "", "argument --int4: '' is empty"),
+             ("fp8-subset", "--int4", "{base}", "--dest .* is inside the input --int4"),
+             ("fp8-subset", "--fp8-pattern", "(", "--fp8-pattern '\\(': not a valid regular expression"),
+             ("fp8-subset", "--fp8-pattern", "", "argument --fp8-pattern: '' is empty"),
+             ("fp8-subset", "--mode", "fast", "argument --mode: invalid choice"),
+             ("fp8-subset", "--mode", "", "argument --mode: invalid choice")]
+    rows += [("fp8-subset", "--retries", v, "argument --retries: ") for v in [*NUMBERS, "0", "101"]]
+    rows += [("serve", "--port", v, "argument --port: ") for v in [*NUMBERS, "65536"]]
+    rows += [("serve", "--root", "{base}/missing", "--root .*missing: not a directory"),
+             ("serve", "--root", "{base}/afile", "--root .*afile: not a directory"),
+             ("serve", "--root", "", "argument --root: '' is empty"),
+             ("serve", "--host", "", "argument --host: '' is empty"),
+             ("serve", "--host", "no such host!", "--host no such host! --port 0: cannot listen"),
+             ("serve", "--host", "256.0.0.1", "--host 256.0.0.1 --port 0: cannot listen"),
+             ("serve", "--host", "127.0.0.1\n", "argument --host: .* control character"),
+             ("serve", "--token-file", "{base}/missing", "token file not found"),
+             ("serve", "--token-file", "{base}/emptydir", "not a regular file"),
+             ("serve", "--token-file", "{base}/fifo", "not a regular file \\(a folder, FIFO or device\\)"),
+             ("serve", "--token-file", "{base}/empty", "holds no token"),
+             ("serve", "--token-file", "{base}/binary", "is not UTF-8"),
+             ("serve", "--token-file", "{base}/two-tokens", "a token holds a space"),
+             ("serve", "--token-file", "{root}/tokens", "is inside --root"),
+             ("serve", "--token-file", "", "argument --token-file: '' is empty"),
+             ("serve", "--token", "hf_in_argv", "unrecognized arguments: --token"),
+             ("serve", "--verbose", "yes", "unrecognized arguments: yes")]
+    rows += [("publish", "--repo", v, "argument --repo: repo id .* is not org/name") for v in REPO_IDS]
+    rows += [("publish", "--revision", v, "argument --revision: (.* is not a 40-hex commit id|expected one)")
+             for v in ["main", "G" * 40, "a" * 39, "a" * 41, "", "../x", "-"]]
+    rows += [("publish", "--root", "{base}/afile", "afile exists and is not a folder"),
+             ("publish", "--root", "{base}/fifo", "fifo exists and is not a folder"),
+             ("publish", "--root", "", "argument --root: '' is empty"),
+             ("publish", "--root", "{src}/hub", "--root .* is inside the input --from"),
+             ("publish", "--from", "{base}/missing", "--from .*missing: not a directory"),
+             ("publish", "--from", "{base}/afile", "--from .*afile: not a directory"),
+             ("publish", "--from", "{root}", "--root .* is the input --from"),
+             ("publish", "--from", "{repo}", "--root .* contains the input --from"),
+             ("publish", "--from", "{base}", "--root .* is inside the input --from"),
+             ("publish", "--from", "", "argument --from: '' is empty"),
+             ("publish", "--json", "yes", "unrecognized arguments: yes")]
+    return [pytest.param(*row, id=f"{row[0]} {row[1]} {row[2]!r:.40}") for row in rows]
+
+
+def _argv(cmd: str, w: dict[str, Path]) -> list[str | Path]:
+    out = w["base"] / "out"
+    return {
+        "repo": ["fetch", "repo", "org/tiny", "--revision", "main", "--local-path", w["src"], "--dest", out],
+        "fp8-subset": ["fetch", "fp8-subset", "Qwen/tiny-FP8", "--revision", "main", "--int4", w["int4"],
+                       "--local-path", w["fp8"], "--dest", out],
+        "plan": ["fetch", "plan", "org/tiny", "--revision", "main", "--local-path", w["src"], "--dest", out],
+        "serve": ["hub", "serve", "--root", w["root"], "--host", "127.0.0.1", "--port", "0", "--token-file",
+                  w["base"] / "token"],
+        "publish": ["hub", "publish", "--root", w["root"], "--repo", "org/new", "--from", w["src"]],
+    }[cmd]
+
+
+@pytest.mark.parametrize("cmd, flag, value, match", _rows())
+def test_every_flag_refuses_bad_values(world: dict[str, Path], cmd: str, flag: str, value: str,
+                                       match: str) -> None:
+    """One line ``sparkspec: error: ...`` naming the flag or the file, exit 2, nothing read into or written
+    (every input and the absent output unchanged by content hash)."""
+    paths = {k: str(v) for k, v in world.items()}
+    paths["local"] = paths["fp8" if cmd == "fp8-subset" else "src"]
+    argv = _set(_argv(cmd, world), flag, value.format(**paths))
+    if cmd == "fp8-subset" and flag == "--int4" and value == "{base}":
+        argv = _set(argv, "--dest", world["base"] / "out")
+    roots = [world["base"], world["int4"], world["fp8"]] if cmd == "fp8-subset" else [world["base"]]
+    refused_untouched(argv, roots, 2, match)
+
+
+# --- failures of the machine and the server: one line, exit 1 (2 for a read-only output), nothing left ----
+@pytest.fixture()
+def tmpfs(tmp_path: Path) -> Iterator[Callable[..., Path]]:
+    """Mount small tmpfs filesystems (root needed); skip with the reason when mounting is refused."""
+    made: list[Path] = []
+
+    def mount(size: str, *options: str) -> Path:
+        point = tmp_path / f"tmpfs{len(made)}"
+        point.mkdir()
+        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", ",".join([f"size={size}", *options]), "tmpfs",
+                               str(point)], capture_output=True, text=True, check=False)
+        if proc.returncode:
+            pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
+        made.append(point)
+        return point
+
+    yield mount
+    for point in reversed(made):
+        subprocess.run(["umount", "-l", str(point)], check=False)
+
+
+def test_a_full_or_read_only_disk_is_one_line_and_leaves_nothing(tmp_path: Path, tmpfs: Callable[..., Path]
+                                                                  ) -> None:
+    src = _small_repo(tmp_path / "src")
+    (src / "model.safetensors").write_bytes(os.urandom(3 << 20))
+    full, read_only = tmpfs("1m"), tmpfs("16m", "ro")
+    # disk full while publishing: a run-time failure (exit 1); the staging and the folders it made are gone
+    refused_untouched(["hub", "publish", "--root", full / "hub", "--repo", "org/x", "--from", src],
+                      [full, src], 1, "No space left on device; free space")
+    # a read-only output: the user's to fix (exit 2)
+    refused_untouched(["hub", "publish", "--root", read_only / "hub", "--repo", "org/x", "--from", src],
+                      [read_only, src], 2, "Read-only file system")
+    refused_untouched(["fetch", "repo", "org/x", "--revision", "main", "--local-path", src, "--dest",
+                       read_only / "dest"], [read_only, src], 2, "Read-only file system")
+    refused_untouched(["fetch", "repo", "org/x", "--revision", "main", "--local-path", src, "--dest",
+                       full / "dest"], [full, src], 2, "needs 3\\.00MiB free")
+
+
+def test_a_server_gone_is_one_line_exit_1(tmp_path: Path) -> None:
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    for cmd in ("repo", "plan"):
+        argv = ["fetch", cmd, "org/x", "--revision", "main", "--endpoint", f"http://127.0.0.1:{port}"]
+        refused_untouched([*argv, "--dest", tmp_path / "dest"], [tmp_path], 1,
+                          "transfer failed \\(ConnectError\\)")
+
+
+def test_a_failed_download_leaves_no_temp_or_lock_file(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    publish(root, "org/tiny", _small_repo(tmp_path / "src"))
+    (root / "org" / "tiny" / "model.safetensors").unlink()
+    (tmp_path / "src" / "model.safetensors").write_bytes(os.urandom(1 << 20))
+    publish(root, "org/tiny", tmp_path / "src")
+    dest = tmp_path / "dest"
+    with HubServer(root) as server:
+        server.cut("model.safetensors", after=4096, times=100)  # every attempt is cut
+        fetch = ["fetch", "repo", "org/tiny", "--revision", "main", "--endpoint", server.url, "--dest", dest]
+        assert_refused(run(*fetch), 1, "transfer failed")
+        left = [str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file()] if dest.exists() else []
+        assert not [p for p in left if p.endswith((".lock", ".incomplete", ".part", ".tmp"))], left
+        assert "model.safetensors" not in left
+        server.cuts.clear()
+        outcome = run(*fetch)  # the re-run completes it
+        assert outcome.rc == 0, outcome.stderr
+    assert (dest / "model.safetensors").read_bytes() == (tmp_path / "src" / "model.safetensors").read_bytes()
+    assert not [p for p in dest.rglob("*") if p.suffix in (".lock", ".incomplete", ".part", ".tmp")]

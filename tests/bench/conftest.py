@@ -24,6 +24,8 @@ import pytest
 
 from sparkspec.tinymodel import write_tiny_model
 
+from .fakevllm import FakeVllm, write_work
+
 REPO = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = os.environ.get("SPARKSPEC_TEST_VLLM_PYTHON", str(REPO / ".cache/vllm-venv/bin/python"))
 NGRAM = json.dumps({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2,
@@ -179,3 +181,25 @@ def _sparkspec(*args: str, timeout: float = 900, env: dict[str, str] | None = No
 def cli() -> Cli:
     """The real CLI, as a user runs it (a subprocess)."""
     return _sparkspec
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[FakeVllm]:
+    """A fake vLLM on 127.0.0.1 (tests/bench/fakevllm.py), one per test module."""
+    fake = FakeVllm()
+    yield fake
+    fake.httpd.shutdown()
+    fake.httpd.server_close()
+
+
+@pytest.fixture()
+def fake(server: FakeVllm) -> FakeVllm:
+    """The fake vLLM, well-behaved and with nothing seen yet."""
+    server.reset()
+    return server
+
+
+@pytest.fixture()
+def work(tmp_path: Path) -> Path:
+    """A suite of two prompts, a 0600 key file, a reference and a bench result, all valid."""
+    return write_work(tmp_path)

@@ -1,0 +1,228 @@
+"""A fake vLLM OpenAI server for the hostile-input tests (stdlib http.server on 127.0.0.1), and the valid
+command lines those tests start from.
+
+It streams chat completions the way vLLM does (chat.completion.chunk events, usage, [DONE]), counts what it
+generated on /metrics, records every Authorization header it sees, and misbehaves on request: ``chat``,
+``models`` and ``metrics`` pick how.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+MODEL = "m"
+KEY = "s3cr3t-KEY-4f9a1c"
+TOKENS = 8  # the fake server generates at most this many tokens per request
+
+
+def event(doc: object) -> bytes:
+    return b"data: " + json.dumps(doc).encode() + b"\n\n"
+
+
+def text_chunk(content: object, finish: str | None = None) -> dict[str, Any]:
+    return {"id": "c", "object": "chat.completion.chunk", "model": MODEL,
+            "choices": [{"index": 0, "delta": {"content": content}, "finish_reason": finish}]}
+
+
+def usage(completion: object, prompt: int = 5) -> bytes:
+    body = json.dumps({"id": "c", "object": "chat.completion.chunk", "model": MODEL, "choices": [],
+                       "usage": {"prompt_tokens": prompt, "completion_tokens": "@@"}})
+    return b"data: " + body.replace('"@@"', str(completion)).encode() + b"\n\n"
+
+
+class QuietServer(ThreadingHTTPServer):
+    """A client that hangs up early makes the handler fail; that is the test's point, not an error to print
+    (it would land in the stderr the test captures)."""
+
+    daemon_threads = True
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        pass
+
+
+class FakeVllm:
+    """A fake vLLM OpenAI server; ``chat``, ``models`` and ``metrics`` pick how it (mis)behaves."""
+
+    def __init__(self) -> None:
+        self.chat = "ok"
+        self.models = "ok"
+        self.metrics = "ok"
+        self.key: str | None = None
+        self.seen: list[tuple[str, str | None]] = []  # (path, Authorization header)
+        self.generated = 0
+        self.prompted = 0
+        self.lock = threading.Lock()
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                fake.handle(self)
+
+            def do_POST(self) -> None:
+                fake.handle(self)
+
+        self.httpd = QuietServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def reset(self) -> None:
+        self.chat = self.models = self.metrics = "ok"
+        self.key = None
+        self.seen.clear()
+
+    def handle(self, h: BaseHTTPRequestHandler) -> None:
+        auth = h.headers.get("Authorization")
+        with self.lock:
+            self.seen.append((h.path, auth))
+        length = min(int(h.headers.get("Content-Length") or 0), 1 << 20)
+        body = h.rfile.read(length) if length else b""
+        if self.key is not None and auth != f"Bearer {self.key}":
+            return self.reply(h, 401, b'{"error": "Unauthorized"}')
+        if h.path == "/v1/models":
+            return self.reply(h, 200, self.models_body())
+        if h.path == "/metrics":
+            return self.reply(h, 200, self.metrics_body(), "text/plain; version=0.0.4")
+        if h.path == "/v1/chat/completions":
+            return self.stream(h, json.loads(body), auth)
+        return self.reply(h, 404, b"{}")
+
+    @staticmethod
+    def reply(h: BaseHTTPRequestHandler, status: int, body: bytes, ctype: str = "application/json") -> None:
+        h.send_response(status)
+        h.send_header("Content-Type", ctype)
+        h.send_header("Content-Length", str(len(body)))
+        h.end_headers()
+        h.wfile.write(body)
+
+    def models_body(self) -> bytes:
+        entry = '{"id": "m", "root": "m", "max_model_len": 1024}'
+        return {
+            "ok": f'{{"object": "list", "data": [{entry}]}}',
+            "deep": "[" * 50_000 + "]" * 50_000,
+            "nan": '{"object": "list", "data": [{"id": "m", "max_model_len": NaN}]}',
+            "id_int": '{"object": "list", "data": [{"id": 7}]}',
+            "root_list": '{"object": "list", "data": [{"id": "m", "root": ["x"]}]}',
+        }[self.models].encode()
+
+    def metrics_body(self) -> bytes:
+        gen = "NaN" if self.metrics == "nan" else f"{float(self.generated)}"
+        if self.metrics == "garbage":
+            return b"\x00\xff{{{ not prometheus\n"
+        return (f'# TYPE vllm:generation_tokens_total counter\nvllm:generation_tokens_total{{model_name="m"}} {gen}\n'
+                f'# TYPE vllm:prompt_tokens_total counter\nvllm:prompt_tokens_total{{model_name="m"}} '
+                f"{float(self.prompted)}\n").encode()
+
+    def stream(self, h: BaseHTTPRequestHandler, req: dict[str, Any], auth: str | None) -> None:
+        mode = self.chat
+        n = min(int(req.get("max_tokens", TOKENS)), TOKENS)
+        if mode == "vanish":  # the server dies before it answers
+            h.connection.shutdown(socket.SHUT_RDWR)
+            return None
+        if mode == "http_500_echo":
+            return self.reply(h, 500, f"internal error; you sent Authorization: {auth}".encode())
+        h.send_response(200)
+        h.send_header("Content-Type", "text/event-stream")
+        if mode == "drop":
+            h.send_header("Content-Length", "1000000")
+        h.end_headers()
+        pieces = [event(text_chunk(" tok")) for _ in range(n)]
+        pieces.append(event(text_chunk("", "length")))
+        tail = [usage(n), b"data: [DONE]\n\n"]
+        broken = {
+            "not_json": [b"data: {not json\n\n"],
+            "array": [b"data: [1, 2]\n\n"],
+            "choices_str": [event({"choices": "abc"})],
+            "content_int": [event(text_chunk(5))],
+            "error_event": [event({"error": {"message": "boom", "code": 500}})],
+            "huge_line": [b"data: " + b"x" * (5 << 20)],
+        }
+        if mode in broken:
+            pieces = pieces[:2] + broken[mode]
+            tail = []
+        elif mode == "no_done":
+            tail = tail[:1]
+        elif mode == "no_usage":
+            tail = tail[1:]
+        elif mode in ("usage_nan", "usage_str", "usage_huge", "usage_inf", "usage_negative"):
+            value = {"usage_nan": "NaN", "usage_str": '"8"', "usage_huge": "1000000000", "usage_inf": "1e999",
+                     "usage_negative": "-3"}[mode]
+            tail = [usage(value), tail[1]]
+        elif mode == "drop":
+            pieces, tail = pieces[:2], []
+        with self.lock:
+            if mode == "ok":
+                self.generated += n
+                self.prompted += 5
+        for piece in pieces + tail:
+            h.wfile.write(piece)
+            h.wfile.flush()
+        if mode == "drop":
+            h.connection.shutdown(socket.SHUT_RDWR)
+
+    def chats(self) -> int:
+        return sum(1 for path, _ in self.seen if path == "/v1/chat/completions")
+
+
+def bench_result(**changes: Any) -> dict[str, Any]:
+    doc = {"backend": "openai-chat", "method": "ngram", "served_model": {"id": "tiny", "root": "tiny",
+           "max_model_len": 1024}, "model_id": "tiny", "suite": "all", "max_concurrency": 1, "temperature": 0.0,
+           "completed": 3, "failed": 0, "output_throughput": 60.0, "per_request_tok_s_mean": 40.0,
+           "per_request_tok_s_max": 45.0, "spec_decode_acceptance_rate": 70.0,
+           "spec_decode_acceptance_length": 2.5, "partial": False, "error": None,
+           "suites": {"structured": {"per_request_tok_s_mean": 41.0}, "open": {"per_request_tok_s_mean": 39.0}}}
+    doc.update(changes)
+    return {k: v for k, v in doc.items() if v is not DROP}
+
+
+DROP = object()
+
+
+def argv(command: str, fake: FakeVllm, work: Path, **flags: str | None) -> list[str]:
+    """A valid command line of ``command``; ``flags`` replace (or, with None, drop) a flag's value."""
+    server = {"--url": fake.url, "--model": MODEL, "--timeout": "20"}
+    base: dict[str, dict[str, str]] = {
+        "bench": server | {"--suite": str(work / "suite.jsonl"), "--concurrency": "1", "--requests": "2",
+                           "--max-tokens": str(TOKENS), "--temperature": "0", "--method": "ngram",
+                           "--unit": "sparkspec-vllm.service", "--output": str(work / "out.json")},
+        "check-output record": server | {"--suite": str(work / "suite.jsonl"), "--max-tokens": str(TOKENS),
+                                         "--method": "baseline", "--concurrency": "1",
+                                         "--output": str(work / "out.json")},
+        "check-output compare": server | {"--reference": str(work / "ref.json"), "--min-share": "1.0",
+                                          "--method": "ngram", "--concurrency": "1",
+                                          "--output": str(work / "out.json")},
+        "report": {"--inputs": str(work / "result.json"), "--markdown": str(work / "out.md"),
+                   "--plot": str(work / "out.png")},
+        "model tiny": {"--out": str(work / "model"), "--seed": "0"},
+    }
+    args = command.split()
+    for flag, value in (base[command] | flags).items():
+        if value is not None:
+            args += [flag, value]
+    return args
+
+
+def write_work(folder: Path) -> Path:
+    """A suite of two prompts, a 0600 key file, a reference and a bench result, all valid, in ``folder``."""
+    (folder / "suite.jsonl").write_text('{"id": "a", "prompt": "Say hi."}\n{"id": "b", "prompt": "Count."}\n')
+    key = folder / "key"
+    key.write_text(KEY + "\n")
+    key.chmod(0o600)
+    ref = {"format": "sparkspec-lossless-reference/1", "model": MODEL, "method": "baseline", "suite": "suite",
+           "temperature": 0.0, "max_tokens": TOKENS, "enable_thinking": False,
+           "outputs": [{"id": "a", "suite": "suite", "prompt": "Say hi.", "expect_json": False,
+                        "text": " tok" * TOKENS}]}
+    (folder / "ref.json").write_text(json.dumps(ref))
+    (folder / "result.json").write_text(json.dumps(bench_result()))
+    return folder

@@ -1,0 +1,220 @@
+"""The hashed copy of ckpt_stream: byte identity and digests against a plain reference (xxh3_128 / blake2b over
+the same bytes), chunk and alignment boundaries, the buffered fallback where direct I/O is refused, and clear
+errors when a source shrinks mid-copy or the disk fails. No timing here: ``invoke bench.checkpoint`` measures."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import random
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sparkspec import ckpt_stream
+from sparkspec.ckpt_stream import HASH_NAME, Piece, copy_file, new_hash, write_pieces
+from sparkspec.errors import UserError
+
+SMALL_CHUNK = 64 << 10  # 16 aligned blocks: every boundary case in a few hundred KiB
+
+
+def _digest(data: bytes) -> str:
+    """The reference: one hash object fed the whole expected file at once."""
+    h = new_hash()
+    h.update(data)
+    return str(h.hexdigest())
+
+
+def _data(n: int, seed: int = 0) -> bytes:
+    """Bytes without a period, so that a chunk written at the wrong offset cannot go unnoticed."""
+    return random.Random(seed).randbytes(n)
+
+
+@pytest.fixture(params=["direct", "buffered"])
+def small_chunks(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Chunks of 64 KiB (so tests cross many boundaries cheaply), with direct I/O and without it."""
+    monkeypatch.setattr(ckpt_stream, "CHUNK_BYTES", SMALL_CHUNK)
+    if request.param == "buffered":
+        monkeypatch.setattr(ckpt_stream, "O_DIRECT", 0)
+    yield request.param
+
+
+@pytest.fixture(autouse=True)
+def _no_leaks_no_hangs() -> Iterator[None]:
+    """Every call leaves no writer thread and no open descriptor behind, and a hang (a FIFO, a lost buffer, a
+    loop on a shrunk source) fails the test instead of stalling the run."""
+    fds, threads = set(os.listdir("/proc/self/fd")), threading.active_count()
+
+    def hung(*_: object) -> None:
+        raise TimeoutError("hung for 20 s")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(20)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    assert threading.active_count() == threads
+    assert set(os.listdir("/proc/self/fd")) <= fds
+
+
+SIZES = [0, 1, 4095, 4096, 4097, SMALL_CHUNK - 1, SMALL_CHUNK, SMALL_CHUNK + 1, 3 * SMALL_CHUNK + 4097]
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_copy_file_is_byte_identical_with_the_digest_of_its_bytes(tmp_path: Path, small_chunks: str,
+                                                                   size: int) -> None:
+    data = _data(size, size)
+    (tmp_path / "src").write_bytes(data)
+    seen: list[int] = []
+    got = copy_file(tmp_path / "src", tmp_path / "dst", seen.append)
+    assert (tmp_path / "dst").read_bytes() == data
+    assert got == {"size": size, HASH_NAME: _digest(data)}
+    assert sum(seen) == size
+
+
+def test_copy_file_with_the_real_chunk_size(tmp_path: Path) -> None:
+    data = _data(2 * ckpt_stream.CHUNK_BYTES + 12345)
+    (tmp_path / "src").write_bytes(data)
+    got = copy_file(tmp_path / "src", tmp_path / "dst")
+    assert (tmp_path / "dst").read_bytes() == data
+    assert got == {"size": len(data), HASH_NAME: _digest(data)}
+
+
+def _pieces(tmp_path: Path) -> tuple[list[Piece], bytes]:
+    """Ranges of two sources, in an order that mixes adjacent (merged) and scattered ranges, empty ones, odd
+    sizes and ranges longer than a chunk; returns them and the bytes they stand for."""
+    a, b = _data(5 * SMALL_CHUNK + 333, 1), _data(2 * SMALL_CHUNK + 77, 2)
+    (tmp_path / "a").write_bytes(a)
+    (tmp_path / "b").write_bytes(b)
+    spans = [("a", 0, 0), ("a", 10, 1), ("a", 11, 4095), ("a", 4106, SMALL_CHUNK + 3), ("b", 0, 7),
+             ("a", 3 * SMALL_CHUNK, 2 * SMALL_CHUNK + 333), ("b", 7, 0), ("b", 9, 2 * SMALL_CHUNK + 68),
+             ("a", 5, 5), ("b", 2 * SMALL_CHUNK + 76, 1)]
+    source = {"a": a, "b": b}
+    pieces = [Piece(f"t{i}", "U8", (n,), tmp_path / s, off, n) for i, (s, off, n) in enumerate(spans)]
+    return pieces, b"".join(source[s][off: off + n] for s, off, n in spans)
+
+
+@pytest.mark.parametrize("prefix_len", [0, 8, 4096, SMALL_CHUNK + 5])
+def test_write_pieces_is_prefix_then_ranges_with_their_digest(tmp_path: Path, small_chunks: str,
+                                                              prefix_len: int) -> None:
+    pieces, body = _pieces(tmp_path)
+    prefix = _data(prefix_len, 9)
+    seen: list[int] = []
+    got = write_pieces(tmp_path / "out", prefix, pieces, seen.append)
+    expected = prefix + body
+    assert (tmp_path / "out").read_bytes() == expected
+    assert got == {"size": len(expected), HASH_NAME: _digest(expected)}
+    assert sum(seen) == len(body)
+
+
+def test_only_empty_pieces_give_the_prefix_alone(tmp_path: Path, small_chunks: str) -> None:
+    (tmp_path / "a").write_bytes(b"xyz")
+    got = write_pieces(tmp_path / "out", b"head", [Piece("e", "U8", (0,), tmp_path / "a", 1, 0)])
+    assert (tmp_path / "out").read_bytes() == b"head"
+    assert got == {"size": 4, HASH_NAME: _digest(b"head")}
+
+
+def test_existing_output_file_is_replaced_whole(tmp_path: Path, small_chunks: str) -> None:
+    (tmp_path / "src").write_bytes(b"new")
+    (tmp_path / "dst").write_bytes(b"older and longer")
+    copy_file(tmp_path / "src", tmp_path / "dst")
+    assert (tmp_path / "dst").read_bytes() == b"new"
+
+
+def test_direct_io_refused_by_the_filesystem_falls_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A filesystem without O_DIRECT (EINVAL at open, as tmpfs before Linux 6.6) and a device that wants
+    another alignment (EINVAL at write) both get the same bytes the ordinary way."""
+    monkeypatch.setattr(ckpt_stream, "CHUNK_BYTES", SMALL_CHUNK)
+    data = _data(3 * SMALL_CHUNK + 999)
+    (tmp_path / "src").write_bytes(data)
+    real_open, real_pwrite = os.open, os.pwrite
+    calls = {"open": 0, "pwrite": 0}
+
+    def no_direct_open(path, flags, *args):  # type: ignore[no-untyped-def]
+        if flags & ckpt_stream.O_DIRECT:
+            calls["open"] += 1
+            raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
+        return real_open(path, flags, *args)
+
+    def no_direct_write(fd, data, at):  # type: ignore[no-untyped-def]
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & ckpt_stream.O_DIRECT:
+            calls["pwrite"] += 1
+            raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
+        return real_pwrite(fd, data, at)
+
+    with monkeypatch.context() as m:
+        m.setattr(os, "open", no_direct_open)
+        assert copy_file(tmp_path / "src", tmp_path / "d1") == {"size": len(data), HASH_NAME: _digest(data)}
+    with monkeypatch.context() as m:
+        m.setattr(os, "pwrite", no_direct_write)
+        assert copy_file(tmp_path / "src", tmp_path / "d2") == {"size": len(data), HASH_NAME: _digest(data)}
+    assert (tmp_path / "d1").read_bytes() == data == (tmp_path / "d2").read_bytes()
+    assert calls == {"open": 1, "pwrite": 1}  # refused once each, then not asked again
+
+
+def test_source_truncated_mid_copy_is_a_clear_error(tmp_path: Path, small_chunks: str) -> None:
+    src = tmp_path / "shard.safetensors"
+    src.write_bytes(_data(4 * SMALL_CHUNK))
+
+    def shrink(_: int) -> None:  # another process truncates the source while it is being copied
+        os.truncate(src, SMALL_CHUNK + 100)
+
+    pieces = [Piece("t", "U8", (4 * SMALL_CHUNK,), src, 0, 4 * SMALL_CHUNK)]
+    with pytest.raises(UserError, match=rf"^{src}: ended early at byte {SMALL_CHUNK + 100}; .*re-download"):
+        write_pieces(tmp_path / "out", b"", pieces, shrink)
+
+
+def test_range_past_the_end_of_the_source_is_a_clear_error(tmp_path: Path, small_chunks: str) -> None:
+    (tmp_path / "a").write_bytes(b"0123456789")
+    with pytest.raises(UserError, match=r"a: ended early at byte 10;"):
+        write_pieces(tmp_path / "out", b"h", [Piece("t", "U8", (8,), tmp_path / "a", 4, 8)])
+
+
+def test_write_failure_mid_copy_names_the_output(tmp_path: Path, small_chunks: str,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The disk fills up after the first chunk, slowly enough that the reading side has filled every buffer
+    and waits for one: the writer thread's error reaches the caller as an OSError naming the output file
+    (the caller turns it into one line and removes its temp folder)."""
+    (tmp_path / "src").write_bytes(_data(6 * SMALL_CHUNK))
+    real_pwrite, writes = os.pwrite, []
+
+    def fill_up(fd, data, at):  # type: ignore[no-untyped-def]
+        writes.append(at)
+        if len(writes) > 1:
+            time.sleep(0.3)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_pwrite(fd, data, at)
+
+    monkeypatch.setattr(os, "pwrite", fill_up)
+    with pytest.raises(OSError) as err:
+        copy_file(tmp_path / "src", tmp_path / "dst")
+    assert (err.value.errno, err.value.filename) == (errno.ENOSPC, str(tmp_path / "dst"))
+    assert len(writes) == 2  # nothing written after the failure
+
+
+def test_fifo_source_is_refused_without_hanging(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(UserError, match=r"fifo: is not a regular file"):
+        copy_file(tmp_path / "fifo", tmp_path / "dst")
+    assert not (tmp_path / "dst").exists()
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo"])
+def test_output_that_is_a_link_or_fifo_is_refused_untouched(tmp_path: Path, kind: str) -> None:
+    (tmp_path / "src").write_bytes(b"data")
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"keep me")
+    if kind == "symlink":
+        (tmp_path / "dst").symlink_to(victim)
+    else:
+        os.mkfifo(tmp_path / "dst")
+    with pytest.raises(UserError, match=r"dst: is a symbolic link or a FIFO"):
+        copy_file(tmp_path / "src", tmp_path / "dst")
+    assert victim.read_bytes() == b"keep me"

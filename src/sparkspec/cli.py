@@ -32,11 +32,29 @@ _INPUT_ERRNOS = {errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.EACCES, errno.
                  errno.ENAMETOOLONG, errno.EEXIST, errno.ENOTEMPTY, errno.EXDEV, errno.ENXIO, errno.EINVAL}
 
 
+def _without_values(message: str) -> str:
+    """argparse echoes what it could not place; a mistyped secret flag (``--apikey SECRET``) would land on the
+    terminal and in logs. Keep option names only."""
+    for lead in ("unrecognized arguments: ", "ambiguous option: "):
+        if message.startswith(lead):
+            rest = message[len(lead):]
+            tail = ""
+            if lead == "ambiguous option: " and " could match " in rest:
+                rest, tail = rest.split(" could match ", 1)
+                tail = " could match " + tail
+            names = [w.split("=", 1)[0] for w in rest.split() if w.startswith("-")]
+            dropped = len(rest.split()) - len(names)
+            shown = " ".join(names) or "(values)"
+            return f"{lead}{shown}{tail}" + (f" (and {dropped} value(s) not shown)" if dropped else "")
+    return message
+
+
 class Parser(argparse.ArgumentParser):
     """argparse with the project's error shape: one line ``sparkspec: error: ...`` and exit 2."""
 
     def error(self, message: str) -> NoReturn:
         where = self.prog.removeprefix("sparkspec").strip()
+        message = _without_values(message)
         print(f"sparkspec: error: {where + ': ' if where else ''}{message}; see `{self.prog} --help`",
               file=sys.stderr)
         raise SystemExit(2)

@@ -10,3 +10,9 @@ class UserError(Exception):
 
     def __init__(self, message: str) -> None:
         super().__init__(message.replace("\n", " ").strip())
+
+
+class RunFailure(UserError):
+    """A failure at run time (disk full, an I/O error, a server gone): one line, exit 1, after cleanup."""
+
+    exit_code = 1

@@ -9,8 +9,10 @@ are checked before ``json`` sees it, and non-finite numbers (NaN, Infinity) are 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,13 @@ class JsonShapeError(ValueError):
 
 def _reject_constant(name: str) -> Any:
     raise JsonShapeError(f"holds {name}, which is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e999 parses to infinity
+        raise JsonShapeError(f"holds {text[:40]}, which is not a finite number")
+    return value
 
 
 def check_depth(raw: bytes, max_depth: int = MAX_DEPTH) -> None:
@@ -50,7 +59,7 @@ def loads_bounded(raw: bytes | str, max_bytes: int = MAX_DOC_BYTES, max_depth: i
     if len(data) > max_bytes:
         raise JsonShapeError(f"is {len(data)} bytes, more than the {max_bytes} allowed")
     check_depth(data, max_depth)
-    return json.loads(data.decode("utf-8"), parse_constant=_reject_constant)
+    return json.loads(data.decode("utf-8"), parse_constant=_reject_constant, parse_float=_finite_float)
 
 
 def read_json(path: str | os.PathLike[str], missing: str, fix: str) -> Any:
@@ -86,19 +95,26 @@ def expect(doc: Any, key: str, kind: type | tuple[type, ...], where: str, fix: s
     return value
 
 
-def write_json(path: str, doc: dict[str, Any]) -> None:
-    """Write ``doc`` atomically (a reader never sees half a file; no temp file survives a failure)."""
+def write_json(path: str | os.PathLike[str], doc: dict[str, Any]) -> None:
+    """Write ``doc`` atomically: a fresh temp file in the same folder (never a fixed name an attacker could
+    plant a link at), then a rename; a reader never sees half a file and no temp file survives a failure."""
     target = Path(path)
-    tmp = target.with_name(f".{target.name}.tmp")
+    tmp: str | None = None
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         if target.is_symlink() or (target.exists() and not target.is_file()):
             raise UserError(f"{path}: exists and is not a regular file; choose another --output")
-        tmp.write_text(json.dumps(doc, indent=2, sort_keys=False, allow_nan=False) + "\n", encoding="utf-8")
+        body = json.dumps(doc, indent=2, sort_keys=False, allow_nan=False) + "\n"
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(body)
+        os.chmod(tmp, 0o644)
         os.replace(tmp, target)
+        tmp = None
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         raise UserError(f"{path}: cannot write ({exc.strerror}); choose a writable --output") from None
     except ValueError as exc:  # a non-finite number: a bug upstream, never written
-        tmp.unlink(missing_ok=True)
         raise UserError(f"{path}: not written: {exc}") from None
+    finally:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)

@@ -18,9 +18,9 @@ from .conftest import VLLM_PYTHON, Cli, Server, vllm_available
 pytestmark = pytest.mark.slow
 
 def bench(cli: Cli, server: Server, out: Path, *extra: str) -> dict[str, Any]:
-    key = ("--api-key", server.api_key) if server.api_key else ()
+    env = {"SPARKSPEC_API_KEY": server.api_key} if server.api_key else None
     run = cli("bench", "--url", server.url, "--model", server.model, "--max-tokens", "48", "--concurrency", "2",
-              "--output", str(out), *key, *extra)
+              "--output", str(out), *extra, env=env)
     assert run.returncode == 0, run.stderr
     return json.loads(out.read_text())
 

@@ -24,7 +24,7 @@ from typing import Any
 import httpx2 as httpx
 
 from sparkspec import metrics
-from sparkspec.errors import UserError
+from sparkspec.errors import RunFailure, UserError
 from sparkspec.jsonfile import loads_bounded
 from sparkspec.metrics import clean
 from sparkspec.suites import Prompt, suites_for
@@ -33,10 +33,6 @@ RESULT_FORMAT = "sparkspec-bench-result/1"
 MAX_LINE = 1 << 20  # bytes of one SSE line; vLLM's are a few hundred
 
 
-class RunFailure(UserError):
-    """A failure at run time (the server broke a stream, went away, or a write failed): one line, exit 1."""
-
-    exit_code = 1
 
 
 class StreamError(Exception):

@@ -212,7 +212,7 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _model_tiny(args: argparse.Namespace) -> int:
-    from sparkspec.bench import RunFailure
+    from sparkspec.errors import RunFailure
     from sparkspec.tinymodel import write_tiny_model
 
     try:

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
-from sparkspec.errors import UserError
+from sparkspec.errors import RunFailure, UserError
 from sparkspec.validate import check_disjoint, check_not_symlink
 
 STAGE_MARKER = ".sparkspec-staging"  # inside a build folder while it is being written
@@ -27,10 +27,6 @@ _RUNTIME_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG, errno.EMF
                    errno.ENOMEM, errno.ESTALE}
 
 
-class RunFailure(UserError):
-    """A failure at run time (disk full, I/O error): one line like bad input, but exit 1."""
-
-    exit_code = 1
 
 
 def human(n: float) -> str:

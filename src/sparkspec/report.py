@@ -274,7 +274,7 @@ def write_outputs(items: Sequence[tuple[Output, bytes]]) -> None:
                 Path(tmp).unlink(missing_ok=True)
             for folder in reversed(made):
                 folder.rmdir()
-        from sparkspec.bench import RunFailure
+        from sparkspec.errors import RunFailure
 
         raise RunFailure(f"{current}: cannot write ({exc.strerror}); free space or choose another output") \
             from None

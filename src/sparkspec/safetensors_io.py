@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sparkspec.ckpt_out import RunFailure
+from sparkspec.errors import RunFailure
 from sparkspec.errors import UserError
 from sparkspec.jsonfile import expect, loads_bounded, read_json
 from sparkspec.validate import filename, open_regular

@@ -199,7 +199,7 @@ STREAMS = {
     "usage_nan": r"NaN",
     "usage_str": r"completion_tokens",
     "usage_huge": r"completion_tokens",
-    "usage_inf": r"completion_tokens",
+    "usage_inf": r"not a finite number",
     "usage_negative": r"completion_tokens",
     "error_event": r"server error",
     "http_500_echo": r"HTTP 500",

@@ -31,7 +31,7 @@ from huggingface_hub.hf_api import RepoFile
 from huggingface_hub.utils import build_hf_headers, hf_raise_for_status, http_stream_backoff
 
 from sparkspec import validate
-from sparkspec.errors import UserError
+from sparkspec.errors import RunFailure, UserError
 from sparkspec.hubrepo import REVISION_FILE, listed, os_failure, scan
 from sparkspec.validate import COMMIT_RE
 
@@ -68,13 +68,6 @@ def read_token_file(path: str | os.PathLike[str]) -> str:
     return token
 
 
-def _run_time(message: str) -> UserError:
-    """A failure of the server or the network, not of the input: one line, exit 1."""
-    err = UserError(message)
-    err.exit_code = 1
-    return err
-
-
 @contextlib.contextmanager
 def hub_errors(source: Source, path: str | None = None) -> Iterator[None]:
     """Turn huggingface_hub / network failures into one-line UserErrors naming repo, revision and file."""
@@ -94,9 +87,9 @@ def hub_errors(source: Source, path: str | None = None) -> Iterator[None]:
         if status == 404:
             raise UserError(f"{source.repo}: repository not found (404); check the repo id and "
                             "HF_ENDPOINT") from None
-        raise _run_time(f"{where}: hub answered HTTP {status}; retry later or check HF_ENDPOINT") from None
+        raise RunFailure(f"{where}: hub answered HTTP {status}; retry later or check HF_ENDPOINT") from None
     except (httpx2.TransportError, LocalEntryNotFoundError) as exc:
-        raise _run_time(f"{where}: transfer failed ({exc.__class__.__name__}); check the network or "
+        raise RunFailure(f"{where}: transfer failed ({exc.__class__.__name__}); check the network or "
                         "HF_ENDPOINT, then re-run to resume") from None
     except OSError as exc:  # writing the download (disk full, permissions)
         raise os_failure(exc, where, "fix the permissions of --dest, then re-run to resume") from None

@@ -235,7 +235,7 @@ def test_tokens_any_of_several_and_never_partial(tmp_path: Path, repo_dir: Path)
     publish(root, "org/tiny", repo_dir)
     with HubServer(root, tokens=["hf_first", "hf_second"]) as server:
         url = f"{server.url}/api/models/org/tiny"
-        codes = {token: httpx2.get(url, headers={"Authorization": f"Bearer {token}".encode()}).status_code
+        codes = {token: httpx2.get(url, headers=[(b"Authorization", f"Bearer {token}".encode())]).status_code
                  for token in ("hf_first", "hf_second", "hf_firs", "hf_first0", "hf_second hf_first",
                                "hf_f\u00edrst")}
         assert codes == {"hf_first": 200, "hf_second": 200, "hf_firs": 401, "hf_first0": 401,

@@ -189,7 +189,7 @@ class Sim:
             if candidate and Path(candidate).is_file():
                 shutil.copyfile(candidate, dest)
                 return dest
-        import certifi  # huggingface_hub's httpx brings it
+        import certifi  # type: ignore[import-not-found]  # huggingface_hub's httpx brings it
         shutil.copyfile(certifi.where(), dest)
         return dest
 

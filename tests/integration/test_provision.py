@@ -12,7 +12,8 @@ pytestmark = pytest.mark.sim
 
 
 def _recap(output: str, host: str = "sim01") -> dict[str, int]:
-    m = re.search(rf"^{host}\s+: ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", output, re.M)
+    m = re.search(rf"^{host}\s+: ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", output,
+                  re.MULTILINE)
     assert m, f"no play recap for {host} in output:\n{output[-2000:]}"
     return dict(zip(("ok", "changed", "unreachable", "failed"), map(int, m.groups())))
 

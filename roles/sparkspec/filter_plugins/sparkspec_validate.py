@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from ansible.errors import AnsibleFilterError
+from ansible.errors import AnsibleFilterError  # type: ignore[import-untyped]
 
 from sparkspec import validate
 from sparkspec.errors import UserError

@@ -36,7 +36,9 @@ class HubError(Exception):
         self.status, self.code, self.message, self.commit = status, code, message, commit
 
 
-NOT_FOUND = HubError(404, None, "Not Found")
+def not_found() -> HubError:
+    return HubError(404, None, "Not Found")
+
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
@@ -49,7 +51,7 @@ def segments(target: str) -> list[str]:
     """The decoded segments of a request path. A segment that decodes to '/', '\\', a control character,
     '.', '..' or nothing (but for one trailing slash), or that is not UTF-8, is a 404."""
     if not target.startswith("/"):
-        raise NOT_FOUND
+        raise not_found()
     raw = target[1:].split("/")
     if len(raw) > 1 and raw[-1] == "":
         raw.pop()
@@ -58,9 +60,9 @@ def segments(target: str) -> list[str]:
         try:
             text = urllib.parse.unquote(seg, errors="strict")
         except UnicodeDecodeError:
-            raise NOT_FOUND from None
+            raise not_found() from None
         if text in ("", ".", "..") or "/" in text or "\\" in text or _CONTROL.search(text):
-            raise NOT_FOUND
+            raise not_found()
         out.append(text)
     return out
 

@@ -37,7 +37,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Self
 
-from sparkspec.hub_api import NOT_FOUND, HubError, Repos, header_text, segments
+from sparkspec.hub_api import HubError, Repos, header_text, not_found, segments
 from sparkspec.hubrepo import CHUNK, is_lfs
 
 MAX_FORM_BYTES = 1 << 20
@@ -113,7 +113,7 @@ class _Handler(BaseHTTPRequestHandler):
             elif len(parts) >= 5 and parts[2] == "resolve" and method in ("HEAD", "GET"):
                 self._resolve(method, parts[0], parts[1], parts[3], parts[4:])
             else:
-                raise NOT_FOUND
+                raise not_found()
         except HubError as err:
             headers = {"X-Error-Message": header_text(err.message)}
             if err.code:
@@ -158,7 +158,7 @@ class _Handler(BaseHTTPRequestHandler):
         if not rest and method in ("GET", "HEAD"):
             rest = ["revision", "main"]
         if len(rest) < 2:
-            raise NOT_FOUND
+            raise not_found()
         kind, revision = rest[0], rest[1]
         repos = hub.repos
         snap = repos.snapshot(org, name, revision)
@@ -172,7 +172,7 @@ class _Handler(BaseHTTPRequestHandler):
         elif kind == "paths-info" and method == "POST" and len(rest) == 2:
             doc = repos.paths_info(snap, self._form().get("paths", []))
         else:
-            raise NOT_FOUND
+            raise not_found()
         self._send(200, json.dumps(doc).encode(), {"X-Repo-Commit": snap.commit}, method)
 
     def _resolve(self, method: str, org: str, name: str, revision: str, rest: list[str]) -> None:

@@ -20,16 +20,40 @@ from typing import Any
 
 from sparkspec.ckpt_manifest import FORMAT_VERSION, MANIFEST_NAME, TOOL, load, owned, stale_outputs, stamp
 from sparkspec.ckpt_out import check_room, claim, replacing
-from sparkspec.ckpt_select import (compile_patterns, config_int, fp8_candidates, fp8_pair, fp8_selection,
-                                   int4_model_shards, int4_model_tensors, module_of, text_config,
-                                   weight_block_size)
-from sparkspec.ckpt_stream import (HASH_NAME, Piece, Progress, copy_file, fsync_dir, fsync_path, new_hash,
-                                   write_pieces)
+from sparkspec.ckpt_select import (
+    compile_patterns,
+    config_int,
+    fp8_candidates,
+    fp8_pair,
+    fp8_selection,
+    int4_model_shards,
+    int4_model_tensors,
+    module_of,
+    text_config,
+    weight_block_size,
+)
+from sparkspec.ckpt_stream import (
+    HASH_NAME,
+    Piece,
+    Progress,
+    copy_file,
+    fsync_dir,
+    fsync_path,
+    new_hash,
+    write_pieces,
+)
 from sparkspec.errors import UserError
 from sparkspec.hubrepo import REVISION_FILE
 from sparkspec.jsonfile import read_json
-from sparkspec.safetensors_io import (INDEX_NAME, Header, TensorInfo, encode_header, read_header, read_index,
-                                      write_index)
+from sparkspec.safetensors_io import (
+    INDEX_NAME,
+    Header,
+    TensorInfo,
+    encode_header,
+    read_header,
+    read_index,
+    write_index,
+)
 from sparkspec.validate import COMMIT_RE, read_regular, revision
 
 __all__ = ["CONFIG_KEY", "MANIFEST_NAME", "AssembleResult", "Plan", "assemble", "plan_assembly"]

@@ -15,9 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from sparkspec.argtypes import non_negative_int, number
-from sparkspec.ckpt_out import os_error
 from sparkspec.cli import emit_json
-from sparkspec.errors import UserError
+from sparkspec.errors import UserError, os_error
 
 FP8_PATTERN_HELP = (
     "regular expression (re.search on the module name, e.g. 'mlp\\.experts\\.') selecting more INT4 modules to "

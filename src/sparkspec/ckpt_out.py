@@ -19,14 +19,10 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
-from sparkspec.errors import RunFailure, UserError
+from sparkspec.errors import UserError, os_error
 from sparkspec.validate import check_disjoint, check_not_symlink
 
 STAGE_MARKER = ".sparkspec-staging"  # inside a build folder while it is being written
-_RUNTIME_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG, errno.EMFILE, errno.ENFILE,
-                   errno.ENOMEM, errno.ESTALE}
-
-
 
 
 def human(n: float) -> str:
@@ -35,16 +31,6 @@ def human(n: float) -> str:
             return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
         n /= 1000
     return f"{n:.1f} GB"
-
-
-def os_error(exc: OSError, where: Path | str, fix: str) -> UserError:
-    """One line naming ``where`` for an OSError: a run-time failure (exit 1) or a path to fix (exit 2)."""
-    name = where
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return RunFailure(f"{name}: no space left on device; free space, then {fix}")
-    if exc.errno in _RUNTIME_ERRNOS:
-        return RunFailure(f"{name}: {exc.strerror or exc} (a run-time failure); check the disk, then {fix}")
-    return UserError(f"{name}: {exc.strerror or exc}; {fix}")
 
 
 def claim(out: Path, flag: str, tool: str, owned: Callable[[Path], bool],

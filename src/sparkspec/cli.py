@@ -8,7 +8,6 @@ and exit 2; nothing here prints a traceback for bad input.
 from __future__ import annotations
 
 import argparse
-import errno
 import importlib
 import json
 import os
@@ -16,7 +15,7 @@ import sys
 from typing import Any, NoReturn
 
 from sparkspec import __version__
-from sparkspec.errors import UserError
+from sparkspec.errors import UserError, os_error
 
 COMMAND_MODULES = (
     "sparkspec.checkpoint_cli",
@@ -24,12 +23,6 @@ COMMAND_MODULES = (
     "sparkspec.bench_cli",
     "sparkspec.methods_cli",
 )
-
-
-# errnos that mean the user pointed at the wrong thing (exit 2); every other OSError is a run-time failure
-# (disk full, I/O error, a server gone: exit 1)
-_INPUT_ERRNOS = {errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.EACCES, errno.EPERM, errno.EROFS, errno.ELOOP,
-                 errno.ENAMETOOLONG, errno.EEXIST, errno.ENOTEMPTY, errno.EXDEV, errno.ENXIO, errno.EINVAL}
 
 
 def _without_values(message: str) -> str:
@@ -50,7 +43,12 @@ def _without_values(message: str) -> str:
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse with the project's error shape: one line ``sparkspec: error: ...`` and exit 2."""
+    """argparse with the project's error shape: one line ``sparkspec: error: ...`` and exit 2. Abbreviations
+    are off: ``--token X`` must not silently become ``--token-file X``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         where = self.prog.removeprefix("sparkspec").strip()
@@ -97,9 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:  # the last line of defence: one line, never a traceback
         if os.environ.get("SPARKSPEC_DEBUG"):
             raise
-        where = f"{exc.filename}: " if exc.filename else ""
-        print(f"sparkspec: error: {where}{exc.strerror or exc}", file=sys.stderr)
-        return 2 if exc.errno in _INPUT_ERRNOS else 1
+        error = os_error(exc, args.command, "check the paths given and their permissions")
+        print(f"sparkspec: error: {error}", file=sys.stderr)
+        return error.exit_code
     except (MemoryError, RecursionError, ValueError, TypeError, KeyError) as exc:
         if os.environ.get("SPARKSPEC_DEBUG"):
             raise

@@ -23,8 +23,8 @@ from typing import Any
 from huggingface_hub.utils import tqdm as hf_tqdm
 
 from sparkspec import validate
-from sparkspec.errors import UserError
-from sparkspec.hubrepo import FETCH_STATE_DIR, REVISION_FILE, os_failure
+from sparkspec.errors import UserError, os_error
+from sparkspec.hubrepo import FETCH_STATE_DIR, REVISION_FILE
 from sparkspec.jsonfile import loads_bounded
 from sparkspec.validate import COMMIT_RE
 
@@ -48,7 +48,7 @@ def claim(dest: Path, inputs: Mapping[str, str | os.PathLike[str] | None]) -> No
         with os.scandir(dest) as entries:
             empty = next(entries, None) is None
     except OSError as exc:
-        raise os_failure(exc, dest, "check --dest and its permissions") from None
+        raise os_error(exc, dest, "check --dest and its permissions") from None
     if not empty:
         raise UserError(f"--dest {dest}: holds files that `sparkspec fetch` did not write (no {STATE_DIR}); "
                         "choose a new or empty folder")
@@ -63,13 +63,13 @@ def writing(dest: Path) -> Iterator[None]:
     try:
         (dest / STATE_DIR).mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise os_failure(exc, dest, "choose a writable --dest") from None
+        raise os_error(exc, dest, "choose a writable --dest") from None
     try:
         yield
     except BaseException as exc:
         _tidy(dest, failed=True, created=created)
         if isinstance(exc, OSError):
-            raise os_failure(exc, dest, "check --dest and its permissions, then re-run to resume") from None
+            raise os_error(exc, dest, "check --dest and its permissions, then re-run to resume") from None
         raise
     _tidy(dest, failed=False, created=created)
 
@@ -111,7 +111,7 @@ def preflight(dest: Path, needed: int) -> None:
     try:
         free = shutil.disk_usage(probe).free
     except OSError as exc:
-        raise os_failure(exc, probe, "check --dest") from None
+        raise os_error(exc, probe, "check --dest") from None
     if needed > free:
         raise UserError(f"{dest}: needs {_size(needed)} free for the download but {probe} has {_size(free)}; "
                         "free space or choose another destination")
@@ -216,7 +216,7 @@ def write_file(dest: Path, rel: str, parts: Iterable[bytes], sync: bool = True) 
         with contextlib.suppress(OSError):
             tmp.unlink()
         if isinstance(exc, OSError):
-            raise os_failure(exc, tmp, "fix the permissions of --dest, then re-run to resume") from None
+            raise os_error(exc, tmp, "fix the permissions of --dest, then re-run to resume") from None
         raise
     return written
 
@@ -237,4 +237,4 @@ def copy_local(src: Path, target: Path) -> None:
     except OSError as exc:
         with contextlib.suppress(OSError):
             tmp.unlink()
-        raise os_failure(exc, target, f"check --dest and --local-path {src.parent}") from None
+        raise os_error(exc, target, f"check --dest and --local-path {src.parent}") from None

@@ -20,7 +20,7 @@ import uuid
 from pathlib import Path
 
 from sparkspec import validate
-from sparkspec.errors import UserError
+from sparkspec.errors import UserError, os_error
 from sparkspec.hubrepo import (
     CHUNK,
     FETCH_STATE_DIR,
@@ -33,7 +33,6 @@ from sparkspec.hubrepo import (
     content_revision,
     hash_fd,
     marked_revision,
-    os_failure,
     scan,
 )
 
@@ -74,7 +73,7 @@ def publish(root: str | os.PathLike[str], repo_id: str, source: str | os.PathLik
             return False, *current
         return True, *_replace(folder, target, repo_id, src, wanted, revision)
     except OSError as exc:
-        raise os_failure(exc, target, "check the paths and their permissions") from None
+        raise os_error(exc, target, "check the paths and their permissions") from None
 
 
 def _current(target: Path, wanted: Listing, src: Path, revision: str | None

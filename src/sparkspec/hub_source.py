@@ -31,8 +31,8 @@ from huggingface_hub.hf_api import RepoFile
 from huggingface_hub.utils import build_hf_headers, hf_raise_for_status, http_stream_backoff
 
 from sparkspec import validate
-from sparkspec.errors import RunFailure, UserError
-from sparkspec.hubrepo import REVISION_FILE, listed, os_failure, scan
+from sparkspec.errors import RunFailure, UserError, os_error
+from sparkspec.hubrepo import REVISION_FILE, listed, scan
 from sparkspec.validate import COMMIT_RE
 
 CHUNK = 1 << 20
@@ -92,7 +92,7 @@ def hub_errors(source: Source, path: str | None = None) -> Iterator[None]:
         raise RunFailure(f"{where}: transfer failed ({exc.__class__.__name__}); check the network or "
                         "HF_ENDPOINT, then re-run to resume") from None
     except OSError as exc:  # writing the download (disk full, permissions)
-        raise os_failure(exc, where, "fix the permissions of --dest, then re-run to resume") from None
+        raise os_error(exc, where, "fix the permissions of --dest, then re-run to resume") from None
 
 
 class Reader:
@@ -137,7 +137,7 @@ class Reader:
         try:
             listing = scan(root, follow_inside=True)
         except OSError as exc:
-            raise os_failure(exc, root, "check --local-path and its permissions") from None
+            raise os_error(exc, root, "check --local-path and its permissions") from None
         self.files = {rel: v.size for rel, v in listing.files.items()}
         self.unsafe = listing.unsafe
         marker = root / REVISION_FILE

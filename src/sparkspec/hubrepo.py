@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkspec import validate
-from sparkspec.errors import RunFailure, UserError
+from sparkspec.errors import UserError
 from sparkspec.jsonfile import loads_bounded
 from sparkspec.validate import COMMIT_RE
 
@@ -42,18 +42,6 @@ _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 _FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 Opener = Callable[[str], tuple[int, os.stat_result]]
-
-
-RUNTIME_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG, errno.ENOMEM})
-
-
-def os_failure(exc: OSError, where: object, fix: str) -> UserError:
-    """One line for an OSError: exit 1 when the machine failed (disk full, I/O error: free space and re-run),
-    else exit 2 with ``fix`` (a path given is missing, read-only, not permitted)."""
-    if exc.errno in RUNTIME_ERRNOS:
-        return RunFailure(f"{exc.filename or where}: {exc.strerror or exc}; free space or check the disk, "
-                          "then re-run")
-    return UserError(f"{exc.filename or where}: {exc.strerror or exc}; {fix}")
 
 
 def listed(rel: str) -> bool:

@@ -19,10 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from sparkspec.ckpt_manifest import TOOL, owned
-from sparkspec.ckpt_out import os_error
 from sparkspec.ckpt_select import EXTRA_FILE
 from sparkspec.ckpt_stream import copy_file, fsync_dir, fsync_path
-from sparkspec.errors import UserError
+from sparkspec.errors import UserError, os_error
 from sparkspec.safetensors_io import INDEX_NAME, Header, read_header, read_index, stage_index
 from sparkspec.validate import check_disjoint
 

@@ -18,8 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sparkspec.errors import RunFailure
-from sparkspec.errors import UserError
+from sparkspec.errors import RunFailure, UserError
 from sparkspec.jsonfile import expect, loads_bounded, read_json
 from sparkspec.validate import filename, open_regular
 

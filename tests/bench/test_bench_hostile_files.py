@@ -16,7 +16,6 @@ from tests.badinput import fingerprint, refused_untouched, run
 
 from .fakevllm import DROP, MODEL, TOKENS, FakeVllm, argv, bench_result
 
-
 # --- files the commands read: wrong types, missing keys, deep nesting, truncation, non-regular files -------
 
 SUITE_LINES = {

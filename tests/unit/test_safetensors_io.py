@@ -14,8 +14,18 @@ from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
 from sparkspec.errors import UserError
-from sparkspec.safetensors_io import (DTYPE_SIZES, INDEX_NAME, Header, encode_header, expected_nbytes,
-                                      parse_header, read_header, read_index, write_file, write_index)
+from sparkspec.safetensors_io import (
+    DTYPE_SIZES,
+    INDEX_NAME,
+    Header,
+    encode_header,
+    expected_nbytes,
+    parse_header,
+    read_header,
+    read_index,
+    write_file,
+    write_index,
+)
 
 
 def _sample(tmp_path: Path) -> Path:

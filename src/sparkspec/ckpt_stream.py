@@ -30,7 +30,7 @@ from sparkspec.errors import UserError
 from sparkspec.validate import open_regular
 
 ALIGN = 4096  # direct I/O alignment of offsets, lengths and memory; the page size serves 512 B and 4 KiB devices
-CHUNK_BYTES = 16 << 20  # a multiple of ALIGN
+CHUNK_BYTES = 8 << 20  # a multiple of ALIGN; 16 and 32 MiB measured no faster, only bigger
 BUFFERS = 3  # one being filled, one being written, one spare: reading never waits on a single write
 O_DIRECT = getattr(os, "O_DIRECT", 0)  # 0 where the platform has none: buffered writes only
 Progress = Callable[[int], None]

@@ -9,12 +9,15 @@ import fcntl
 import os
 import random
 import signal
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from sparkspec import ckpt_stream
 from sparkspec.ckpt_stream import HASH_NAME, Piece, copy_file, new_hash, write_pieces
@@ -88,12 +91,14 @@ def test_copy_file_with_the_real_chunk_size(tmp_path: Path) -> None:
 
 
 def _pieces(tmp_path: Path) -> tuple[list[Piece], bytes]:
-    """Ranges of two sources, in an order that mixes adjacent (merged) and scattered ranges, empty ones, odd
-    sizes and ranges longer than a chunk; returns them and the bytes they stand for."""
+    """Ranges of two sources, in an order that mixes adjacent (merged) and scattered ranges, a range of b that
+    starts where the last range of a ended (not merged), empty ones, odd sizes and ranges longer than a chunk;
+    returns them and the bytes they stand for."""
     a, b = _data(5 * SMALL_CHUNK + 333, 1), _data(2 * SMALL_CHUNK + 77, 2)
     (tmp_path / "a").write_bytes(a)
     (tmp_path / "b").write_bytes(b)
-    spans = [("a", 0, 0), ("a", 10, 1), ("a", 11, 4095), ("a", 4106, SMALL_CHUNK + 3), ("b", 0, 7),
+    spans = [("a", 0, 0), ("a", 10, 1), ("a", 11, 4095), ("a", 4106, SMALL_CHUNK + 3),
+             ("b", 4106 + SMALL_CHUNK + 3, 100), ("b", 0, 7),
              ("a", 3 * SMALL_CHUNK, 2 * SMALL_CHUNK + 333), ("b", 7, 0), ("b", 9, 2 * SMALL_CHUNK + 68),
              ("a", 5, 5), ("b", 2 * SMALL_CHUNK + 76, 1)]
     source = {"a": a, "b": b}
@@ -112,6 +117,40 @@ def test_write_pieces_is_prefix_then_ranges_with_their_digest(tmp_path: Path, sm
     assert (tmp_path / "out").read_bytes() == expected
     assert got == {"size": len(expected), HASH_NAME: _digest(expected)}
     assert sum(seen) == len(body)
+
+
+@st.composite
+def _layouts(draw: st.DrawFn) -> tuple[int, list[int], bytes, list[tuple[int, int, int]]]:
+    """A chunk size, source sizes, a prefix and spans (source, offset, length) inside those sources."""
+    chunk = draw(st.sampled_from([4096, 8192, 3 * 4096]))
+    sizes = draw(st.lists(st.integers(0, 5 * chunk), min_size=1, max_size=3))
+    prefix = draw(st.binary(max_size=2 * chunk))
+    spans: list[tuple[int, int, int]] = []
+    for _ in range(draw(st.integers(0, 8))):
+        src = draw(st.integers(0, len(sizes) - 1))
+        end = spans[-1][1] + spans[-1][2] if spans else 0  # often where the last span ended, in any source
+        offset = draw(st.integers(0, sizes[src]) | st.just(min(end, sizes[src])))
+        spans.append((src, offset, draw(st.integers(0, sizes[src] - offset))))
+    return chunk, sizes, prefix, spans
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(layout=_layouts(), direct=st.booleans())
+def test_any_layout_is_copied_and_hashed_exactly(layout: tuple[int, list[int], bytes, list[tuple[int, int, int]]],
+                                                 direct: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    chunk, sizes, prefix, spans = layout
+    monkeypatch.setattr(ckpt_stream, "CHUNK_BYTES", chunk)
+    monkeypatch.setattr(ckpt_stream, "O_DIRECT", os.O_DIRECT if direct else 0)
+    with tempfile.TemporaryDirectory() as folder:
+        root = Path(folder)
+        data = [_data(n, i) for i, n in enumerate(sizes)]
+        for i, blob in enumerate(data):
+            (root / f"s{i}").write_bytes(blob)
+        pieces = [Piece(f"t{k}", "U8", (n,), root / f"s{i}", off, n) for k, (i, off, n) in enumerate(spans)]
+        expected = prefix + b"".join(data[i][off: off + n] for i, off, n in spans)
+        got = write_pieces(root / "out", prefix, pieces)
+        assert (root / "out").read_bytes() == expected
+        assert got == {"size": len(expected), HASH_NAME: _digest(expected)}
 
 
 def test_only_empty_pieces_give_the_prefix_alone(tmp_path: Path, small_chunks: str) -> None:

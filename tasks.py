@@ -10,7 +10,6 @@ from invoke import Collection, Exit, task
 
 from sparkspec import ansible_run
 from sparkspec.errors import UserError
-from sparkspec.sim import Sim
 
 ROOT = Path(__file__).resolve().parent
 
@@ -149,6 +148,8 @@ def status(c, host="all", inventory=None):
 @task(positional=[], auto_shortflags=False, help={"rebuild": "rebuild the image even if one with the same recipe exists"})
 def sim_up(c, rebuild=False):
     """Start the simulated Spark (builds its image once): systemd container, sshd on loopback."""
+    from sparkspec.sim import Sim  # the simulation's code is not needed by the tasks a site runs
+
     sim = Sim(ROOT)
     try:
         if rebuild:
@@ -163,6 +164,8 @@ def sim_up(c, rebuild=False):
 @task(positional=[], auto_shortflags=False)
 def sim_down(c):
     """Stop and remove the simulated Spark container (the cached image stays)."""
+    from sparkspec.sim import Sim
+
     try:
         print(f"sim: {Sim(ROOT).down()}")
     except UserError as exc:
@@ -173,6 +176,8 @@ def sim_down(c):
 def sim_ssh(c, command=""):
     """Open a shell (or run a command) on the simulated Spark over SSH, with Fabric, as on a real host."""
     from fabric import Connection
+
+    from sparkspec.sim import Sim
 
     sim = Sim(ROOT)
     conn = Connection("127.0.0.1", user="root", port=sim.ssh_port,

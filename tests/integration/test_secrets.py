@@ -74,7 +74,8 @@ def _play(playbook: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 def test_no_secret_in_any_command_line(provisioned, known, tmp_path):
     """Every /proc/*/cmdline of the Spark, sampled every 0.2 s while the tools are installed with an index
-    credential, the checkpoints are fetched with the hub token and verify benchmarks with the API key."""
+    credential (a --check --diff run first), the checkpoints are fetched with the hub token and verify
+    benchmarks with the API key."""
     pip_env = yaml.safe_load((ROOT / "inventories/sim/group_vars/all.yml").read_text())["sparkspec_pip_env"]
     extra = tmp_path / "secret-vars.json"   # a file: the secret stays off the controller's command line too
     extra.touch(mode=0o600)
@@ -86,6 +87,8 @@ def test_no_secret_in_any_command_line(provisioned, known, tmp_path):
         time.sleep(2)
         # control: a process whose command line holds the probe string for two seconds
         _ssh(provisioned, f"sh -c 'sleep 2' control {known['probe']}")
+        # a dry run with --diff first: pip.conf would change, and its diff must not show the secret
+        _play("provision.yml", "--check", "--diff", "--tags", "tools,fetch", "-e", f"@{extra}")
         _play("provision.yml", "--tags", "tools,fetch", "-e", f"@{extra}")
         _play("verify.yml")
     finally:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,6 +49,7 @@ from sparkspec.safetensors_io import (
     INDEX_NAME,
     Header,
     TensorInfo,
+    check_unique,
     encode_header,
     read_header,
     read_index,
@@ -133,16 +134,6 @@ def _headers(root: Path, files: Iterable[str], flag: str) -> dict[str, Header]:
     return {f: read_header(_own_file(root, root / f, flag)) for f in sorted(files)}
 
 
-def _unique(root: Path, headers: Mapping[str, Header]) -> None:
-    """One tensor, one shard: a name in two shards would be copied twice or taken from either."""
-    seen: dict[str, str] = {}
-    for file, header in headers.items():
-        for name in header.tensors:
-            if name in seen:
-                raise UserError(f"{root}: tensor {name} is in both {seen[name]} and {file}; a tensor lives in "
-                                "one shard: re-download the checkpoint")
-            seen[name] = file
-
 
 def _side_files(int4: Path) -> list[str]:
     """The INT4 folder's other files (tokenizer, generation config, ...), copied into the hybrid: each a
@@ -181,7 +172,7 @@ def plan_assembly(int4: Path, fp8: Path, patterns: Iterable[str] = (), expect_fp
     if not shard_files:
         raise UserError(f"{int4 / INDEX_NAME}: maps no model shard; point --int4 at the INT4 checkpoint")
     h4 = _headers(int4, shard_files, "--int4")
-    _unique(int4, h4)
+    check_unique(int4, h4, "re-download the checkpoint")
     _check_index(int4 / INDEX_NAME, index4, h4)
     config = _load_json(int4, "config.json", "--int4")
     block = weight_block_size(_load_json(fp8, "config.json", "--fp8"), str(fp8 / "config.json"))
@@ -199,7 +190,7 @@ def plan_assembly(int4: Path, fp8: Path, patterns: Iterable[str] = (), expect_fp
                 raise UserError(f"{fp8 / INDEX_NAME}: maps {name} to {file}, whose header has no such tensor; "
                                 "re-fetch the FP8 source")
             fp8_tensors[name] = h8[file].tensors[name]
-    _unique(fp8, h8)
+    check_unique(fp8, h8, "re-download the checkpoint")
 
     def where(side: str, name: str) -> str:
         return str(int4 / int4_file[name]) if side == "int4" else str(fp8 / index8[name])

@@ -22,7 +22,7 @@ from sparkspec.ckpt_manifest import TOOL, owned
 from sparkspec.ckpt_select import EXTRA_FILE
 from sparkspec.ckpt_stream import copy_file, fsync_dir, fsync_path
 from sparkspec.errors import UserError, os_error
-from sparkspec.safetensors_io import INDEX_NAME, Header, read_header, read_index, stage_index
+from sparkspec.safetensors_io import INDEX_NAME, Header, check_unique, read_header, read_index, stage_index
 from sparkspec.validate import check_disjoint
 
 
@@ -101,13 +101,7 @@ def add_mtp(source: Path, target: Path) -> MtpResult:
     headers: dict[str, Header] = {EXTRA_FILE: header}
     for file in sorted(set(new_map.values()) - {EXTRA_FILE}):
         headers[file] = read_header(target / file)
-    holder: dict[str, str] = {}
-    for file, h in headers.items():
-        for name in h.tensors:
-            if name in holder:
-                raise UserError(f"{target}: tensor {name} is in both {holder[name]} and {file}; a tensor lives "
-                                "in one file: re-run checkpoint assemble (or re-fetch the INT4 source)")
-            holder[name] = file
+    check_unique(target, headers, "re-run checkpoint assemble (or re-fetch the INT4 source)")
     total = 0
     for tensor, file in new_map.items():
         info = headers[file].tensors.get(tensor)

@@ -257,3 +257,15 @@ def write_index(directory: str | os.PathLike[str], weight_map: Mapping[str, str]
         tmp.unlink(missing_ok=True)
         raise
     return path
+
+
+def check_unique(root: str | os.PathLike[str], headers: Mapping[str, Header], fix: str) -> None:
+    """One tensor, one file: a name in two files would be copied twice or loaded from either. ``headers`` maps
+    file name to header; the error names both files and ``fix``."""
+    seen: dict[str, str] = {}
+    for file, header in headers.items():
+        for name in header.tensors:
+            if name in seen:
+                raise UserError(f"{root}: tensor {name} is in both {seen[name]} and {file}; a tensor lives in "
+                                f"one file: {fix}")
+            seen[name] = file

@@ -510,31 +510,11 @@ def test_every_flag_refuses_bad_values(world: dict[str, Path], cmd: str, flag: s
 
 
 # --- failures of the machine and the server: one line, exit 1 (2 for a read-only output), nothing left ----
-@pytest.fixture()
-def tmpfs(tmp_path: Path) -> Iterator[Callable[..., Path]]:
-    """Mount small tmpfs filesystems (root needed); skip with the reason when mounting is refused."""
-    made: list[Path] = []
-
-    def mount(size: str, *options: str) -> Path:
-        point = tmp_path / f"tmpfs{len(made)}"
-        point.mkdir()
-        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", ",".join([f"size={size}", *options]), "tmpfs",
-                               str(point)], capture_output=True, text=True, check=False)
-        if proc.returncode:
-            pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
-        made.append(point)
-        return point
-
-    yield mount
-    for point in reversed(made):
-        subprocess.run(["umount", "-l", str(point)], check=False)
-
-
-def test_a_full_or_read_only_disk_is_one_line_and_leaves_nothing(tmp_path: Path, tmpfs: Callable[..., Path]
-                                                                  ) -> None:
+def test_a_full_or_read_only_disk_is_one_line_and_leaves_nothing(tmp_path: Path,
+                                                                  ckpt_tmpfs: Callable[..., Path]) -> None:
     src = _small_repo(tmp_path / "src")
     (src / "model.safetensors").write_bytes(os.urandom(3 << 20))
-    full, read_only = tmpfs("1m"), tmpfs("16m", "ro")
+    full, read_only = ckpt_tmpfs("1m"), ckpt_tmpfs("16m", readonly=True)
     # disk full while publishing: a run-time failure (exit 1); the staging and the folders it made are gone
     refused_untouched(["hub", "publish", "--root", full / "hub", "--repo", "org/x", "--from", src],
                       [full, src], 1, "(?i)no space left on device; free space")

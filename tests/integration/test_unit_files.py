@@ -114,11 +114,14 @@ def test_env_values_systemd_cannot_hold_are_refused(tmp_path, env, expected):
         ({"deploy_extra_args": ["--api-key", "sk-on-the-command-line"]}, r"deploy_extra_args: --api-key"),
         ({"deploy_extra_args": ["--api-key=sk-on-the-command-line"]}, r"deploy_extra_args: --api-key"),
         ({"deploy_extra_args": ["--hf-token", "hf_x"]}, r"deploy_extra_args: --hf-token"),
+        ({"deploy_extra_args": ["--tokenizer", "x\nExecStartPre=+/bin/true"]}, r"holds a control character"),
+        ({"deploy_limit_nofile": "65536\nExecStartPre=+/bin/true"}, r"deploy_limit_nofile .* is not a number"),
     ],
-    ids=["api-key", "api-key-equals", "hf-token"],
+    ids=["api-key", "api-key-equals", "hf-token", "newline-in-arg", "newline-in-limit"],
 )
-def test_secrets_as_vllm_flags_are_refused(tmp_path, extra, expected):
-    """A flag that would put a secret on vLLM's command line (the process list) is refused, naming the fix."""
+def test_secret_flags_and_unit_line_breaks_are_refused(tmp_path, extra, expected):
+    """A flag that would put a secret on vLLM's command line (the process list), or a value that would start
+    another line of the unit, is refused, naming the fix."""
     dest = tmp_path / "out"
     result = _render(_inventory(tmp_path, "inventories/example", extra), "spark01", dest)
     assert result.returncode == 2, result.stdout[-3000:] + result.stderr

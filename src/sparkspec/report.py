@@ -175,7 +175,10 @@ def _is_ours(kind: str, data: bytes) -> bool:
     if kind == "markdown":
         return data.startswith(HEADER.encode())
     if kind == "plot":
-        return data.startswith(b"\x89PNG\r\n\x1a\n") and PNG_MARKER.encode() in data[:1 << 16]
+        # plots written before the marker existed carry matplotlib's default Software tag instead
+        head = data[:1 << 16]
+        return data.startswith(b"\x89PNG\r\n\x1a\n") and (PNG_MARKER.encode() in head
+                                                          or b"Software\x00Matplotlib version" in head)
     from sparkspec import bench_vs_vllm, lossless
     from sparkspec.bench import RESULT_FORMAT
 

@@ -128,6 +128,29 @@ def test_report_rows_stay_rows_whatever_the_strings(fake: FakeVllm, work: Path) 
     assert "\x1b" not in lines[2] and lines[2].count(" | ") == 5
 
 
+def test_report_replaces_its_own_older_plot_but_not_another_png(fake: FakeVllm, work: Path) -> None:
+    """A plot written before the marker existed (matplotlib's default metadata) is replaced after an upgrade;
+    a PNG from elsewhere is not."""
+    import io
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    (work / "result.json").write_text(json.dumps(bench_result()))
+    fig = plt.figure()
+    old = io.BytesIO()
+    fig.savefig(old, format="png")  # what the report wrote before it marked its plots
+    plt.close(fig)
+    (work / "out.png").write_bytes(old.getvalue())
+    out = run(*argv("report", fake, work))
+    assert out.rc == 0, out.stderr
+    assert (work / "out.png").read_bytes() != old.getvalue()
+    (work / "out.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 64)  # somebody else's picture
+    (work / "out.md").unlink()
+    refused_untouched(argv("report", fake, work), [work], 2, match=r"out\.png")
+
+
 def _reference(**changes: Any) -> dict[str, Any]:
     doc = {"format": "sparkspec-lossless-reference/1", "model": MODEL, "method": "baseline", "max_tokens": TOKENS,
            "enable_thinking": False, "outputs": [{"id": "a", "suite": "s", "prompt": "p", "expect_json": False,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import secrets
 import shutil
 import subprocess
 import tempfile
@@ -19,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sparkspec.errors import UserError
-from sparkspec.simhub import SimHub
+from sparkspec.simhub import SimHub, ensure_secret_file
 
 SUITE = "bookworm"
 MIRROR = os.environ.get("SPARKSPEC_SIM_MIRROR", "http://deb.debian.org/debian")
@@ -83,21 +82,8 @@ class Sim:
         return self.state / "api-key"
 
     def ensure_api_key(self) -> str:
-        """Create the API key file once (O_EXCL, 0600 from the start: never readable by others, not even
-        briefly) and return the key."""
-        self.state.mkdir(parents=True, exist_ok=True)
-        try:
-            fd = os.open(self.api_key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        except FileExistsError:
-            self.api_key_file.chmod(0o600)
-            key = self.api_key_file.read_text().strip()
-            if key:
-                return key
-            raise UserError(f"{self.api_key_file}: empty; remove it and run `invoke sim.up` again") from None
-        key = "sk-sim-" + secrets.token_urlsafe(24)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(key + "\n")
-        return key
+        """The simulated Spark's vLLM API key, created once in ``.sim/api-key``."""
+        return ensure_secret_file(self.api_key_file, "sk-sim-")
 
     @property
     def image(self) -> str:

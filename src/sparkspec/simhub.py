@@ -23,6 +23,7 @@ from pathlib import Path
 from sparkspec import testckpt, tinymodel
 from sparkspec.errors import UserError
 from sparkspec.hub_publish import publish
+from sparkspec.validate import repo_folder
 
 PORT = int(os.environ.get("SPARKSPEC_HUB_PORT", "8089"))
 
@@ -47,6 +48,24 @@ REPOS: dict[str, Callable[[Path], None]] = {
 }
 
 
+def ensure_secret_file(path: Path, prefix: str) -> str:
+    """Create a random secret in ``path`` once (O_EXCL and 0600 from the start: never readable by others, not
+    even briefly, and never through a planted link) and return it; an existing file's secret is reused."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        path.chmod(0o600)
+        value = path.read_text().strip()
+        if value:
+            return value
+        raise UserError(f"{path}: empty; remove it and run `invoke sim.up` again") from None
+    value = prefix + secrets.token_urlsafe(24)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(value + "\n")
+    return value
+
+
 class SimHub:
     """The simulated Spark's hub: published repos under ``state/hub``, served on the controller's loopback
     with a per-machine token (``state/hub-token``, 0600, created once) that the sim inventory hands to the
@@ -68,7 +87,7 @@ class SimHub:
         """Generate every repo and publish it; unchanged content keeps its revision. Returns revisions."""
         revisions = {}
         for repo, generate in REPOS.items():
-            work = self.state / "gen" / repo.replace("/", "--")
+            work = self.state / "gen" / repo_folder(repo)
             generate(work)
             changed, revision, _ = publish(self.root, repo, work)
             revisions[repo] = revision
@@ -76,20 +95,8 @@ class SimHub:
         return revisions
 
     def ensure_token(self) -> str:
-        """Create the token file once (O_EXCL, 0600 from the start) and return the token."""
-        self.state.mkdir(parents=True, exist_ok=True)
-        try:
-            fd = os.open(self.token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        except FileExistsError:
-            self.token_file.chmod(0o600)
-            token = self.token_file.read_text().strip()
-            if token:
-                return token
-            raise UserError(f"{self.token_file}: empty; remove it and run `invoke sim.up` again") from None
-        token = "hf_sim_" + secrets.token_urlsafe(24)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(token + "\n")
-        return token
+        """The hub's token, created once in ``.sim/hub-token``."""
+        return ensure_secret_file(self.token_file, "hf_sim_")
 
     def _status(self, token: str | None) -> int | None:
         request = urllib.request.Request(f"{self.url}/api/models/sparkspec/sim-tiny",

@@ -141,7 +141,7 @@ def _raise_first(problems: list[str]) -> None:
 def repo_folder(value: Any, where: str = "repo id") -> str:
     """``org/name`` -> ``org--name`` for a valid repo id, else fail naming it."""
     _raise_first([p for p in [_problem(validate.repo_id, value, "repo id", where)] if p])
-    return str(value).replace("/", "--")
+    return validate.repo_folder(str(value))
 
 
 def plain_dir(value: Any, where: str = "dir") -> str:

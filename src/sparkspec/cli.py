@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:  # the last line of defence: one line, never a traceback
         if os.environ.get("SPARKSPEC_DEBUG"):
             raise
-        error = os_error(exc, args.command, "check the paths given and their permissions")
+        error = os_error(exc, exc.filename or args.command, "check the paths given and their permissions")
         print(f"sparkspec: error: {error}", file=sys.stderr)
         return error.exit_code
     except (MemoryError, RecursionError, ValueError, TypeError, KeyError) as exc:

@@ -27,9 +27,9 @@ RUNTIME_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG, 
 
 
 def os_error(exc: OSError, where: object, fix: str) -> UserError:
-    """One line naming ``where`` (or the errno's own file name) for an OSError: RunFailure for a machine
-    failure, else UserError with ``fix``."""
-    name = exc.filename or where
+    """One line naming ``where`` (the path the user knows; else the errno's own file name) for an OSError:
+    RunFailure for a machine failure, else UserError with ``fix``."""
+    name = where or exc.filename
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return RunFailure(f"{name}: no space left on device; free space, then {fix}")
     if exc.errno in RUNTIME_ERRNOS:

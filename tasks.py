@@ -204,13 +204,15 @@ def test(c, k="", x=False):
     lint(c)
     bindir = Path(sys.executable).parent
     args = (f" -k {k!r}" if k else "") + (" -x" if x else "")
-    c.run(f"{bindir}/pytest{args}", pty=False)
+    # the slowest tests, printed every run, so the cost of the suite stays visible in CI
+    c.run(f"{bindir}/pytest --durations=15{args}", pty=False)
 
 
 @task(positional=[], auto_shortflags=False, help={"workdir": "folder on the disk to measure (needs ~2.5x size-gb free)", "size-gb": "shard bytes",
             "repeats": "best of N"})
 def bench_checkpoint(c, workdir="build/bench-checkpoint", size_gb=8.0, repeats=3):
-    """assemble vs cp of the same bytes on the same disk (both timed to sync), and assemble's peak RSS."""
+    """assemble vs cp of the same bytes on the same disk (each timed until its output is on disk), and assemble's
+    peak RSS."""
     c.run(f"{sys.executable} -m sparkspec.ckpt_bench --workdir {shlex.quote(workdir)} --size-gb {size_gb} "
           f"--repeats {repeats}")
 

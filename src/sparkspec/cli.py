@@ -11,6 +11,7 @@ import argparse
 import importlib
 import json
 import os
+import signal
 import sys
 from typing import Any, NoReturn
 
@@ -78,7 +79,25 @@ def emit_json(result: dict[str, Any]) -> None:
     print(json.dumps(result, sort_keys=True, default=str), flush=True)
 
 
+def _stop(signum: int, _frame: object) -> None:
+    """SIGTERM and SIGHUP unwind like Ctrl-C, so every command's cleanup (temp siblings, locks) runs."""
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def main(argv: list[str] | None = None) -> int:
+    stops = (signal.SIGTERM, signal.SIGHUP)
+    try:
+        before = {sig: signal.signal(sig, _stop) for sig in stops}
+    except ValueError:  # not the main thread: leave the handlers alone
+        before = {}
+    try:
+        return _main(argv)
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
@@ -89,8 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         print(f"sparkspec: error: {exc}", file=sys.stderr)
         return exc.exit_code
-    except KeyboardInterrupt:
-        print("sparkspec: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as exc:
+        why = f" by {exc.args[0]}" if exc.args else ""
+        print(f"sparkspec: interrupted{why}; nothing half-written was left", file=sys.stderr)
         return 130
     except OSError as exc:  # the last line of defence: one line, never a traceback
         if os.environ.get("SPARKSPEC_DEBUG"):

@@ -1,0 +1,36 @@
+"""SIGTERM and SIGHUP (a closed SSH session, `systemctl stop`, a CI time-out) unwind like Ctrl-C: the command's
+cleanup runs, so no temp sibling or lock survives, and the exit is 130 with one line."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_generate_killed_mid_write_leaves_nothing(tmp_path: Path, sig: signal.Signals) -> None:
+    out = tmp_path / "gen"
+    proc = subprocess.Popen([sys.executable, "-m", "sparkspec.cli", "checkpoint", "generate", "--kind", "int4",
+                             "--hidden", "2048", "--layers", "8", "--experts", "64", "--shared-intermediate",
+                             "2048", "--out", str(out)], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        if any(p.name.endswith("-tmp") for p in tmp_path.iterdir()):  # the build sibling is being written
+            break
+        time.sleep(0.01)
+    assert proc.poll() is None, "generate ended before it could be signalled"
+    os.kill(proc.pid, sig)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    lines = [ln for ln in stderr.splitlines() if ln.strip()]
+    assert lines == [f"sparkspec: interrupted by {sig.name}; nothing half-written was left"], stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

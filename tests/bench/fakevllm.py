@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -132,6 +133,18 @@ class FakeVllm:
             return None
         if mode == "http_500_echo":
             return self.reply(h, 500, f"internal error; you sent Authorization: {auth}".encode())
+        if mode == "http_401_lower":  # echoes the header lowercased
+            return self.reply(h, 401, f"denied: auth={str(auth).lower()}".encode())
+        if mode in ("keepalive", "trickle"):  # alive, never done: a comment or one token every 0.2 s for 8 s
+            h.send_response(200)
+            h.send_header("Content-Type", "text/event-stream")
+            h.end_headers()
+            piece = b": keepalive\n\n" if mode == "keepalive" else event(text_chunk(" tok"))
+            for _ in range(40):
+                h.wfile.write(piece)
+                h.wfile.flush()
+                time.sleep(0.2)
+            return None
         h.send_response(200)
         h.send_header("Content-Type", "text/event-stream")
         if mode == "drop":

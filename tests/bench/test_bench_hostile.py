@@ -14,6 +14,7 @@ import json
 import os
 import re
 import resource
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -219,6 +220,32 @@ def test_broken_stream_ends_the_run_in_one_line_and_writes_nothing(command: str,
                             env={"SPARKSPEC_API_KEY": KEY})
     assert KEY not in out.stderr + out.stdout
     assert fake.chats() >= 1
+
+
+@pytest.mark.parametrize("command", ["bench", "check-output record", "check-output compare"])
+@pytest.mark.parametrize("mode", ["keepalive", "trickle"])
+def test_timeout_is_the_whole_requests_deadline(command: str, mode: str, fake: FakeVllm, work: Path) -> None:
+    fake.chat = mode  # the server keeps the stream alive for 8 s and never finishes it
+    start = time.monotonic()
+    refused_untouched(argv(command, fake, work, **{"--timeout": "1"}), [work], 1,
+                      match=rf"^sparkspec: error: {fake.url}/v1/chat/completions: .*1(\.0)? s.*--timeout")
+    assert time.monotonic() - start < 5
+
+
+def test_key_echoed_in_another_case_is_redacted(fake: FakeVllm, work: Path) -> None:
+    fake.chat = "http_401_lower"
+    out = refused_untouched(argv("bench", fake, work), [work], 1, match=r"HTTP 401",
+                            env={"SPARKSPEC_API_KEY": KEY})
+    assert KEY.lower() not in out.stderr.lower()
+
+
+@pytest.mark.parametrize("tail", ["/?key=SECRET", "?key=SECRET", "/#SECRET", "/?", "#"])
+@pytest.mark.parametrize("command", ["bench", "check-output record"])
+def test_url_with_a_query_or_fragment_is_refused_without_echoing_it(tail: str, command: str, fake: FakeVllm,
+                                                                    work: Path) -> None:
+    out = refused_untouched(argv(command, fake, work, **{"--url": fake.url + tail}), [work], 2,
+                            match=r"--url .*query string or fragment")
+    assert "SECRET" not in out.stderr and fake.seen == []
 
 
 # --- the API key: from a 0600 file or the environment, never argv, never written anywhere ------------------

@@ -80,6 +80,13 @@ RESULTS: dict[str, Any] = {
     "failed-float": bench_result(failed=0.5),
     "partial-str": bench_result(partial="no"),
     "error-int": bench_result(error=3),
+    "rate-over-100": bench_result(spec_decode_acceptance_rate=250),
+    "failed-huge-float": bench_result(failed=1e30),
+    "completed-huge": bench_result(completed=10**30),
+    "concurrency-huge": bench_result(max_concurrency=10**30),
+    "max-tokens-str": bench_result(max_tokens="8"),
+    "max-tokens-float": bench_result(max_tokens=8.0),
+    "temperature-huge": bench_result(temperature=1e300),
 }
 RAW_RESULTS = {
     "nan": json.dumps(bench_result()).replace("40.0", "NaN"),
@@ -104,6 +111,24 @@ def test_malformed_bench_result_is_refused_by_report(name: str, fake: FakeVllm, 
     # the good file first: nothing may be written for it either
     refused_untouched(argv("report", fake, work, **{"--inputs": None}) + ["--inputs", str(work / "result.json"),
                                                                        str(bad)], [work], 2, match=r"bad\.json")
+
+
+@pytest.mark.parametrize("alias", ["same", "symlink", "dotted"])
+def test_report_refuses_the_same_input_twice(alias: str, fake: FakeVllm, work: Path) -> None:
+    first = work / "result.json"
+    second = {"same": first, "symlink": work / "link.json", "dotted": work / "." / "result.json"}[alias]
+    if alias == "symlink":
+        second.symlink_to(first)
+    refused_untouched(argv("report", fake, work, **{"--inputs": None}) + ["--inputs", str(first), str(second)],
+                      [work], 2, match=r"--inputs .*result\.json.* twice")
+
+
+def test_report_takes_two_distinct_results(fake: FakeVllm, work: Path) -> None:
+    (work / "other.json").write_text(json.dumps(bench_result(method="mtp")))
+    out = run(*argv("report", fake, work, **{"--inputs": None, "--plot": None}), "--inputs",
+              str(work / "result.json"), str(work / "other.json"))
+    assert out.rc == 0, out.stderr
+    assert (work / "out.md").read_text().count("\n| ") == 2  # two rows after the header
 
 
 @pytest.mark.parametrize("kind", ["fifo", "dir", "missing"])
@@ -153,6 +178,7 @@ def test_report_replaces_its_own_older_plot_but_not_another_png(fake: FakeVllm, 
 
 def _reference(**changes: Any) -> dict[str, Any]:
     doc = {"format": "sparkspec-lossless-reference/1", "model": MODEL, "method": "baseline", "max_tokens": TOKENS,
+           "temperature": 0.0,
            "enable_thinking": False, "outputs": [{"id": "a", "suite": "s", "prompt": "p", "expect_json": False,
                                                    "text": "t"}]}
     doc.update(changes)
@@ -184,6 +210,11 @@ REFERENCES: dict[str, Any] = {
     "max-tokens-float": _reference(max_tokens=8.5),
     "thinking-str": _reference(enable_thinking="no"),
     "duplicate-ids": _reference(outputs=_output()["outputs"] * 2),
+    "model-other": _reference(model="another-model"),
+    "model-missing": _reference(model=DROP),
+    "temperature-not-greedy": _reference(temperature=0.7),
+    "temperature-nan-str": _reference(temperature="NaN"),
+    "temperature-missing": _reference(temperature=DROP),
 }
 RAW_REFERENCES = {
     "nan": json.dumps(_reference()).replace(f'"max_tokens": {TOKENS}', '"max_tokens": NaN'),

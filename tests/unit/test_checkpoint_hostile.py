@@ -299,3 +299,21 @@ def test_io_error_while_verify_rehashes_is_exit_1(ckpt_pair: CkptPair, monkeypat
     monkeypatch.setattr(ckpt_manifest, "rehash", bad_sector)
     refused_untouched(["checkpoint", "verify", p.out, "--expect-mtp", "0", "--no-load", "--full"],
                       [p.int4.parent], rc=1, match=r"Input/output error \(a run-time failure\); check the")
+
+
+@pytest.mark.parametrize("to", ["valid_head_elsewhere", "secret_file"])
+def test_add_mtp_refuses_a_head_that_links_out_of_source_before_reading_it(ckpt_pair: CkptPair, to: str) -> None:
+    p = ckpt_pair
+    _built(p)
+    outside = p.int4.parent / f"outside-{to}"
+    head = p.int4 / EXTRA_FILE
+    if to == "valid_head_elsewhere":
+        head.rename(outside)
+    else:  # stands in for /etc/shadow: its first 8 bytes must not be read (nor shown as a header length)
+        outside.write_bytes(b"SECRET!!" + b"x" * 64)
+        head.unlink()
+    head.symlink_to(outside)
+    out = refused_untouched(["checkpoint", "add-mtp", "--source", p.int4, "--target", p.out], [p.int4.parent],
+                            match=r"links out of --source")
+    assert "SECRET" not in out.stderr and str(int.from_bytes(b"SECRET!!", "little")) not in out.stderr
+    assert not (p.out / EXTRA_FILE).exists()

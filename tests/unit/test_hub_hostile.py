@@ -31,7 +31,7 @@ from sparkspec.hub_api import HubError, Repos, segments
 from sparkspec.hub_publish import publish
 from sparkspec.hubserver import HubServer
 from sparkspec.testckpt import ModelSpec, write_fp8, write_int4_autoround
-from tests.badinput import Outcome, assert_refused, fingerprint, refused_untouched, run
+from tests.badinput import Outcome, assert_refused, assert_unchanged, fingerprint, refused_untouched, run
 
 
 def q(text: str) -> str:
@@ -648,3 +648,132 @@ def test_hostile_http_requests_never_get_the_secret(maze: dict[str, Any], kind: 
         names = [e.get("path") or e.get("rfilename") for e in
                  (json.loads(body) if kind == "tree" else json.loads(body)["siblings"])]
         assert set(names) <= {"config.json", "model.safetensors", "sub", "sub/notes.txt"}, names
+
+
+# --- follow-ups: what a hostile tester found after the first round ------------------------------------------
+def test_endpoint_serves_only_published_folders_and_no_dot_files(tmp_path: Path) -> None:
+    """``hub serve --root /`` must not make /home/al a repo: a folder without publish's marker is not found
+    and nothing is written into it; in a repo, names starting with '.' (but .gitattributes) are never served
+    nor listed."""
+    root = tmp_path / "root"
+    publish(root, "org/tiny", _small_repo(tmp_path / "src"))
+    repo = root / "org" / "tiny"
+    (repo / ".gitattributes").write_text("*.safetensors filter=lfs\n")
+    (repo / ".env").write_text("SECRET=1\n")
+    (repo / "sub" / ".hidden").write_text("hidden\n")
+    (repo / ".ssh").mkdir()
+    (repo / ".ssh" / "id_rsa").write_text("REPO KEY\n")
+    home = root / "home" / "al"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "id_rsa").write_text("PRIVATE KEY\n")
+    (home / "notes.txt").write_text("mine\n")
+    before = fingerprint(home)
+    with HubServer(root) as server:
+        for path in ("/home/al/resolve/main/.ssh/id_rsa", "/home/al/resolve/main/notes.txt",
+                     "/api/models/home/al", "/api/models/home/al?blobs=true",
+                     "/api/models/home/al/tree/main?recursive=true", "/org/tiny/resolve/main/.env",
+                     "/org/tiny/resolve/main/sub/.hidden", "/org/tiny/resolve/main/.ssh/id_rsa",
+                     "/api/models/org/tiny/tree/main/.ssh"):
+            status, _, body = raw(server.url, "GET", path)
+            assert status == 404 and b"KEY" not in body and b"SECRET" not in body, (path, status, body[:80])
+        status, _, body = raw(server.url, "GET", "/org/tiny/resolve/main/.gitattributes")
+        assert (status, body) == (200, b"*.safetensors filter=lfs\n")
+        status, _, body = raw(server.url, "GET", "/api/models/org/tiny/tree/main?recursive=true")
+        assert sorted(e["path"] for e in json.loads(body)) == [
+            ".gitattributes", "config.json", "model.safetensors", "sub", "sub/notes.txt"]
+        status, _, body = raw(server.url, "GET", "/api/models/org/tiny?blobs=true")
+        assert sorted(s["rfilename"] for s in json.loads(body)["siblings"]) == [
+            ".gitattributes", "config.json", "model.safetensors", "sub/notes.txt"]
+    assert_unchanged(before, home)
+
+
+def _serve_refused(argv: list[str | Path], env: dict[str, str], match: str) -> None:
+    """``hub serve`` run apart (a server that starts never returns): refused at once, one line."""
+    try:
+        proc = subprocess.run([sys.executable, "-m", "sparkspec.cli", "hub", "serve", "--port", "0",
+                               *map(str, argv)], capture_output=True, text=True, timeout=15, check=False,
+                              env={**os.environ, **env})
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"hub serve {argv} with {env} started serving")
+    assert_refused(Outcome(proc.returncode, proc.stdout, proc.stderr), 2, match)
+
+
+@pytest.mark.parametrize("value", [",,", " ", "\n", "", " , \n ,"])
+def test_hub_serve_refuses_a_token_variable_that_yields_no_token(tmp_path: Path, value: str) -> None:
+    (tmp_path / "root").mkdir()
+    _serve_refused(["--root", tmp_path / "root"], {"SPARKSPEC_HUB_TOKENS": value},
+                   "SPARKSPEC_HUB_TOKENS.*no token")
+
+
+def test_token_files_readable_by_everyone_are_refused(tmp_path: Path) -> None:
+    (tmp_path / "root").mkdir()
+    token = tmp_path / "token"
+    token.write_text("hf_good\n")
+    token.chmod(0o644)
+    _serve_refused(["--root", tmp_path / "root", "--token-file", token], {}, "token.*chmod 600")
+    src = _small_repo(tmp_path / "src")
+    refused_untouched(["fetch", "plan", "org/tiny", "--revision", "main", "--local-path", src,
+                       "--token-file", token], [tmp_path], 2, "token.*chmod 600")
+
+
+def test_http_framing_is_strict(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Empty segments and a slash after a file name are 404; a chunked body is refused and the connection
+    closed (what follows it is never read as a second request); a half-sent request is dropped."""
+    from sparkspec import hubserver
+
+    root = tmp_path / "root"
+    publish(root, "org/tiny", _small_repo(tmp_path / "src"))
+    with HubServer(root) as server:
+        for path in ("//org/tiny/resolve/main/config.json", "/org//tiny/resolve/main/config.json",
+                     "/org/tiny/resolve/main//config.json", "/org/tiny/resolve/main/config.json/",
+                     "/org/tiny/resolve/main/sub/notes.txt/", "/api/models//org/tiny"):
+            status, _, _ = raw(server.url, "GET", path)
+            assert status == 404, (path, status)
+        port = int(server.url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(b"POST /api/models/org/tiny/paths-info/main HTTP/1.1\r\nHost: x\r\n"
+                         b"Transfer-Encoding: chunked\r\nContent-Type: application/x-www-form-urlencoded\r\n"
+                         b"\r\n0\r\n\r\nGET /org/tiny/resolve/main/config.json HTTP/1.1\r\nHost: x\r\n\r\n")
+            data = b""
+            while chunk := sock.recv(65536):
+                data += chunk
+        assert data.split(b" ", 2)[1] in (b"400", b"501") and data.count(b"HTTP/1.1 ") == 1, data[:200]
+    assert hubserver._Handler.timeout <= 30
+    monkeypatch.setattr(hubserver._Handler, "timeout", 1)
+    with HubServer(root) as server:
+        port = int(server.url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(b"GET /org/tiny/resolve/main/config.json HTTP/1.1\r\nHost:")
+            assert sock.recv(65536) == b""  # closed by the server, not by our 10 s timeout
+
+
+@pytest.mark.parametrize("kind", ["fifo", "socket", "loop", "link"])
+def test_publish_refuses_entries_that_are_not_regular_files(tmp_path: Path, kind: str) -> None:
+    src = _small_repo(tmp_path / "src")
+    entry = src / "sub" / "odd"
+    if kind == "fifo":
+        os.mkfifo(entry)
+    elif kind == "socket":
+        sock = socket.socket(socket.AF_UNIX)
+        sock.bind(str(entry))
+        sock.close()
+    elif kind == "loop":
+        entry.symlink_to(src / "sub" / "odd2")
+        (src / "sub" / "odd2").symlink_to(entry)
+    else:
+        entry.symlink_to(src / "config.json")
+    refused_untouched(["hub", "publish", "--root", tmp_path / "root", "--repo", "org/tiny", "--from", src],
+                      [tmp_path], 2, "sub/odd.*(symbolic link|not a regular file)")
+
+
+@pytest.mark.parametrize("value", ["http://127.0.0.1:1\nX", "javascript:alert(1)", "ftp://h", "http://u:p@h"])
+def test_hf_endpoint_from_the_environment_is_checked_like_the_flag(tmp_path: Path, value: str) -> None:
+    refused_untouched(["fetch", "plan", "org/x", "--revision", "main"], [tmp_path], 2, "HF_ENDPOINT",
+                      env={"HF_ENDPOINT": value})
+
+
+@pytest.mark.parametrize("value", ["ключ", "hf_a b", "hf_\x01"])
+def test_hf_token_from_the_environment_must_be_visible_ascii(tmp_path: Path, value: str) -> None:
+    out = refused_untouched(["fetch", "plan", "org/x", "--revision", "main", "--endpoint", "http://127.0.0.1:1"],
+                            [tmp_path], 2, "HF_TOKEN", env={"HF_TOKEN": value})
+    assert value not in out.stderr

@@ -192,16 +192,29 @@ async def stream_chat(client: httpx.AsyncClient, base_url: str, prompt: Prompt, 
     return chunks.finish()
 
 
+async def _bounded(client: httpx.AsyncClient, base_url: str, prompt: Prompt, opts: RequestOptions,
+                   api_key: str | None, timeout: float | None) -> RequestResult:
+    """One request within ``timeout`` seconds from its start to its last byte (a server that keeps the stream
+    alive with comments or a token now and then cannot hold the run)."""
+    try:
+        async with asyncio.timeout(timeout):
+            return await stream_chat(client, base_url, prompt, opts, api_key)
+    except TimeoutError:
+        raise StreamError(f"no complete answer within {timeout:g} s; raise --timeout or check the "
+                          "server") from None
+
+
 async def run_requests(client: httpx.AsyncClient, base_url: str, prompts: list[Prompt], opts: RequestOptions,
-                       concurrency: int, api_key: str | None = None) -> tuple[list[RequestResult], float]:
-    """Send ``prompts`` with at most ``concurrency`` in flight. The first failed request cancels the others
-    and raises RunFailure naming the URL."""
+                       concurrency: int, api_key: str | None = None,
+                       timeout: float | None = None) -> tuple[list[RequestResult], float]:
+    """Send ``prompts`` with at most ``concurrency`` in flight, each within ``timeout`` seconds (first byte to
+    last). The first failed request cancels the others and raises RunFailure naming the URL."""
     queue = list(reversed(prompts))
     results: list[RequestResult] = []
 
     async def worker() -> None:
         while queue:
-            results.append(await stream_chat(client, base_url, queue.pop(), opts, api_key))
+            results.append(await _bounded(client, base_url, queue.pop(), opts, api_key, timeout))
 
     start = time.perf_counter()
     tasks = [asyncio.create_task(worker()) for _ in range(max(1, min(concurrency, len(prompts))))]
@@ -325,7 +338,8 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         for name, todo in planned.items():
             async def go(todo: list[Prompt] = todo) -> tuple[list[RequestResult], float]:
                 async with async_client(cfg.concurrency, cfg.timeout) as aclient:
-                    return await run_requests(aclient, cfg.url, todo, opts, cfg.concurrency, cfg.api_key)
+                    return await run_requests(aclient, cfg.url, todo, opts, cfg.concurrency, cfg.api_key,
+                                              cfg.timeout)
 
             results, duration = asyncio.run(go())
             before = snapshot

@@ -46,12 +46,14 @@ def check_url(url: str) -> str:
     if "@" in parts.netloc:  # never echo it: it holds a password
         raise UserError(f"--url <hidden>: holds credentials (user:password@); {fix}, and the key with "
                         "--api-key-file")
+    if parts.query or parts.fragment or "?" in url or "#" in url:  # never echo them: they may hold a key
+        raise UserError(f"--url {parts.scheme}://{parts.netloc}{parts.path}: has a query string or fragment "
+                        f"(not shown); {fix}, and the key with --api-key-file")
     try:
         port = parts.port
     except ValueError:
         raise UserError(f"--url {url}: the port is not a number from 1 to 65535; {fix}") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname or port == 0 or parts.path not in ("", "/") \
-            or parts.query or parts.fragment or url.endswith(("?", "#")):
+    if parts.scheme not in ("http", "https") or not parts.hostname or port == 0 or parts.path not in ("", "/"):
         raise UserError(f"--url {url}: not http(s)://host[:port]; {fix}")
     return url.rstrip("/")
 
@@ -176,7 +178,7 @@ def _check_compare(args: argparse.Namespace) -> int:
     out = None if args.output is None else Output(args.output, "--output", "lossless", (
         ("--reference", args.reference), ("--api-key-file", args.api_key_file)))
     check_outputs([out])
-    reference = lossless.load_reference(args.reference)
+    reference = lossless.load_reference(args.reference, args.model)
     report = lossless.run_compare(args.url, args.model, reference, api_key(args.api_key_file), args.concurrency,
                                   args.method, args.timeout)
     ok, summary = lossless.verdict(report, args.min_share, args.require_json)
@@ -238,7 +240,7 @@ def _add_server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key", nargs="?", action=_KeyOnArgv, help=argparse.SUPPRESS)
     p.add_argument("--enable-thinking", action="store_true", help="leave thinking on (default: off)")
     p.add_argument("--timeout", type=number(float, MIN_TIMEOUT, MAX_TIMEOUT), default=600.0,
-                   help="per-request timeout in seconds (default 600)")
+                   help="deadline of each request in seconds, first byte to last (default 600)")
     p.add_argument("--concurrency", type=number(int, 1, MAX_CONCURRENCY), default=1,
                    help=f"requests in flight, 1 to {MAX_CONCURRENCY} (default 1)")
     p.add_argument("--method", type=arg_type(check_label, "--method"), help="method serving now (recorded)")

@@ -14,6 +14,7 @@ non-negative.
 from __future__ import annotations
 
 import math
+import re
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -41,8 +42,8 @@ QUOTE = 200  # characters of server text quoted in an error
 
 def clean(text: str, secret: str | None = None) -> str:
     """Server text fit to quote in one line: the key replaced, control characters dropped, cut short."""
-    if secret:
-        text = text.replace(secret, "***")
+    if secret:  # in any case: a server may echo the header lowercased
+        text = re.sub(re.escape(secret), "***", text, flags=re.IGNORECASE)
     text = "".join(c if c.isprintable() else "?" for c in text)
     return text if len(text) <= QUOTE else text[:QUOTE] + "..."
 

@@ -244,7 +244,7 @@ def test_key_echoed_in_another_case_is_redacted(fake: FakeVllm, work: Path) -> N
 def test_url_with_a_query_or_fragment_is_refused_without_echoing_it(tail: str, command: str, fake: FakeVllm,
                                                                     work: Path) -> None:
     out = refused_untouched(argv(command, fake, work, **{"--url": fake.url + tail}), [work], 2,
-                            match=r"--url .*query string or fragment")
+                            match=r"--url.*query string or fragment")
     assert "SECRET" not in out.stderr and fake.seen == []
 
 

@@ -19,6 +19,7 @@ from sparkspec.bench import RequestOptions, async_client, preflight, run_request
 from sparkspec.bench_cli import MAX_TOKENS
 from sparkspec.errors import UserError
 from sparkspec.jsonfile import expect, read_json
+from sparkspec.metrics import clean
 from sparkspec.suites import MAX_ID, Prompt, suites_for
 
 FORMAT = "sparkspec-lossless-reference/1"
@@ -66,7 +67,7 @@ def generate(url: str, model: str, prompts: list[Prompt], max_tokens: int, api_k
 
     async def go() -> list[Any]:
         async with async_client(concurrency, timeout) as aclient:
-            results, _ = await run_requests(aclient, url, prompts, opts, concurrency, api_key)
+            results, _ = await run_requests(aclient, url, prompts, opts, concurrency, api_key, timeout)
             return results
 
     by_id = {r.prompt.id: r for r in asyncio.run(go())}
@@ -88,12 +89,21 @@ def record(url: str, model: str, suite: str = "all", max_tokens: int = 128, api_
             "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "outputs": outputs}
 
 
-def load_reference(path: str | Path) -> dict[str, Any]:
-    """A reference written by ``record``, every field of the type ``compare`` relies on, else one line."""
+def load_reference(path: str | Path, model: str) -> dict[str, Any]:
+    """A reference written by ``record`` for ``model`` at temperature 0, every field of the type ``compare``
+    relies on, else one line."""
     fix = "record it again with `sparkspec check-output record`"
     doc = read_json(path, "no such reference; record one with `sparkspec check-output record`", fix)
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise UserError(f"{path}: not a {FORMAT} file; {fix}")
+    recorded = expect(doc, "model", str, str(path), fix)
+    if recorded != model:
+        raise UserError(f"{path}: recorded for model {clean(recorded)!r}, not --model {model}; a reference for "
+                        "another model is no reference: record one for this model")
+    temp = expect(doc, "temperature", (int, float), str(path), fix)
+    if isinstance(temp, bool) or temp != 0:
+        raise UserError(f"{path}: recorded at temperature {clean(str(temp))}, not 0 (greedy); only greedy outputs "
+                        f"can be compared: {fix}")
     max_tokens = expect(doc, "max_tokens", int, str(path), fix)
     if not 1 <= max_tokens <= MAX_TOKENS:
         raise UserError(f"{path}: max_tokens {max_tokens} is not from 1 to {MAX_TOKENS}; {fix}")

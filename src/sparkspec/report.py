@@ -39,9 +39,12 @@ FIELDS: dict[str, tuple[type, ...]] = {
     "per_request_tok_s_max": NUMBER, "output_throughput": NUMBER, "spec_decode_acceptance_rate": NUMBER,
     "spec_decode_acceptance_length": NUMBER, "temperature": NUMBER, "max_concurrency": (int, type(None)),
     "method": TEXT, "model_id": TEXT, "suite": TEXT, "error": TEXT, "partial": (bool, type(None)),
-    "served_model": (dict, type(None)), "suites": (dict, type(None)),
+    "served_model": (dict, type(None)), "suites": (dict, type(None)), "max_tokens": (int, type(None)),
 }
 REQUIRED = ("completed", "per_request_tok_s_mean")
+MAX_COUNT = 2**53  # requests, tokens, concurrency: far above any real run, exact as a float
+UPPER = {"spec_decode_acceptance_rate": 100.0, "temperature": 100.0, "completed": MAX_COUNT,
+         "failed": MAX_COUNT, "max_concurrency": MAX_COUNT, "max_tokens": MAX_COUNT}
 
 
 @dataclass(frozen=True)
@@ -55,11 +58,12 @@ class Row:
     suites: dict[str, float | None]  # suite -> avg per-request tok/s
 
 
-def _number(value: Any, where: str, key: str, fix: str) -> float | None:
+def _number(value: Any, where: str, key: str, fix: str, high: float = math.inf) -> float | None:
     if value is None or isinstance(value, bool):  # bools were refused by expect where they do not belong
         return value
-    if not math.isfinite(value) or value < 0:
-        raise UserError(f"{where}: {key!r} is {value}, not a finite non-negative number; {fix}")
+    if not math.isfinite(value) or not 0 <= value <= high:
+        bound = "non-negative" if high == math.inf else f"from 0 to {high:g}"
+        raise UserError(f"{where}: {key!r} is {value:.6g}, not a finite number {bound}; {fix}")
     return float(value)
 
 
@@ -73,7 +77,7 @@ def load_result(path: str | Path) -> dict[str, Any]:
     for key, kinds in FIELDS.items():
         value = expect(doc, key, kinds, where, fix, required=key in REQUIRED)
         if kinds is NUMBER or kinds[0] is int:
-            _number(value, where, key, fix)
+            _number(value, where, key, fix, UPPER.get(key, math.inf))
     served = doc.get("served_model") or {}
     expect(served, "id", TEXT, f"{where}: served_model", fix, required=False)
     for name, suite in (doc.get("suites") or {}).items():
@@ -158,6 +162,12 @@ def build(inputs: list[str]) -> list[Row]:
     """A row per bench result; every input is read and checked before any row is used."""
     if not inputs:
         raise UserError("--inputs: no bench result given; pass one or more files from `sparkspec bench`")
+    seen: dict[str, str] = {}
+    for p in inputs:
+        real = os.path.realpath(p)
+        if real in seen:
+            raise UserError(f"--inputs {p}: the same file as {seen[real]} given twice; give each result once")
+        seen[real] = p
     return [row_for(load_result(p), p) for p in inputs]
 
 

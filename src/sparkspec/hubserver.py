@@ -78,7 +78,7 @@ class Cut:
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
-    timeout = 120  # a client that stops sending does not hold a thread forever
+    timeout = 30  # idle seconds: a client that stops sending (a half-sent request) does not hold a thread
     server: _Server
 
     def log_message(self, format: str, *args: Any) -> None:
@@ -103,18 +103,26 @@ class _Handler(BaseHTTPRequestHandler):
         super().send_response(code, message)
 
     def _dispatch(self, method: str) -> None:
-        self._answered = False
-        target, _, query = self.path.partition("?")
+        self._answered = self._body_read = False
+        # the path as sent: http.server turns a leading '//' into '/', and an empty segment is a 404 here
+        words = self.requestline.split()
+        target, _, query = (words[1] if len(words) >= 2 else self.path).partition("?")
         try:
+            if "Transfer-Encoding" in self.headers:  # a body of unknown length: never read it as a request
+                self.close_connection = True
+                raise HubError(501, None, "Transfer-Encoding is not supported; send a Content-Length")
             self.server.hub.check_token(self.headers.get("Authorization"))
             parts = segments(target.partition("#")[0])
             if parts[:2] == ["api", "models"] and len(parts) >= 4:
                 self._api(method, parts[2], parts[3], parts[4:], query)
-            elif len(parts) >= 5 and parts[2] == "resolve" and method in ("HEAD", "GET"):
+            elif len(parts) >= 5 and parts[2] == "resolve" and method in ("HEAD", "GET") \
+                    and not target.endswith("/"):  # a file name has no trailing slash
                 self._resolve(method, parts[0], parts[1], parts[3], parts[4:])
             else:
                 raise not_found()
         except HubError as err:
+            if method == "POST" and not self._body_read:  # its unread body must not become a request
+                self.close_connection = True
             headers = {"X-Error-Message": header_text(err.message)}
             if err.code:
                 headers["X-Error-Code"] = err.code
@@ -137,6 +145,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         for key, value in headers.items():
             self.send_header(key, value)
+        if self.close_connection:
+            self.send_header("Connection", "close")
         self.end_headers()
         if method != "HEAD":
             with self.server.hub.stats.lock:
@@ -151,6 +161,7 @@ class _Handler(BaseHTTPRequestHandler):
         if not 0 <= length <= MAX_FORM_BYTES:
             raise HubError(413, None, f"Request body over {MAX_FORM_BYTES} bytes")
         body = self.rfile.read(length).decode("utf-8", "replace")
+        self._body_read = True
         return urllib.parse.parse_qs(body, max_num_fields=10_000)
 
     def _api(self, method: str, org: str, name: str, rest: list[str], query: str) -> None:

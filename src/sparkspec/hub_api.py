@@ -23,10 +23,12 @@ from sparkspec.hubrepo import (
     HashStore,
     RepoFile,
     content_revision,
+    is_published,
     listed,
     marked_revision,
     open_in,
     scan,
+    served,
 )
 
 
@@ -91,7 +93,9 @@ class Repos:
 
     def snapshot(self, org: str, name: str, revision: str) -> Snapshot:
         """The repo ``org/name`` at ``revision`` ('main' or its commit id); 404 for anything else. ``org``
-        and ``name`` must be real folders (not links) directly under the root."""
+        and ``name`` must be real folders (not links) directly under the root, and the repo folder must carry
+        publish's marker: any other folder (``--root /`` holds /home/al) is not a repo, and nothing is
+        written into it. Names with a dot-segment (but .gitattributes) are not the repo's files."""
         try:
             repo_id = validate.repo_id(f"{org}/{name}")
         except UserError:
@@ -100,7 +104,9 @@ class Repos:
         try:
             if not all(stat.S_ISDIR(os.lstat(p).st_mode) for p in (directory.parent, directory)):
                 raise FileNotFoundError(directory)
-            files = scan(directory).files
+            if not is_published(directory):
+                raise FileNotFoundError(directory)
+            files = {rel: v for rel, v in scan(directory).files.items() if served(rel)}
         except (OSError, UserError):
             raise HubError(404, "RepoNotFound", "Repository not found") from None
         with self._lock:

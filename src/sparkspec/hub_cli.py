@@ -14,7 +14,6 @@ import ipaddress
 import os
 import re
 import signal
-import stat
 import sys
 import urllib.parse
 from collections.abc import Callable
@@ -135,9 +134,16 @@ def register(sub: Any) -> None:
 
 
 def _token(args: argparse.Namespace) -> str | None:
-    from sparkspec.hub_source import read_token_file
+    """The token from --token-file, else a checked ``HF_TOKEN`` (None: no token); also settles the endpoint:
+    ``HF_ENDPOINT`` is checked exactly like --endpoint where it would be used."""
+    from sparkspec.hub_source import env_token, read_token_file
 
-    return read_token_file(args.token_file) if args.token_file else None
+    if args.endpoint is None and not args.local_path and os.environ.get("HF_ENDPOINT"):
+        try:
+            args.endpoint = _url(os.environ["HF_ENDPOINT"])
+        except UserError as exc:
+            raise UserError(f"HF_ENDPOINT: {exc}") from None
+    return read_token_file(args.token_file) if args.token_file else env_token()
 
 
 def _finish(args: argparse.Namespace, doc: dict[str, Any], line: str) -> int:
@@ -178,7 +184,8 @@ def _plan(args: argparse.Namespace) -> int:
 
     if args.dest:  # the checks a fetch into --dest would make first
         claim(Path(args.dest), {"--local-path": args.local_path})
-    source = Source(args.repo, args.revision, args.endpoint, _token(args), args.local_path)
+    token = _token(args)  # first: it may take the endpoint from HF_ENDPOINT
+    source = Source(args.repo, args.revision, args.endpoint, token, args.local_path)
     plan = hub.plan(source, args.include)
     if args.dest:
         preflight(Path(args.dest), plan.total_bytes)
@@ -218,8 +225,9 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _serve_tokens(token_file: str | None, root: Path) -> tuple[list[str], list[str]]:
-    """The accepted tokens (and warnings): from ``token_file`` (one per line), else ``$SPARKSPEC_HUB_TOKENS``
-    (comma or newline separated), else none. Never from argv, where every process list shows them."""
+    """The accepted tokens (and warnings): from ``token_file`` (one per line, not readable by every user),
+    else ``$SPARKSPEC_HUB_TOKENS`` (comma or newline separated), else none. Set but holding no token is
+    refused, never taken for "no token needed". Never from argv, where every process list shows them."""
     warnings = []
     if token_file:
         where = f"--token-file {token_file}"
@@ -230,15 +238,20 @@ def _serve_tokens(token_file: str | None, root: Path) -> tuple[list[str], list[s
             text = raw.decode("utf-8")
         except UnicodeDecodeError:
             raise UserError(f"{where}: is not UTF-8 text; write one token per line") from None
-        if stat.S_IMODE(os.stat(token_file).st_mode) & 0o077:
-            warnings.append(f"{where} is readable by other users; chmod 600 it")
+    elif TOKENS_ENV in os.environ:
+        where, text = TOKENS_ENV, os.environ[TOKENS_ENV]
     else:
-        where, text = TOKENS_ENV, os.environ.get(TOKENS_ENV, "")
+        return [], warnings
     tokens = [t.strip() for t in re.split(r"[,\n]", text) if t.strip()]
-    if token_file and not tokens:
-        raise UserError(f"{where}: holds no token; write one token per line")
+    if not tokens:  # set but empty: serving without tokens would fail open
+        raise UserError(f"{where}: holds no token; give one token per line (or comma separated in "
+                        f"{TOKENS_ENV}), or unset {TOKENS_ENV} to serve without tokens")
     if any(re.search(r"[\x00-\x20\x7f]", t) for t in tokens):
         raise UserError(f"{where}: a token holds a space or control character; write one token per line")
+    if token_file:
+        from sparkspec.hubrepo import check_private
+
+        check_private(token_file, "token file")
     return tokens, warnings
 
 

@@ -15,7 +15,6 @@ import hashlib
 import json
 import os
 import shutil
-import stat
 import uuid
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from sparkspec import validate
 from sparkspec.errors import UserError, os_error
 from sparkspec.hubrepo import (
     CHUNK,
-    FETCH_STATE_DIR,
+    PUBLISHED_FILE,
     REVISION_FILE,
     Digests,
     FileStat,
@@ -32,11 +31,10 @@ from sparkspec.hubrepo import (
     RepoFile,
     content_revision,
     hash_fd,
+    is_published,
     marked_revision,
     scan,
 )
-
-PUBLISHED_FILE = ".sparkspec-published"
 
 
 def publish(root: str | os.PathLike[str], repo_id: str, source: str | os.PathLike[str],
@@ -62,11 +60,12 @@ def publish(root: str | os.PathLike[str], repo_id: str, source: str | os.PathLik
             raise UserError(f"{path} exists and is not a folder; move it away or choose another "
                             "--root/--repo")
     try:
-        wanted = scan(src, follow_inside=True)
+        wanted = scan(src, strict=True)
     except OSError as exc:
         raise UserError(f"--from {src}: cannot list ({exc.strerror}); check its permissions") from None
     for rel, why in wanted.unsafe.items():
-        raise UserError(f"--from {src}: {rel!r} {why}; rename or remove it, the hub serves only plain names")
+        raise UserError(f"--from {src}: {rel!r} {why}; the hub serves only regular files with plain names, so "
+                        "replace it by a copy of the file, or rename or remove it")
     try:
         current = _current(target, wanted, src, revision)
         if current is not None:
@@ -187,15 +186,3 @@ def _fresh(folder: Path, prefix: str) -> Path:
     path = folder / f"{prefix}-{uuid.uuid4().hex[:12]}"
     path.mkdir()
     return path
-
-
-def is_published(path: Path) -> bool:
-    """Whether ``path`` is a repo folder publish made: it holds publish's marker, or (made by a sparkspec
-    before the marker existed) a revision file and no fetch state."""
-    def regular(name: str) -> bool:
-        try:
-            return stat.S_ISREG(os.lstat(path / name).st_mode)
-        except OSError:
-            return False
-
-    return regular(PUBLISHED_FILE) or (regular(REVISION_FILE) and not os.path.lexists(path / FETCH_STATE_DIR))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ from huggingface_hub.utils import build_hf_headers, hf_raise_for_status, http_st
 
 from sparkspec import validate
 from sparkspec.errors import RunFailure, UserError, os_error
-from sparkspec.hubrepo import REVISION_FILE, listed, scan
+from sparkspec.hubrepo import REVISION_FILE, check_private, listed, scan
 from sparkspec.validate import COMMIT_RE
 
 CHUNK = 1 << 20
@@ -65,7 +66,18 @@ def read_token_file(path: str | os.PathLike[str]) -> str:
     if any(c.isspace() or not c.isprintable() for c in token):
         raise UserError(f"{path}: the HF token file holds more than one token or a control character; "
                         f"{TOKEN_HINT}")
+    check_private(path, "HF token file")
     return token
+
+
+def env_token() -> str | None:
+    """``HF_TOKEN`` from the environment, refused (never echoed) unless it is visible ASCII: anything else
+    cannot go into an HTTP header."""
+    value = os.environ.get("HF_TOKEN", "").strip()
+    if value and not re.fullmatch(r"[\x21-\x7e]+", value):
+        raise UserError("HF_TOKEN holds a space, a control or a non-ASCII character, which no HF token has; "
+                        f"set it to the token itself ({TOKEN_HINT})")
+    return value or None
 
 
 @contextlib.contextmanager

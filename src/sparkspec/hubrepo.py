@@ -32,6 +32,7 @@ from sparkspec.jsonfile import loads_bounded
 from sparkspec.validate import COMMIT_RE
 
 REVISION_FILE = ".sparkspec-revision"
+PUBLISHED_FILE = ".sparkspec-published"  # marks a folder as a repo ``hub publish`` made (see is_published)
 FETCH_STATE_DIR = ".sparkspec-fetch"  # marks a folder as ``sparkspec fetch``'s own (see hub_dest)
 HASHES_FILE = ".sparkspec-hashes.json"
 LFS_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5", ".onnx")
@@ -48,6 +49,24 @@ def listed(rel: str) -> bool:
     """Files a repo serves: everything except this tool's own bookkeeping and local download caches."""
     parts = rel.split("/")
     return parts[0] not in (".cache", ".git") and not parts[-1].startswith(".sparkspec")
+
+
+def served(rel: str) -> bool:
+    """Files the endpoint serves: no path segment starts with '.' but ``.gitattributes`` (what hub repos
+    carry), so a dot-file or dot-folder (.env, .ssh/) put into a repo is never listed nor sent."""
+    return all(not part.startswith(".") or part == ".gitattributes" for part in rel.split("/"))
+
+
+def is_published(path: Path) -> bool:
+    """Whether ``path`` is a repo folder publish made: it holds publish's marker, or (made by a sparkspec
+    before the marker existed) a revision file and no fetch state."""
+    def regular(name: str) -> bool:
+        try:
+            return stat.S_ISREG(os.lstat(path / name).st_mode)
+        except OSError:
+            return False
+
+    return regular(PUBLISHED_FILE) or (regular(REVISION_FILE) and not os.path.lexists(path / FETCH_STATE_DIR))
 
 
 @dataclass(frozen=True)
@@ -70,10 +89,12 @@ class Listing:
     unsafe: dict[str, str] = field(default_factory=dict)  # names never served or written -> why
 
 
-def scan(directory: Path, follow_inside: bool = False) -> Listing:
+def scan(directory: Path, follow_inside: bool = False, strict: bool = False) -> Listing:
     """The regular files under ``directory``. Symbolic links are skipped or, with ``follow_inside``, followed
     when they resolve to a regular file under ``directory``; FIFOs, sockets and devices are skipped; names
-    that are not plain relative paths, and links leaving the folder, are set apart in ``unsafe``."""
+    that are not plain relative paths, and links leaving the folder, are set apart in ``unsafe``. With
+    ``strict`` (what ``hub publish`` copies), every link and every entry that is not a regular file or a
+    folder is set apart in ``unsafe`` instead of skipped, so nothing is silently left out."""
     base = directory.resolve()
     files: dict[str, FileStat] = {}
     unsafe: dict[str, str] = {}
@@ -87,6 +108,9 @@ def scan(directory: Path, follow_inside: bool = False) -> Listing:
                     continue
                 try:
                     if entry.is_symlink():
+                        if strict:
+                            unsafe[rel] = "is a symbolic link"
+                            continue
                         if not follow_inside:
                             continue
                         if not Path(os.path.realpath(entry.path)).is_relative_to(base):
@@ -101,6 +125,8 @@ def scan(directory: Path, follow_inside: bool = False) -> Listing:
                 except FileNotFoundError:  # removed while listed
                     continue
                 if not stat.S_ISREG(st.st_mode):
+                    if strict:
+                        unsafe[rel] = "is not a regular file (a FIFO, socket or device)"
                     continue
                 try:
                     validate.relpath(rel)
@@ -133,6 +159,16 @@ def open_in(directory: str | os.PathLike[str], rel: str) -> tuple[int, os.stat_r
         raise OSError(errno.EINVAL, "not a regular file", rel)
     os.set_blocking(leaf, True)
     return leaf, st
+
+
+def check_private(path: str | os.PathLike[str], what: str) -> None:
+    """Refuse a secret file that every user of the machine can read (mode o+r)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        raise UserError(f"{path}: cannot stat the {what} ({exc.strerror}); check the path") from None
+    if mode & 0o004:
+        raise UserError(f"{path}: the {what} is readable by every user of this machine; chmod 600 it")
 
 
 def read_small(opener: Opener, rel: str, limit: int = 4096) -> bytes | None:

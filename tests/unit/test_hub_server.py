@@ -19,7 +19,7 @@ from huggingface_hub.errors import RemoteEntryNotFoundError, RepositoryNotFoundE
 
 from sparkspec.cli import main
 from sparkspec.hub_publish import publish
-from sparkspec.hubrepo import REVISION_FILE
+from sparkspec.hubrepo import PUBLISHED_FILE, REVISION_FILE
 from sparkspec.hubserver import HubServer
 from tests.badinput import assert_refused, run
 
@@ -222,8 +222,11 @@ def test_published_repos_are_hashed_by_publish_not_by_requests(served) -> None:
 
 
 def test_a_repo_without_revision_file_is_hashed_once(tmp_path: Path, repo_dir: Path) -> None:
+    """A folder marked as published but without a revision file: its content revision, hashed once (an
+    unmarked folder is no repo at all: test_hub_hostile)."""
     root = tmp_path / "root"
     shutil.copytree(repo_dir, root / "org" / "bare")
+    (root / "org" / "bare" / PUBLISHED_FILE).write_text("{}\n")
     total = sum(p.stat().st_size for p in repo_dir.rglob("*") if p.is_file())
     with HubServer(root) as server:
         assert _hashed(server, "GET", "/api/models/org/bare") == total  # the content revision, once
@@ -250,8 +253,8 @@ def _serve(root: Path, *args: str, env: dict[str, str] | None = None) -> tuple[s
     return proc, proc.stderr.readline()
 
 
-def test_serve_takes_tokens_from_the_environment_and_warns_off_loopback(tmp_path: Path,
-                                                                        repo_dir: Path) -> None:
+def test_serve_takes_tokens_from_the_environment_and_warns_off_loopback(
+        tmp_path: Path, repo_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = tmp_path / "root"
     publish(root, "org/tiny", repo_dir)
     proc, line = _serve(root, "--port", "0", env={"SPARKSPEC_HUB_TOKENS": "hf_env_one, hf_env_two\nhf_env_3"})
@@ -266,7 +269,8 @@ def test_serve_takes_tokens_from_the_environment_and_warns_off_loopback(tmp_path
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
-    proc, line = _serve(root, "--host", "0.0.0.0", "--port", "0", env={"SPARKSPEC_HUB_TOKENS": ""})
+    monkeypatch.delenv("SPARKSPEC_HUB_TOKENS", raising=False)  # unset: no token (set but empty is refused)
+    proc, line = _serve(root, "--host", "0.0.0.0", "--port", "0")
     try:
         assert "(tokens: off)" in line
         assert proc.stderr is not None

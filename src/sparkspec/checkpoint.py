@@ -55,7 +55,7 @@ from sparkspec.safetensors_io import (
     read_index,
     write_index,
 )
-from sparkspec.validate import COMMIT_RE, read_regular, revision
+from sparkspec.validate import COMMIT_RE, read_regular, revision, source_file
 
 __all__ = ["CONFIG_KEY", "MANIFEST_NAME", "AssembleResult", "Plan", "assemble", "plan_assembly"]
 
@@ -111,19 +111,8 @@ def _stat(path: Path) -> dict[str, int]:
     return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino}
 
 
-def _own_file(root: Path, path: Path, flag: str) -> Path:
-    """``path`` (under ``root``) resolved; refused when a link takes it out of the source folder (a Hugging
-    Face cache snapshot may link into its repo's blobs folder)."""
-    real, base = path.resolve(), root.resolve()
-    allowed = [base] + ([base.parent.parent / "blobs"] if base.parent.name == "snapshots" else [])
-    if not any(real.is_relative_to(a) for a in allowed):
-        raise UserError(f"{path}: links out of {flag} {root} (to {real}); a checkpoint folder holds its own "
-                        "files: copy the file in or fix the link")
-    return path
-
-
 def _load_json(root: Path, name: str, flag: str) -> dict[str, Any]:
-    path = _own_file(root, root / name, flag)
+    path = source_file(root, root / name, flag)
     doc = read_json(path, "not found; point at a complete checkpoint directory", "re-download it")
     if not isinstance(doc, dict):
         raise UserError(f"{path}: not a JSON object; re-download it")
@@ -131,8 +120,7 @@ def _load_json(root: Path, name: str, flag: str) -> dict[str, Any]:
 
 
 def _headers(root: Path, files: Iterable[str], flag: str) -> dict[str, Header]:
-    return {f: read_header(_own_file(root, root / f, flag)) for f in sorted(files)}
-
+    return {f: read_header(source_file(root, root / f, flag)) for f in sorted(files)}
 
 
 def _side_files(int4: Path) -> list[str]:
@@ -149,7 +137,7 @@ def _side_files(int4: Path) -> list[str]:
         if not path.is_file():
             raise UserError(f"{path}: not a regular file (a FIFO, socket, device or broken link); remove it "
                             "from --int4 or put the real file there")
-        side.append(str(_own_file(int4, path, "--int4").name))
+        side.append(str(source_file(int4, path, "--int4").name))
     return side
 
 
@@ -166,7 +154,7 @@ def plan_assembly(int4: Path, fp8: Path, patterns: Iterable[str] = (), expect_fp
     for flag, source in (("--int4", int4), ("--fp8", fp8)):
         if not source.is_dir():
             raise UserError(f"{flag} {source}: not a folder; point it at the checkpoint download")
-        _own_file(source, source / INDEX_NAME, flag)
+        source_file(source, source / INDEX_NAME, flag)
     index4 = read_index(int4)["weight_map"]
     shard_files = int4_model_shards(index4)
     if not shard_files:
@@ -185,7 +173,7 @@ def plan_assembly(int4: Path, fp8: Path, patterns: Iterable[str] = (), expect_fp
         for name in fp8_pair(module):
             file = index8[name]
             if file not in h8:
-                h8[file] = read_header(_own_file(fp8, fp8 / file, "--fp8"))
+                h8[file] = read_header(source_file(fp8, fp8 / file, "--fp8"))
             if name not in h8[file].tensors:
                 raise UserError(f"{fp8 / INDEX_NAME}: maps {name} to {file}, whose header has no such tensor; "
                                 "re-fetch the FP8 source")

@@ -18,13 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sparkspec.checkpoint import _own_file
 from sparkspec.ckpt_manifest import TOOL, owned
 from sparkspec.ckpt_select import EXTRA_FILE
 from sparkspec.ckpt_stream import copy_file, fsync_dir, fsync_path
 from sparkspec.errors import UserError, os_error
 from sparkspec.safetensors_io import INDEX_NAME, Header, check_unique, read_header, read_index, stage_index
-from sparkspec.validate import check_disjoint
+from sparkspec.validate import check_disjoint, source_file
 
 
 @dataclass
@@ -82,7 +81,7 @@ def _validated(source: Path, target: Path) -> tuple[Path, Header, list[str], dic
     if not os.path.lexists(src):
         raise UserError(f"{src}: not found; the MTP head ships in this file: point --source at the INT4 "
                         "checkpoint download (or re-fetch it)")
-    _own_file(source, src, "--source")  # before reading it: a link out of --source is refused unread
+    source_file(source, src, "--source")  # before reading it: a link out of --source is refused unread
     header = read_header(src)
     names = [n for n in header.tensors if n.startswith("mtp.")]
     if not names:

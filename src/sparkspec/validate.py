@@ -94,6 +94,17 @@ def under(root: str | os.PathLike[str], rel: str, *, what: str = "file name",
     return path
 
 
+def source_file(root: Path, path: Path, flag: str) -> Path:
+    """``path`` (under ``root``) resolved; refused when a link takes it out of the source folder (a Hugging
+    Face cache snapshot may link into its repo's blobs folder)."""
+    real, base = path.resolve(), root.resolve()
+    allowed = [base] + ([base.parent.parent / "blobs"] if base.parent.name == "snapshots" else [])
+    if not any(real.is_relative_to(a) for a in allowed):
+        raise UserError(f"{path}: links out of {flag} {root} (to {real}); a checkpoint folder holds its own "
+                        "files: copy the file in or fix the link")
+    return path
+
+
 def real(path: str | os.PathLike[str]) -> Path:
     """The resolved real path (symlinks followed; a missing tail is kept as written)."""
     return Path(os.path.realpath(path))

@@ -225,6 +225,8 @@ def test_cli_401_and_404(ckpts: dict[str, Path], tmp_path: Path, capsys: pytest.
     good, bad = tmp_path / "good", tmp_path / "bad"
     good.write_text("hf_sparkspec_good\n")
     bad.write_text("hf_wrong_token\n")
+    good.chmod(0o600)  # a token file others can read is refused
+    bad.chmod(0o600)
     with HubServer(ckpts["root"], tokens=["hf_sparkspec_good"]) as srv:
         base = ["fetch", "fp8-subset", FP8_REPO, "--revision", "main", "--int4", str(ckpts["int4"]),
                 "--dest", str(tmp_path / "sub"), "--endpoint", srv.url, "--json"]

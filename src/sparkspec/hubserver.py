@@ -1,8 +1,10 @@
 """A small Hugging Face Hub-compatible endpoint that serves local directories (tests, the simulated Spark,
 air-gapped mirrors).
 
-Layout: ``ROOT/<org>/<name>/<files>``; a repo's revision is the 40-hex commit id in
-``ROOT/<org>/<name>/.sparkspec-revision`` or, without that file, one derived from the files' content.
+Layout: ``ROOT/<org>/<name>/<files>``. A folder is a repo only when ``sparkspec hub publish`` marked it
+(``.sparkspec-published``, or the ``.sparkspec-revision`` an older publish wrote); any other folder under ROOT
+is "repo not found" and nothing is written into it. A repo's revision is the 40-hex commit id in
+``.sparkspec-revision`` or, without that file, one derived from the files' content.
 ``main`` and that commit id are the only revisions. Endpoints are exactly those huggingface_hub 2.4 calls for
 ``model_info``/``repo_info``, ``list_repo_tree``, ``get_paths_info``, ``hf_hub_download``,
 ``snapshot_download`` and ``HfFileSystem``: ``GET /api/models/{repo}[/revision/{rev}]``,
@@ -14,8 +16,8 @@ exception types. olah 0.5.4 was checked first: its local-mirror path answers a r
 
 What it serves: only regular files under ROOT, reached without following a symbolic link (``org``, ``name``
 and every folder below are opened with O_NOFOLLOW), named by segments that :mod:`sparkspec.validate` accepts.
-A segment that decodes to a separator, a dot, a control character or nothing is answered with 404 before
-any file is touched. Hashes are computed per file when first needed and persisted (:class:`HashStore`), so
+A segment that decodes to a separator, a dot, a control character or nothing, or a name starting with a dot
+(other than ``.gitattributes``), is answered with 404 before any file is touched. Hashes are computed per file when first needed and persisted (:class:`HashStore`), so
 model info without blobs or the resolve of a small file hashes nothing large; ``ServerStats.bytes_hashed``
 counts it. Tokens are compared in constant time.
 """

@@ -52,14 +52,24 @@ def check_depth(raw: bytes, max_depth: int = MAX_DEPTH) -> None:
             depth -= 1
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    doc: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in doc:
+            raise JsonShapeError(f"has the key {key[:60]!r} twice; a reader could take either value")
+        doc[key] = value
+    return doc
+
+
 def loads_bounded(raw: bytes | str, max_bytes: int = MAX_DOC_BYTES, max_depth: int = MAX_DEPTH) -> Any:
-    """``json.loads`` with a size and depth bound and NaN/Infinity refused. Raises ValueError (JSONDecodeError,
+    """``json.loads`` with a size and depth bound, NaN/Infinity and duplicate keys refused. Raises ValueError (JSONDecodeError,
     UnicodeDecodeError or JsonShapeError) with a short reason."""
     data = raw.encode("utf-8") if isinstance(raw, str) else bytes(raw)
     if len(data) > max_bytes:
         raise JsonShapeError(f"is {len(data)} bytes, more than the {max_bytes} allowed")
     check_depth(data, max_depth)
-    return json.loads(data.decode("utf-8"), parse_constant=_reject_constant, parse_float=_finite_float)
+    return json.loads(data.decode("utf-8"), parse_constant=_reject_constant, parse_float=_finite_float,
+                      object_pairs_hook=_unique_keys)
 
 
 def read_json(path: str | os.PathLike[str], missing: str, fix: str) -> Any:

@@ -20,6 +20,7 @@ from sparkspec.ckpt_select import config_int, text_config
 from sparkspec.errors import UserError
 from sparkspec.jsonfile import read_json
 from sparkspec.safetensors_io import INDEX_NAME, Header, read_header, read_index
+from sparkspec.validate import source_file
 
 SAMPLE_FILES = 2
 SAMPLE_TENSORS_PER_FILE = 4
@@ -175,6 +176,9 @@ def verify(directory: Path, expect_mtp: int | None = None, load_sample: bool = T
     directory = Path(directory)
     if not directory.is_dir():
         raise UserError(f"{directory}: not a directory; point at the assembled checkpoint")
+    for entry in os.scandir(directory):  # every file verify may read or hash: none may link out of the folder
+        if entry.is_symlink():
+            source_file(directory, Path(entry.path), "the checkpoint")
     doc = read_index(directory)
     weight_map: dict[str, str] = doc["weight_map"]
     report = VerifyReport(directory)

@@ -317,3 +317,21 @@ def test_add_mtp_refuses_a_head_that_links_out_of_source_before_reading_it(ckpt_
                             match=r"links out of --source")
     assert "SECRET" not in out.stderr and str(int.from_bytes(b"SECRET!!", "little")) not in out.stderr
     assert not (p.out / EXTRA_FILE).exists()
+
+
+@pytest.mark.parametrize("name", ["config.json", "first-shard"])
+def test_verify_never_reads_through_a_link_out_of_the_checkpoint(ckpt_pair: CkptPair, tmp_path: Path,
+                                                               name: str) -> None:
+    """A file of the checkpoint swapped for a link to a file elsewhere (a secret, say) is refused by name before
+    verify reads or hashes it: nothing of the other file reaches the output."""
+    p = ckpt_pair
+    _built(p)
+    secret = tmp_path / "secret"
+    secret.write_text("s3cr3t-do-not-print\n")
+    target = p.out / "config.json" if name == "config.json" else _first_shard(p.out)
+    target.unlink()
+    target.symlink_to(secret)
+    for full in ([], ["--full"]):
+        out = refused_untouched(["checkpoint", "verify", "--no-load", *full, p.out], [p.out, secret], 2,
+                                match=rf"{target.name}: links out of the checkpoint")
+        assert "s3cr3t" not in out.stderr + out.stdout

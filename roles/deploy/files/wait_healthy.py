@@ -1,14 +1,20 @@
 """Wait until a vLLM unit answers /health with 200, and stop early when the unit crashes (run by the deploy role).
 
-Usage: python3 wait_healthy.py URL UNIT TIMEOUT_S DELAY_S
+Usage: python3 wait_healthy.py URL UNIT TIMEOUT_S DELAY_S [--progress-file PATH]
 Exit 0 with "healthy after N s" once /health answers 200. Exit 1 with one line on stdout as soon as the unit
 has crashed (systemd restarted it, is about to, or marked it failed or inactive), or when TIMEOUT_S pass: a
 start that crashes at once (a wrong flag vLLM's parser lets through, a missing tokenizer, too little memory)
-is rolled back within a restart, not after the whole timeout. Standard library only.
+is rolled back within a restart, not after the whole timeout. With --progress-file (given by the role's
+sparkspec_progress task) PATH is replaced at most every 5 s with the time waited and what the unit is doing
+(its state and last journal line, secrets masked), and removed at the end. Standard library only.
 """
 
+import json
+import os
+import re
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -30,6 +36,28 @@ def health(url):
         return 0
 
 
+SECRET = re.compile(r"(key|token|secret|passw\w*|auth\w*)(['\"]?\s*[:=]\s*)(\[?['\"]?)[^'\",\s\])}]+", re.IGNORECASE)
+
+
+def last_log_line(unit):
+    out = subprocess.run(["journalctl", "-u", unit, "-n", "1", "-o", "cat", "--no-pager", "-q"],
+                         capture_output=True, text=True, check=False).stdout.strip()
+    out = SECRET.sub(r"\1\2\3***", out.splitlines()[-1] if out else "")
+    return out if len(out) <= 160 else out[:157] + "..."
+
+
+def write_progress(path, waited, state, unit):
+    """Replace PATH atomically with the wait's progress (a reader never sees half a file)."""
+    note = f"unit {state.get('ActiveState', '?')}/{state.get('SubState', '?')}"
+    log = last_log_line(unit)
+    doc = {"what": f"wait for {unit} /health", "elapsed_s": round(waited), "note": note + (f": {log}" if log else ""),
+           "time": time.time()}
+    fd, tmp = tempfile.mkstemp(prefix=".progress.", dir=os.path.dirname(path) or ".")
+    with os.fdopen(fd, "w") as fh:
+        json.dump(doc, fh)
+    os.replace(tmp, path)
+
+
 def crashed(state, restarts_at_start):
     restarts = int(state.get("NRestarts", "0") or 0)
     if restarts > restarts_at_start:
@@ -42,15 +70,36 @@ def crashed(state, restarts_at_start):
 
 
 def main(argv):
+    progress = None
+    if "--progress-file" in argv:
+        at = argv.index("--progress-file")
+        progress, argv = argv[at + 1], argv[:at] + argv[at + 2:]
+        os.makedirs(os.path.dirname(progress) or ".", exist_ok=True)
+    try:
+        return wait(argv, progress)
+    finally:
+        if progress:
+            try:
+                os.unlink(progress)
+            except FileNotFoundError:
+                pass
+
+
+def wait(argv, progress):
     url, unit, timeout, delay = argv[0].rstrip("/") + "/health", argv[1], float(argv[2]), float(argv[3])
     start = time.monotonic()
     restarts_at_start = int(unit_state(unit).get("NRestarts", "0") or 0)
+    written = None
     while True:
         waited = time.monotonic() - start
         if health(url) == 200:
             print(f"healthy after {waited:.0f} s")
             return 0
-        reason = crashed(unit_state(unit), restarts_at_start)
+        state = unit_state(unit)
+        reason = crashed(state, restarts_at_start)
+        if progress and (written is None or waited - written >= 5):
+            write_progress(progress, waited, state, unit)
+            written = waited
         if reason:
             print(f"{reason} {waited:.0f} s after the start")
             return 1

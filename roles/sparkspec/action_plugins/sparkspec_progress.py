@@ -1,0 +1,139 @@
+"""Run a long command on the host and print its progress in the play at least once a minute.
+
+Used in place of ``ansible.builtin.command`` for the steps that take minutes (a checkpoint fetch, assemble,
+verify --full, the health wait of a model load)::
+
+    - name: Fetch something big
+      sparkspec_progress:
+        argv: [/opt/sparkspec/bin/sparkspec, fetch, repo, ...]
+        interval: 30      # seconds between progress lines, 1-60 (default 30)
+        timeout: 86400    # the command is killed after this many seconds
+      register: _result
+      changed_when: ...
+
+The command runs as an Ansible async job (the task's ``become``, ``environment`` and connection apply as
+for ``command``) and is given ``--progress-file PATH``, a file in the async folder of the user it runs as,
+which it replaces with its counters as it goes (:mod:`sparkspec.progress`) and removes when it ends. Every
+``interval`` seconds one line goes through Ansible's Display (``sim01: fetch org/name: 1.2 GiB of 77.0 GiB,
+90.6 MiB/s, 13 min left``); a command that wrote no progress yet still gets ``running for N s``. When the
+job ends the task returns the command's own result (rc, stdout, stderr, failed with ``non-zero return code``
+when rc != 0), exactly what ``command`` would have returned, so ``register``, ``changed_when`` and
+``failed_when`` work unchanged; the job's status file is removed. In check mode the command module runs as
+it would in a plain ``command`` task (it skips).
+
+One task, not ``async``/``poll: 0`` plus a watcher task: the fetch loops over sources that depend on one
+another (the FP8 subset reads the INT4 folder fetched before it), and ``poll: 0`` in a loop starts every
+item at once.
+"""
+
+from __future__ import annotations
+
+import base64
+import secrets
+import time
+from typing import Any
+
+from ansible.errors import AnsibleActionFail  # type: ignore[import-untyped]
+from ansible.plugins.action import ActionBase  # type: ignore[import-untyped]
+from ansible.utils.display import Display  # type: ignore[import-untyped]
+
+from sparkspec.jsonfile import JsonShapeError, loads_bounded
+from sparkspec.progress import line
+
+display = Display()
+
+ARGS = {
+    "argv": {"type": "list", "elements": "str", "required": True},
+    "interval": {"type": "int", "default": 30},
+    "timeout": {"type": "int", "required": True},
+}
+POLL_S = (0.5, 0.5, 1.0, 1.0)  # then every 2 s: a short command's end is seen within a second
+POLL_MAX_S = 2.0
+ASYNC_KEYS = ("ansible_job_id", "started", "finished", "results_file", "_ansible_parsed")
+
+
+class ActionModule(ActionBase):  # type: ignore[misc]
+    _supports_check_mode = True
+
+    def run(self, tmp: Any = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
+        result: dict[str, Any] = super().run(tmp, task_vars)
+        del tmp
+        task_vars = task_vars or {}
+        _, args = self.validate_argument_spec(argument_spec=ARGS)
+        if not 1 <= args["interval"] <= 60:
+            raise AnsibleActionFail(f"interval {args['interval']}: give 1-60 seconds (a line at least once a "
+                                    "minute)")
+        if args["timeout"] < 1:
+            raise AnsibleActionFail(f"timeout {args['timeout']}: give the seconds after which the command "
+                                    "is stopped (>= 1)")
+        if self._task.check_mode:  # as command would: it skips without running anything
+            result.update(self._execute_module("ansible.legacy.command", module_args={"argv": args["argv"]},
+                                               task_vars=task_vars))
+            return result
+        host = str(task_vars.get("inventory_hostname", "host"))
+        async_dir = self._remote_expand_user(self.get_shell_option("async_dir", default="~/.ansible_async"))
+        progress = self._connection._shell.join_path(async_dir, f"sparkspec-progress-{secrets.token_hex(8)}.json")
+        jid = self._start([*args["argv"], "--progress-file", progress], args["timeout"], task_vars)
+        try:
+            done = self._follow(jid, async_dir, progress, host, args, task_vars)
+        finally:
+            self._status(jid, async_dir, task_vars, mode="cleanup")
+        for key in ASYNC_KEYS:
+            done.pop(key, None)
+        result.update(done)
+        return result
+
+    def _start(self, argv: list[str], timeout: int, task_vars: dict[str, Any]) -> str:
+        self._task.async_val = timeout
+        try:
+            started = self._execute_module("ansible.legacy.command", module_args={"argv": argv},
+                                           task_vars=task_vars, wrap_async=True)
+        finally:
+            self._task.async_val = 0  # the task executor must not poll this task itself
+        if started.get("failed") or "ansible_job_id" not in started:
+            raise AnsibleActionFail(f"could not start {argv[0]}: {started.get('msg', started)}")
+        return str(started["ansible_job_id"])
+
+    def _status(self, jid: str, async_dir: str, task_vars: dict[str, Any], mode: str = "status") -> dict[str, Any]:
+        out: dict[str, Any] = self._execute_module(
+            "ansible.legacy.async_status", module_args={"jid": jid, "mode": mode, "_async_dir": async_dir},
+            task_vars=task_vars)
+        return out
+
+    def _follow(self, jid: str, async_dir: str, progress: str, host: str, args: dict[str, Any],
+                task_vars: dict[str, Any]) -> dict[str, Any]:
+        what = self._task.get_name()
+        start = time.monotonic()
+        seen: list[Any] = [None, start]  # the document's stamp, and when it was first read (host clock unused)
+        next_line = start + args["interval"]
+        polls = 0
+        while True:
+            status = self._status(jid, async_dir, task_vars)
+            if status.get("finished"):
+                return status
+            if status.get("failed"):  # the job's file is gone or unreadable
+                raise AnsibleActionFail(f"lost the job of {what}: {status.get('msg', status)}")
+            now = time.monotonic()
+            if now - start > args["timeout"] + 60:
+                raise AnsibleActionFail(f"{what}: no result {args['timeout']} s after the start (timeout)")
+            if now >= next_line:
+                doc = self._read(progress, task_vars)
+                stamp = doc.get("time") if doc else None
+                if stamp != seen[0]:
+                    seen[:] = [stamp, now]
+                display.display(line(host, doc, what, now - start, now - seen[1] if doc else 0.0))
+                next_line = now + args["interval"]
+            wait = POLL_S[polls] if polls < len(POLL_S) else POLL_MAX_S
+            polls += 1
+            time.sleep(max(0.0, min(wait, next_line - time.monotonic())))
+
+    def _read(self, path: str, task_vars: dict[str, Any]) -> dict[str, Any] | None:
+        """The progress document; None while the command wrote none."""
+        got = self._execute_module("ansible.legacy.slurp", module_args={"src": path}, task_vars=task_vars)
+        if got.get("failed") or "content" not in got:
+            return None
+        try:
+            doc = loads_bounded(base64.b64decode(got["content"]), max_bytes=1 << 16)
+        except (ValueError, JsonShapeError):
+            return None
+        return doc if isinstance(doc, dict) else None

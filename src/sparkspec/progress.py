@@ -1,0 +1,139 @@
+"""Progress of a long step as a small JSON file, and the one line a play prints from it.
+
+A long command (a checkpoint fetch, assemble, verify --full, the health wait) given ``--progress-file PATH``
+replaces PATH atomically, at most every few seconds, with::
+
+    {"what": "fetch org/name", "done": 123, "total": 456, "rate": 7.8, "eta_s": 42.0, "time": 1700000000.0}
+
+(``done``/``total`` in bytes, ``rate`` in bytes/s over the last half minute, ``eta_s`` null while unknown;
+a wait with no bytes writes ``elapsed_s`` and ``note`` instead). The ``sparkspec_progress`` action plugin of
+the ``sparkspec`` role reads that file while the command runs and prints :func:`line` at least once a minute,
+so a 77 GB fetch or a 15 minute load is not silence until the end.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Self
+
+from sparkspec.errors import UserError
+from sparkspec.jsonfile import write_json
+
+WINDOW_S = 30.0  # the rate is measured over this much recent time
+EVERY_S = 2.0  # the file is replaced at most this often
+
+
+class ProgressFile:
+    """Counts bytes done (thread-safe) and replaces ``path`` with the progress document at most every
+    ``every`` seconds. The first write happens at once, so a path that cannot be written ends the command
+    before any work; a later failed write (a full disk) leaves the last good document and the work goes on."""
+
+    def __init__(self, path: str, what: str, total: int | None = None, every: float = EVERY_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.path, self.what, self.total, self.every, self.clock = path, what, total, every, clock
+        self.done = 0
+        self._lock = threading.Lock()
+        self._samples: collections.deque[tuple[float, int]] = collections.deque([(clock(), 0)])
+        self._written = clock()
+        write_json(path, self.doc())
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """The step ended (or failed): the file goes, so nothing reads a finished step as running."""
+        Path(self.path).unlink(missing_ok=True)
+
+    def set_total(self, total: int | None) -> None:
+        with self._lock:
+            self.total = total
+
+    def add(self, n: int) -> None:
+        """``n`` more bytes done; rewrites the file when ``every`` seconds passed since the last write."""
+        with self._lock:
+            self.done += n
+            now = self.clock()
+            if now - self._written < self.every:
+                return
+            self._written = now
+            doc = self.doc(now)
+        try:
+            write_json(self.path, doc)
+        except UserError:
+            pass
+
+    def doc(self, now: float | None = None) -> dict[str, Any]:
+        now = self.clock() if now is None else now
+        self._samples.append((now, self.done))
+        while len(self._samples) > 2 and now - self._samples[1][0] >= WINDOW_S:
+            self._samples.popleft()
+        t0, d0 = self._samples[0]
+        rate = (self.done - d0) / (now - t0) if now > t0 else 0.0
+        left = None if self.total is None else max(self.total - self.done, 0)
+        eta = None if left is None or (rate <= 0 and left) else round(left / rate, 1) if left else 0.0
+        return {"what": self.what, "done": self.done, "total": self.total, "rate": round(rate, 1),
+                "eta_s": eta, "time": time.time()}
+
+
+def size(n: float) -> str:
+    """Bytes for people: 512 B, 1.5 KiB, 1.2 GiB, 77.0 GiB."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def duration(seconds: float) -> str:
+    """42 s, 13 min, 2 h 05 min."""
+    s = round(seconds)
+    if s < 120:
+        return f"{s} s"
+    if s < 7200:
+        return f"{round(s / 60)} min"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min"
+
+
+def line(host: str, doc: dict[str, Any] | None, task: str, running_s: float, stale_s: float = 0.0) -> str:
+    """The play's progress line for ``host`` from a progress document (None: the command wrote none yet).
+
+    ``sim01: fetch org/name: 1.2 GiB of 77.0 GiB, 95.0 MiB/s, 13 min left``; without a total
+    ``..: 1.2 GiB, 95.0 MiB/s``; no bytes moving ``.., 0 B/s, time left unknown``; a wait
+    ``sim01: wait for /health: 42 s; unit: loading weights``. ``stale_s``: how long ago the document was
+    written, said when it is old (the command is alive but its counter has not moved)."""
+    if not isinstance(doc, dict):
+        return f"{host}: {task}: running for {duration(running_s)}"
+    what = str(doc.get("what") or task)
+    if "elapsed_s" in doc:
+        note = doc.get("note")
+        text = f"{host}: {what}: {duration(float(doc['elapsed_s']))}" + (f"; {note}" if note else "")
+    else:
+        done, total, rate = float(doc.get("done") or 0), doc.get("total"), float(doc.get("rate") or 0)
+        amount = size(done) if total is None else f"{size(done)} of {size(float(total))}"
+        speed = f"{size(rate)}/s"
+        eta = doc.get("eta_s")
+        if total is None:
+            left = ""
+        elif eta is None:
+            left = ", time left unknown"
+        else:
+            left = f", {duration(float(eta))} left"
+        text = f"{host}: {what}: {amount}, {speed}{left}"
+    if stale_s >= 60:
+        text += f" (no update for {duration(stale_s)})"
+    return text
+
+
+@contextmanager
+def optional(path: str | None, what: str, total: int | None = None) -> Iterator[ProgressFile | None]:
+    """A :class:`ProgressFile` at ``path`` for the block (removed after it), or None when no path is given."""
+    if path is None:
+        yield None
+        return
+    with ProgressFile(path, what, total) as progress:
+        yield progress

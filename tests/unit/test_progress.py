@@ -1,0 +1,123 @@
+"""The progress document a long command writes (sparkspec.progress.ProgressFile) and the line the play prints
+from it (sparkspec.progress.line, used by the sparkspec_progress action plugin)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sparkspec.errors import UserError
+from sparkspec.progress import ProgressFile, duration, line, size
+
+
+def doc(**kw: object) -> dict[str, object]:
+    return {"what": "fetch org/big", "done": 0, "total": None, "rate": 0.0, "eta_s": None, "time": 0.0, **kw}
+
+
+def test_line_with_total_rate_and_time_left() -> None:
+    got = line("sim01", doc(done=int(1.2 * 2**30), total=77 * 2**30, rate=95e6, eta_s=780), "Fetch", 60)
+    assert got == "sim01: fetch org/big: 1.2 GiB of 77.0 GiB, 90.6 MiB/s, 13 min left"
+
+
+def test_line_without_total_says_no_time_left() -> None:
+    assert line("h", doc(done=5 * 2**20, rate=2048), "Fetch", 5) == "h: fetch org/big: 5.0 MiB, 2.0 KiB/s"
+
+
+def test_line_with_zero_rate_says_time_left_unknown() -> None:
+    got = line("h", doc(done=0, total=10 * 2**30, rate=0, eta_s=None), "Fetch", 5)
+    assert got == "h: fetch org/big: 0 B of 10.0 GiB, 0 B/s, time left unknown"
+
+
+def test_line_before_any_progress_says_how_long_it_runs() -> None:
+    assert line("h", None, "Assemble x", 150) == "h: Assemble x: running for 2 min"
+
+
+def test_line_of_a_wait_names_elapsed_time_and_note() -> None:
+    got = line("h", {"what": "wait for /health", "elapsed_s": 95, "note": "unit activating"}, "Wait", 96)
+    assert got == "h: wait for /health: 95 s; unit activating"
+
+
+def test_line_says_when_the_counter_stopped_moving() -> None:
+    got = line("h", doc(done=1024, total=2048, rate=0, eta_s=None), "Fetch", 300, stale_s=125)
+    assert got.endswith("time left unknown (no update for 2 min)")
+    assert "no update" not in line("h", doc(done=1024, total=2048), "Fetch", 300, stale_s=59)
+
+
+@pytest.mark.parametrize(("n", "text"), [(0, "0 B"), (1023, "1023 B"), (1536, "1.5 KiB"),
+                                         (3 * 2**40, "3072.0 GiB")])
+def test_size(n: int, text: str) -> None:
+    assert size(n) == text
+
+
+@pytest.mark.parametrize(("s", "text"), [(0.4, "0 s"), (119, "119 s"), (780, "13 min"), (7500, "2 h 05 min")])
+def test_duration(s: float, text: str) -> None:
+    assert duration(s) == text
+
+
+def test_progress_file_counts_rate_and_time_left(tmp_path: Path) -> None:
+    clock = [100.0]
+    path = tmp_path / "p.json"
+    progress = ProgressFile(str(path), "assemble", total=1000, every=2.0, clock=lambda: clock[0])
+    first = json.loads(path.read_text())
+    assert (first["done"], first["total"], first["eta_s"]) == (0, 1000, None)
+    clock[0] = 101.0
+    progress.add(100)  # within `every` of the first write: counted, not written
+    assert json.loads(path.read_text())["done"] == 0
+    clock[0] = 104.0
+    progress.add(300)
+    got = json.loads(path.read_text())
+    assert (got["done"], got["rate"], got["eta_s"]) == (400, 100.0, 6.0)
+    clock[0] = 110.0
+    progress.add(600)
+    got = json.loads(path.read_text())
+    assert (got["done"], got["eta_s"]) == (1000, 0.0)
+
+
+def test_progress_file_rate_follows_the_last_half_minute(tmp_path: Path) -> None:
+    clock = [0.0]
+    progress = ProgressFile(str(tmp_path / "p.json"), "fetch", total=None, clock=lambda: clock[0])
+    for _ in range(10):  # 10 MB/s for 100 s, then 1 MB/s
+        clock[0] += 10
+        progress.add(100_000_000)
+    for _ in range(6):
+        clock[0] += 10
+        progress.add(10_000_000)
+    rate = json.loads((tmp_path / "p.json").read_text())["rate"]
+    assert 1_000_000 <= rate < 2_000_000  # an average since the start would say about 6.6 MB/s
+
+
+def test_progress_file_that_cannot_be_written_stops_before_the_work(tmp_path: Path) -> None:
+    (tmp_path / "dir.json").mkdir()
+    with pytest.raises(UserError, match="dir.json"):
+        ProgressFile(str(tmp_path / "dir.json"), "fetch")
+
+
+WAITER = Path(__file__).resolve().parents[2] / "roles/deploy/files/wait_healthy.py"
+
+
+def test_health_wait_writes_elapsed_state_and_masked_log_then_removes_it(tmp_path: Path) -> None:
+    """The deploy role's waiter with --progress-file: `systemctl` and `journalctl` stand-ins on PATH (the first
+    keeps a copy of the progress file each time it is asked), /health never answering."""
+    import os
+    import subprocess
+    import sys
+
+    progress, seen = tmp_path / "async" / "p.json", tmp_path / "seen.json"
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "systemctl").write_text(f"#!/bin/sh\ncp {progress} {seen} 2>/dev/null\n"
+                                      "printf 'ActiveState=activating\\nSubState=start\\nNRestarts=0\\n'\n")
+    (bindir / "journalctl").write_text("#!/bin/sh\necho \"Loading weights (api_key='sk-123', token=abc)\"\n")
+    for stub in bindir.iterdir():
+        stub.chmod(0o755)
+    env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}")
+    argv = [sys.executable, str(WAITER), "http://127.0.0.1:9", "u.service", "1.5", "0.2", "--progress-file",
+            str(progress)]
+    run = subprocess.run(argv, check=False, capture_output=True, text=True, env=env, timeout=60)
+    assert run.returncode == 1 and "did not answer 200 within 2 s" in run.stdout, run.stdout + run.stderr
+    got = json.loads(seen.read_text())
+    assert got["what"] == "wait for u.service /health" and got["elapsed_s"] in (0, 1, 2)
+    assert got["note"] == "unit activating/start: Loading weights (api_key='***', token=***)"
+    assert not progress.exists()

@@ -148,7 +148,7 @@ def status(c, host="all", inventory=None):
 @task(positional=[], auto_shortflags=False, help={"rebuild": "rebuild the image even if one with the same recipe exists"})
 def sim_up(c, rebuild=False):
     """Start the simulated Spark (builds its image once): systemd container, sshd on loopback."""
-    from sparkspec.sim import Sim  # the simulation's code is not needed by the tasks a site runs
+    from tests.support.sim import Sim  # the simulation's code is not needed by the tasks a site runs
 
     sim = Sim(ROOT)
     try:
@@ -164,7 +164,7 @@ def sim_up(c, rebuild=False):
 @task(positional=[], auto_shortflags=False)
 def sim_down(c):
     """Stop and remove the simulated Spark container (the cached image stays)."""
-    from sparkspec.sim import Sim
+    from tests.support.sim import Sim
 
     try:
         print(f"sim: {Sim(ROOT).down()}")
@@ -177,7 +177,7 @@ def sim_ssh(c, command=""):
     """Open a shell (or run a command) on the simulated Spark over SSH, with Fabric, as on a real host."""
     from fabric import Connection
 
-    from sparkspec.sim import Sim
+    from tests.support.sim import Sim
 
     sim = Sim(ROOT)
     conn = Connection("127.0.0.1", user="root", port=sim.ssh_port,
@@ -213,14 +213,14 @@ def test(c, k="", x=False):
 def bench_checkpoint(c, workdir="build/bench-checkpoint", size_gb=8.0, repeats=3):
     """assemble vs cp of the same bytes on the same disk (each timed until its output is on disk), and assemble's
     peak RSS."""
-    c.run(f"{sys.executable} -m sparkspec.ckpt_bench --workdir {shlex.quote(workdir)} --size-gb {size_gb} "
+    c.run(f"{sys.executable} -m tests.support.ckpt_bench --workdir {shlex.quote(workdir)} --size-gb {size_gb} "
           f"--repeats {repeats}")
 
 
 @task(positional=[], auto_shortflags=False)
 def bench_client(c):
     """The bench client's parse ceiling against a local server sending one token per SSE event."""
-    c.run(f"{sys.executable} -m sparkspec.bench_ceiling")
+    c.run(f"{sys.executable} -m tests.support.bench_ceiling")
 
 
 @task(positional=[], auto_shortflags=False,
@@ -231,7 +231,7 @@ def bench_client(c):
 def bench_vs_vllm(c, url="http://127.0.0.1:8000", model="sim-tiny", repeats=20, max_tokens=256, concurrency=1,
                   suite="all", vllm_python=".cache/vllm-venv/bin/python", output="reports/bench-vs-vllm.json"):
     """Side by side with `vllm bench serve` on the same server, prompts and temperature (interleaved repeats)."""
-    c.run(f"{sys.executable} -m sparkspec.bench_vs_vllm --url {shlex.quote(url)} --model {shlex.quote(model)} "
+    c.run(f"{sys.executable} -m tests.support.bench_vs_vllm --url {shlex.quote(url)} --model {shlex.quote(model)} "
           f"--repeats {repeats} --max-tokens {max_tokens} --concurrency {concurrency} --suite {shlex.quote(suite)} "
           f"--vllm-python {shlex.quote(vllm_python)} --output {shlex.quote(output)}", pty=True)
 

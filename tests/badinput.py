@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sparkspec import cli
+from tests.support import cli as dev_cli
 
 
 @dataclass
@@ -25,14 +26,16 @@ class Outcome:
 
 
 def run(*argv: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> Outcome:
-    """``sparkspec ARGV`` in this process (fast: no interpreter start), with stdout/stderr captured."""
+    """``sparkspec ARGV`` in this process (fast: no interpreter start), with stdout/stderr captured; the
+    generators' commands (``checkpoint generate``, ``model tiny``) go to their dev CLI, ``python -m tests.support``."""
+    main = dev_cli.main if dev_cli.handles(argv) else cli.main
     out, err = io.StringIO(), io.StringIO()
     saved = {k: os.environ.get(k) for k in (env or {})}
     os.environ.update(env or {})
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
-                rc = cli.main([str(a) for a in argv])
+                rc = main([str(a) for a in argv])
             except SystemExit as exc:  # argparse
                 rc = exc.code if isinstance(exc.code, int) else 2
     finally:

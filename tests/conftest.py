@@ -21,7 +21,7 @@ def project_root() -> Path:
 @pytest.fixture(scope="session")
 def sim():
     """The simulated Spark, started once per test session (the image is built once and cached)."""
-    from sparkspec.sim import Sim
+    from tests.support.sim import Sim
 
     sim = Sim(ROOT)
     sim.up(log=lambda msg: print(msg, file=sys.stderr))

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkspec.tinymodel import write_tiny_model
+from tests.support.tinymodel import write_tiny_model
 
 from .fakevllm import FakeVllm, write_work
 
@@ -181,6 +181,15 @@ def _sparkspec(*args: str, timeout: float = 900, env: dict[str, str] | None = No
 def cli() -> Cli:
     """The real CLI, as a user runs it (a subprocess)."""
     return _sparkspec
+
+
+@pytest.fixture()
+def dev_cli() -> Cli:
+    """The generators' CLI, ``python -m tests.support`` (a subprocess from the repository root)."""
+    def run(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "tests.support", *args], capture_output=True, text=True,
+                              timeout=timeout, cwd=REPO, check=False)
+    return run
 
 
 @pytest.fixture(scope="module")

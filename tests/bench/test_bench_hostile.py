@@ -343,8 +343,8 @@ CHUNKISH = st.one_of(
 def test_stream_parser_takes_any_data_lines_or_says_what_is_wrong(lines: list[bytes]) -> None:
     """Whatever a server sends, the parser folds it in or raises StreamError: never another exception, and what
     it keeps has the types and bounds the figures rely on."""
-    from sparkspec.bench import ChunkParser, RequestResult, StreamError
-    from sparkspec.suites import Prompt
+    from sparkspec.bench.client import ChunkParser, RequestResult, StreamError
+    from sparkspec.bench.suites import Prompt
 
     parser = ChunkParser(RequestResult(Prompt("p", "s", "c", "x")), 0.0, TOKENS, KEY)
     tail = [usage(TOKENS)[len(b"data: "):].strip(), b"[DONE]"]  # so that most runs reach finish()

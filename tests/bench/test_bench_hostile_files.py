@@ -276,7 +276,7 @@ def test_tiny_model_failure_leaves_nothing(work: Path, monkeypatch: pytest.Monke
     """Disk full while writing: exit 1, and the folder it was creating is gone."""
     import errno
 
-    from sparkspec import tinymodel
+    from tests.support import tinymodel
 
     def full(*args: object, **kwargs: object) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from sparkspec import bench_ceiling, bench_vs_vllm, lossless, metrics
+from sparkspec.bench import lossless, metrics
 from sparkspec.errors import UserError
+from tests.support import bench_ceiling, bench_vs_vllm
 
 from .conftest import Cli, free_port
 
@@ -124,7 +125,7 @@ def test_empty_suite_is_refused(tmp_path: Path, cli: Cli) -> None:
         run = cli("bench", "--url", url, "--model", "m", "--suite", str(suite), "--output", str(tmp_path / "o"))
     assert run.returncode == 2 and run.stderr.count("\n") == 1 and "suite has no prompts" in run.stderr
     with pytest.raises(UserError, match="no such suite"):
-        from sparkspec.suites import load
+        from sparkspec.bench.suites import load
         load(str(tmp_path / "missing.jsonl"))
 
 
@@ -167,7 +168,7 @@ def test_side_by_side_tells_server_drift_from_a_tool_difference() -> None:
 
 def test_side_by_side_refuses_bad_input_in_one_line(tmp_path: Path) -> None:
     out = tmp_path / "vs.json"
-    base = [sys.executable, "-m", "sparkspec.bench_vs_vllm", "--url", "http://127.0.0.1:9", "--model", "m",
+    base = [sys.executable, "-m", "tests.support.bench_vs_vllm", "--url", "http://127.0.0.1:9", "--model", "m",
             "--output", str(out)]
     bare = tmp_path / "bare"  # a python without vLLM (or pandas): refused before any run
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True, timeout=120)

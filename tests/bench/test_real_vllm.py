@@ -92,7 +92,7 @@ def test_side_by_side_with_vllm_bench_serve_counts_what_the_server_generated(ngr
     if why := vllm_available():
         pytest.skip(f"vllm bench serve needs the vLLM venv: {why}")
     out = tmp_path / "vs.json"
-    run = subprocess.run([sys.executable, "-m", "sparkspec.bench_vs_vllm", "--url", ngram.url, "--model",
+    run = subprocess.run([sys.executable, "-m", "tests.support.bench_vs_vllm", "--url", ngram.url, "--model",
                           ngram.model, "--repeats", "2", "--max-tokens", "32", "--output", str(out),
                           "--vllm-python", VLLM_PYTHON], capture_output=True, text=True, timeout=1200)
     assert run.returncode == 0, run.stderr[-3000:]

@@ -12,7 +12,8 @@ import pytest
 from safetensors.numpy import load_file
 from tokenizers import Tokenizer
 
-from sparkspec import tinymodel
+from tests.support import tinymodel
+
 from .conftest import Cli
 
 FILES = ("model.safetensors", "tokenizer.json", "config.json", "tokenizer_config.json",
@@ -83,10 +84,10 @@ def test_tokenizer_and_chat_template(tiny_model: Path) -> None:
     assert tok.token_to_id(cfg["eos_token"]) in generation["eos_token_id"]
 
 
-def test_cli_reports_changed_only_when_bytes_change(tmp_path: Path, cli: Cli) -> None:
-    first = cli("model", "tiny", "--out", str(tmp_path / "m"), "--json")
-    second = cli("model", "tiny", "--out", str(tmp_path / "m"), "--json")
+def test_cli_reports_changed_only_when_bytes_change(tmp_path: Path, dev_cli: Cli) -> None:
+    first = dev_cli("model", "tiny", "--out", str(tmp_path / "m"), "--json")
+    second = dev_cli("model", "tiny", "--out", str(tmp_path / "m"), "--json")
     assert first.returncode == 0 and json.loads(first.stdout.splitlines()[-1])["changed"] is True
     assert second.returncode == 0 and json.loads(second.stdout.splitlines()[-1])["changed"] is False
-    bad = cli("model", "tiny", "--out", str(tmp_path / "m" / "config.json"))
+    bad = dev_cli("model", "tiny", "--out", str(tmp_path / "m" / "config.json"))
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "not a directory" in bad.stderr

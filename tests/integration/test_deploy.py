@@ -12,8 +12,8 @@ import urllib.request
 
 import pytest
 
-from sparkspec.sim import Sim
 from tests.conftest import BIN, ROOT, run_cli
+from tests.support.sim import Sim
 
 pytestmark = [pytest.mark.sim, pytest.mark.slow]
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from sparkspec import testckpt
-from sparkspec.safetensors_io import encode_header, read_header
+from sparkspec.checkpoint.safetensors_io import encode_header, read_header
 from tests.badinput import run
+from tests.support import testckpt
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from conftest import REPO, CkptPair, run_cli, tree_digest
 
-from sparkspec import testckpt
-from sparkspec.checkpoint import CONFIG_KEY, MANIFEST_NAME
-from sparkspec.ckpt_select import EXTRA_FILE, module_of
-from sparkspec.safetensors_io import read_header, read_index
+from sparkspec.checkpoint.assemble import CONFIG_KEY, MANIFEST_NAME
+from sparkspec.checkpoint.safetensors_io import read_header, read_index
+from sparkspec.checkpoint.selection import EXTRA_FILE, module_of
+from tests.support import testckpt
 
 
 def _bytes_of(directory: Path, weight_map: dict[str, str], name: str) -> tuple[str, tuple[int, ...], bytes]:

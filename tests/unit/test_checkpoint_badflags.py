@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from conftest import Tree
 
-from sparkspec.ckpt_select import EXTRA_FILE
+from sparkspec.checkpoint.selection import EXTRA_FILE
 from tests.badinput import refused_untouched
 
 # --- flags --------------------------------------------------------------------------------------------------

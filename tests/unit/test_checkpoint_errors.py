@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from conftest import CkptPair, run_cli
 
-from sparkspec import testckpt
-from sparkspec.ckpt_select import EXTRA_FILE
-from sparkspec.safetensors_io import INDEX_NAME, encode_header, read_header, read_index
+from sparkspec.checkpoint.safetensors_io import INDEX_NAME, encode_header, read_header, read_index
+from sparkspec.checkpoint.selection import EXTRA_FILE
+from tests.support import testckpt
 
 
 def _assert_one_line_exit_2(res, names: Path | str, rc: int = 2) -> str:  # type: ignore[no-untyped-def]

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from conftest import CkptPair, add_tensor
 
-from sparkspec.checkpoint import MANIFEST_NAME
-from sparkspec.ckpt_select import EXTRA_FILE
-from sparkspec.safetensors_io import read_header, read_index, write_index
+from sparkspec.checkpoint.assemble import MANIFEST_NAME
+from sparkspec.checkpoint.safetensors_io import read_header, read_index, write_index
+from sparkspec.checkpoint.selection import EXTRA_FILE
 from tests.badinput import assert_refused, fingerprint, refused_untouched, run
 
 
@@ -244,7 +244,7 @@ def test_read_only_output_folder_is_one_line(ckpt_pair: CkptPair, ckpt_tmpfs: Ca
 def test_disk_full_while_writing_is_a_run_time_failure_with_nothing_left(
         ckpt_pair: CkptPair, monkeypatch: pytest.MonkeyPatch) -> None:
     p = ckpt_pair
-    from sparkspec import checkpoint
+    from sparkspec.checkpoint import assemble as checkpoint
 
     real = checkpoint.write_pieces
     calls = []
@@ -264,7 +264,7 @@ def test_disk_full_while_rebuilding_keeps_the_old_hybrid(ckpt_pair: CkptPair,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     p = ckpt_pair
     _built(p, fp8=p.fp8.parent / "fp8_f32")
-    from sparkspec import checkpoint
+    from sparkspec.checkpoint import assemble as checkpoint
 
     def full(path, prefix, pieces, progress=None):  # type: ignore[no-untyped-def]
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
@@ -278,7 +278,7 @@ def test_disk_full_while_rebuilding_keeps_the_old_hybrid(ckpt_pair: CkptPair,
 
 def test_io_error_reading_a_source_is_exit_1_naming_it(ckpt_pair: CkptPair, monkeypatch: pytest.MonkeyPatch) -> None:
     p = ckpt_pair
-    from sparkspec import checkpoint
+    from sparkspec.checkpoint import assemble as checkpoint
 
     def bad_sector(path, prefix, pieces, progress=None):  # type: ignore[no-untyped-def]
         raise OSError(errno.EIO, os.strerror(errno.EIO), str(pieces[0].src))
@@ -291,7 +291,7 @@ def test_io_error_reading_a_source_is_exit_1_naming_it(ckpt_pair: CkptPair, monk
 def test_io_error_while_verify_rehashes_is_exit_1(ckpt_pair: CkptPair, monkeypatch: pytest.MonkeyPatch) -> None:
     p = ckpt_pair
     _built(p)
-    from sparkspec import ckpt_manifest
+    from sparkspec.checkpoint import manifest as ckpt_manifest
 
     def bad_sector(path: Path) -> str:
         raise OSError(errno.EIO, os.strerror(errno.EIO), str(path))

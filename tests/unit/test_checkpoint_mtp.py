@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from conftest import CkptPair, run_cli, tree_digest
 
-from sparkspec.ckpt_select import EXTRA_FILE
-from sparkspec.safetensors_io import read_header, read_index
+from sparkspec.checkpoint.safetensors_io import read_header, read_index
+from sparkspec.checkpoint.selection import EXTRA_FILE
 
 
 def _assembled(p: CkptPair, int4: Path) -> None:

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 from conftest import CkptPair, run_cli
 
-from sparkspec.ckpt_select import EXTRA_FILE
-from sparkspec.safetensors_io import INDEX_NAME, read_index, write_index
+from sparkspec.checkpoint.safetensors_io import INDEX_NAME, read_index, write_index
+from sparkspec.checkpoint.selection import EXTRA_FILE
 
 
 @pytest.fixture

@@ -19,8 +19,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sparkspec import ckpt_stream
-from sparkspec.ckpt_stream import HASH_NAME, Piece, copy_file, new_hash, write_pieces
+from sparkspec.checkpoint import stream as ckpt_stream
+from sparkspec.checkpoint.stream import HASH_NAME, Piece, copy_file, new_hash, write_pieces
 from sparkspec.errors import UserError
 
 SMALL_CHUNK = 64 << 10  # 16 aligned blocks: every boundary case in a few hundred KiB

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from sparkspec.checkpoint import MANIFEST_NAME, assemble
+from sparkspec.checkpoint.assemble import MANIFEST_NAME, assemble
+from sparkspec.checkpoint.safetensors_io import read_header, read_index
 from sparkspec.cli import main
 from sparkspec.errors import UserError
-from sparkspec.hub import fetch_fp8_subset, fetch_repo
-from sparkspec.hub_publish import publish
-from sparkspec.hubserver import HubServer
-from sparkspec.safetensors_io import read_header, read_index
-from sparkspec.testckpt import ModelSpec, write_fp8, write_int4_autoround
+from sparkspec.hub.fetch import fetch_fp8_subset, fetch_repo
+from sparkspec.hub.publish import publish
+from sparkspec.hub.server import HubServer
+from tests.support.testckpt import ModelSpec, write_fp8, write_int4_autoround
 
 FP8_REPO = "Qwen/tiny-FP8"
 # shared-expert projections of 1024 x 1024: 1 MiB per FP8 weight

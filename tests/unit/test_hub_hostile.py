@@ -27,11 +27,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sparkspec.hub_api import HubError, Repos, segments
-from sparkspec.hub_publish import publish
-from sparkspec.hubserver import HubServer
-from sparkspec.testckpt import ModelSpec, write_fp8, write_int4_autoround
+from sparkspec.hub.api import HubError, Repos, segments
+from sparkspec.hub.publish import publish
+from sparkspec.hub.server import HubServer
 from tests.badinput import Outcome, assert_refused, assert_unchanged, fingerprint, refused_untouched, run
+from tests.support.testckpt import ModelSpec, write_fp8, write_int4_autoround
 
 
 def q(text: str) -> str:
@@ -719,7 +719,7 @@ def test_token_files_readable_by_everyone_are_refused(tmp_path: Path) -> None:
 def test_http_framing_is_strict(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Empty segments and a slash after a file name are 404; a chunked body is refused and the connection
     closed (what follows it is never read as a second request); a half-sent request is dropped."""
-    from sparkspec import hubserver
+    from sparkspec.hub import server as hubserver
 
     root = tmp_path / "root"
     publish(root, "org/tiny", _small_repo(tmp_path / "src"))

@@ -18,9 +18,9 @@ from huggingface_hub import HfApi, HfFileSystem, hf_hub_download, snapshot_downl
 from huggingface_hub.errors import RemoteEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
 
 from sparkspec.cli import main
-from sparkspec.hub_publish import publish
-from sparkspec.hubrepo import PUBLISHED_FILE, REVISION_FILE
-from sparkspec.hubserver import HubServer
+from sparkspec.hub.publish import publish
+from sparkspec.hub.repo import PUBLISHED_FILE, REVISION_FILE
+from sparkspec.hub.server import HubServer
 from tests.badinput import assert_refused, run
 
 

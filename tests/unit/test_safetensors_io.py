@@ -13,8 +13,7 @@ from hypothesis import strategies as st
 from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
-from sparkspec.errors import UserError
-from sparkspec.safetensors_io import (
+from sparkspec.checkpoint.safetensors_io import (
     DTYPE_SIZES,
     INDEX_NAME,
     Header,
@@ -26,6 +25,7 @@ from sparkspec.safetensors_io import (
     write_file,
     write_index,
 )
+from sparkspec.errors import UserError
 
 
 def _sample(tmp_path: Path) -> Path:

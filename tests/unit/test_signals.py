@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
 def test_generate_killed_mid_write_leaves_nothing(tmp_path: Path, sig: signal.Signals) -> None:
     out = tmp_path / "gen"
-    proc = subprocess.Popen([sys.executable, "-m", "sparkspec.cli", "checkpoint", "generate", "--kind", "int4",
+    proc = subprocess.Popen([sys.executable, "-m", "tests.support", "checkpoint", "generate", "--kind", "int4",
                              "--hidden", "2048", "--layers", "8", "--experts", "64", "--shared-intermediate",
                              "2048", "--out", str(out)], cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)

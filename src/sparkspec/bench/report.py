@@ -1,0 +1,294 @@
+"""The article's Results Summary table (markdown) and a bar plot (PNG) from bench result JSON files; and the
+outputs of the verify-side commands (bench results, references, lossless reports, the table, the plot).
+
+Bench results are read as untrusted files: bounded JSON, every field the table uses checked for its type (numbers
+finite and non-negative), strings made safe for one table cell.
+
+An output may not be a symbolic link, a folder, an input, or an existing file that the command did not write (it
+must carry the command's format marker, or be empty); that is checked before the run and again just before the
+write. Outputs are written only after everything succeeded: each to a fresh sibling, then all renamed over
+their targets; a failure removes every sibling and every folder made for them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+import os
+import stat
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sparkspec.errors import UserError
+from sparkspec.jsonfile import expect, loads_bounded, read_json
+from sparkspec.validate import check_disjoint, check_not_symlink, open_regular
+
+COLUMNS = ("Method", "Model", "Avg tok/s", "Peak tok/s", "Acceptance Rate", "Notes")
+HEADER = "| " + " | ".join(COLUMNS) + " |"
+PNG_MARKER = "sparkspec report"  # the Description of every plot written here: marks a PNG as ours to replace
+VS_VLLM_FORMAT = "sparkspec-bench-vs-vllm/1"  # results of the side-by-side harness (tests/support/bench_vs_vllm)
+
+NUMBER = (int, float, type(None))
+TEXT = (str, type(None))
+# key -> the types a bench result may hold there (a missing optional key reads as None)
+FIELDS: dict[str, tuple[type, ...]] = {
+    "completed": (int,), "per_request_tok_s_mean": NUMBER, "failed": (int, type(None)),
+    "per_request_tok_s_max": NUMBER, "output_throughput": NUMBER, "spec_decode_acceptance_rate": NUMBER,
+    "spec_decode_acceptance_length": NUMBER, "temperature": NUMBER, "max_concurrency": (int, type(None)),
+    "method": TEXT, "model_id": TEXT, "suite": TEXT, "error": TEXT, "partial": (bool, type(None)),
+    "served_model": (dict, type(None)), "suites": (dict, type(None)), "max_tokens": (int, type(None)),
+}
+REQUIRED = ("completed", "per_request_tok_s_mean")
+MAX_COUNT = 2**53  # requests, tokens, concurrency: far above any real run, exact as a float
+UPPER = {"spec_decode_acceptance_rate": 100.0, "temperature": 100.0, "completed": MAX_COUNT,
+         "failed": MAX_COUNT, "max_concurrency": MAX_COUNT, "max_tokens": MAX_COUNT}
+
+
+@dataclass(frozen=True)
+class Row:
+    method: str
+    model: str
+    avg: float | None
+    peak: float | None
+    acceptance: float | None  # percent
+    notes: str
+    suites: dict[str, float | None]  # suite -> avg per-request tok/s
+
+
+def _number(value: Any, where: str, key: str, fix: str, high: float = math.inf) -> float | None:
+    if value is None or isinstance(value, bool):  # bools were refused by expect where they do not belong
+        return value
+    if not math.isfinite(value) or not 0 <= value <= high:
+        bound = "non-negative" if high == math.inf else f"from 0 to {high:g}"
+        raise UserError(f"{where}: {key!r} is {value:.6g}, not a finite number {bound}; {fix}")
+    return float(value)
+
+
+def load_result(path: str | Path) -> dict[str, Any]:
+    """A bench result with every field the table reads checked, else one line naming the file and key."""
+    fix = "pass files written by `sparkspec bench` (or run the bench again)"
+    where = str(path)
+    doc = read_json(path, f"no such bench result; run `sparkspec bench --output {path}` first", fix)
+    if not isinstance(doc, dict):
+        raise UserError(f"{where}: not a `sparkspec bench` result (not a JSON object); {fix}")
+    for key, kinds in FIELDS.items():
+        value = expect(doc, key, kinds, where, fix, required=key in REQUIRED)
+        if kinds is NUMBER or kinds[0] is int:
+            _number(value, where, key, fix, UPPER.get(key, math.inf))
+    served = doc.get("served_model") or {}
+    expect(served, "id", TEXT, f"{where}: served_model", fix, required=False)
+    for name, suite in (doc.get("suites") or {}).items():
+        _number(expect(suite, "per_request_tok_s_mean", NUMBER, f"{where}: suites.{name}", fix, required=False),
+                where, f"suites.{name}.per_request_tok_s_mean", fix)
+    return doc
+
+
+def _fmt(value: float | None, digits: int = 1, suffix: str = "") -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}{suffix}"
+
+
+def row_for(result: dict[str, Any], path: str = "") -> Row:
+    served = result.get("served_model") or {}
+    model = str(served.get("id") or result.get("model_id") or "?")
+    notes = [f"suite {result.get('suite')}", f"c={result.get('max_concurrency')}",
+             f"T={result.get('temperature')}", f"{_fmt(result.get('output_throughput'))} tok/s total"]
+    if result.get("spec_decode_acceptance_length") is not None:
+        notes.append(f"acceptance length {result['spec_decode_acceptance_length']:.2f}")
+    suites = {name: s.get("per_request_tok_s_mean") for name, s in (result.get("suites") or {}).items()}
+    notes += [f"{name} {_fmt(v)} tok/s" for name, v in suites.items()]
+    if result.get("failed"):
+        notes.append(f"{result['failed']} failed")
+    if result.get("partial"):
+        notes.append(f"PARTIAL: {result.get('error')}")
+    method = str(result.get("method") or Path(path).stem or "?")
+    return Row(method, model, result.get("per_request_tok_s_mean"), result.get("per_request_tok_s_max"),
+               result.get("spec_decode_acceptance_rate"), "; ".join(notes), suites)
+
+
+def cell(text: str) -> str:
+    """``text`` as one table cell: control characters (newlines, escapes) become spaces, '|' is escaped."""
+    return "".join(c if c.isprintable() else " " for c in text).replace("|", "\\|")
+
+
+def markdown(rows: list[Row]) -> str:
+    lines = [HEADER, "|" + "|".join(["---"] * len(COLUMNS)) + "|"]
+    for r in rows:
+        cells = (r.method, r.model, _fmt(r.avg), _fmt(r.peak), _fmt(r.acceptance, suffix="%"), r.notes)
+        lines.append("| " + " | ".join(map(cell, cells)) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def require_matplotlib() -> None:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise UserError("--plot needs matplotlib; pip install 'sparkspec[report]' or leave out --plot") from None
+
+
+def plot_png(rows: list[Row], title: str = "Per-request output speed") -> bytes:
+    """Grouped bars per method: average and peak tok/s, and per-suite averages when the bench had suites."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    series: dict[str, list[float]] = {"avg": [r.avg or 0.0 for r in rows], "peak": [r.peak or 0.0 for r in rows]}
+    for name in sorted({s for r in rows for s in r.suites}):
+        series[f"{cell(name)} avg"] = [r.suites.get(name) or 0.0 for r in rows]
+    x = np.arange(len(rows))
+    width = 0.8 / len(series)
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.6 * len(rows) + 2), 4), dpi=100)
+    try:
+        for i, (label, values) in enumerate(series.items()):
+            bars = ax.bar(x + (i - (len(series) - 1) / 2) * width, values, width, label=label)
+            ax.bar_label(bars, fmt="%.0f", fontsize=7)
+        ax.set_xticks(x, [f"{cell(r.method)}\n{_fmt(r.acceptance, suffix='%')} acc." for r in rows])
+        ax.set_ylabel("tok/s per request")
+        ax.set_title(title)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        out = io.BytesIO()
+        fig.savefig(out, format="png", metadata={"Software": None, "Description": PNG_MARKER})
+        return out.getvalue()
+    finally:
+        plt.close(fig)
+
+
+def build(inputs: list[str]) -> list[Row]:
+    """A row per bench result; every input is read and checked before any row is used."""
+    if not inputs:
+        raise UserError("--inputs: no bench result given; pass one or more files from `sparkspec bench`")
+    seen: dict[str, str] = {}
+    for p in inputs:
+        real = os.path.realpath(p)
+        if real in seen:
+            raise UserError(f"--inputs {p}: the same file as {seen[real]} given twice; give each result once")
+        seen[real] = p
+    return [row_for(load_result(p), p) for p in inputs]
+
+
+def _json_doc(data: bytes) -> dict[str, Any]:
+    try:
+        doc = loads_bounded(data)
+    except ValueError:
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _is_ours(kind: str, data: bytes) -> bool:
+    """Whether an existing output's bytes are what this command writes (format marker; older results by
+    their keys)."""
+    if kind == "markdown":
+        return data.startswith(HEADER.encode())
+    if kind == "plot":
+        # plots written before the marker existed carry matplotlib's default Software tag instead
+        head = data[:1 << 16]
+        return data.startswith(b"\x89PNG\r\n\x1a\n") and (PNG_MARKER.encode() in head
+                                                          or b"Software\x00Matplotlib version" in head)
+    from sparkspec.bench import lossless
+    from sparkspec.bench.client import RESULT_FORMAT
+
+    doc = _json_doc(data)
+    marker = {"bench": RESULT_FORMAT, "reference": lossless.FORMAT, "lossless": lossless.REPORT_FORMAT,
+              "vs-vllm": VS_VLLM_FORMAT}[kind]
+    legacy = {"bench": {"backend", "per_request_tok_s_mean", "completed"},
+              "lossless": {"share", "identical", "total", "mismatches", "passed"},
+              "vs-vllm": {"ours_runs", "vllm_runs", "ratio_of_means"}}.get(kind)
+    return doc.get("format") == marker or (legacy is not None and "format" not in doc and legacy <= doc.keys())
+
+
+@dataclass(frozen=True)
+class Output:
+    """An output file: checked before the run and again right before it is written."""
+
+    path: str
+    flag: str
+    kind: str  # bench | reference | lossless | vs-vllm | markdown | plot
+    inputs: Sequence[tuple[str, str | None]] = ()  # (flag, path) of every input it must stay apart from
+
+    def check(self) -> None:
+        flag, path = self.flag, self.path
+        if not path or "\x00" in path:
+            raise UserError(f"{flag} {path!r}: not a file path; give one")
+        for name, value in self.inputs:
+            check_disjoint(path, {name: value}, flag)
+        check_not_symlink(path, flag)
+        if os.path.lexists(path):
+            try:
+                st = os.stat(path)
+            except OSError as exc:
+                raise UserError(f"{flag} {path}: cannot look at it ({exc.strerror}); choose another "
+                                f"{flag}") from None
+            if not stat.S_ISREG(st.st_mode):
+                raise UserError(f"{flag} {path}: exists and is not a regular file (a folder, FIFO or device); "
+                                "give a file path")
+            if st.st_size and not self._ours():
+                raise UserError(f"{flag} {path}: exists and was not written by this command; move it away or "
+                                f"choose another {flag}")
+        ancestor = Path(path).absolute().parent
+        while not ancestor.exists():
+            ancestor = ancestor.parent
+        if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
+            raise UserError(f"{flag} {path}: {ancestor} is not a folder this user can write; choose another "
+                            f"{flag}")
+
+    def _ours(self) -> bool:
+        try:
+            fd = open_regular(self.path, "output")
+        except UserError:
+            return False
+        try:
+            return _is_ours(self.kind, os.read(fd, 64 << 20))
+        finally:
+            os.close(fd)
+
+
+def check_outputs(outputs: Sequence[Output | None]) -> list[Output]:
+    present = [o for o in outputs if o is not None]
+    for o in present:
+        o.check()
+    return present
+
+
+def write_outputs(items: Sequence[tuple[Output, bytes]]) -> None:
+    """Write every output, or none: each to a fresh sibling first, then all renamed over their targets."""
+    for output, _ in items:
+        output.check()  # again: the run may have taken hours
+    staged: list[tuple[str, str]] = []
+    made: list[Path] = []
+    mask = os.umask(0)
+    os.umask(mask)
+    current = ""
+    try:
+        for output, data in items:
+            current = output.path
+            target = Path(output.path)
+            missing = [p for p in [target.parent, *target.parent.parents] if not p.exists()]
+            for folder in reversed(missing):
+                folder.mkdir()
+                made.append(folder)
+            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+            staged.append((tmp, output.path))
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.chmod(tmp, 0o666 & ~mask)
+        for tmp, path in staged:
+            current = path
+            os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            for tmp, _ in staged:
+                Path(tmp).unlink(missing_ok=True)
+            for folder in reversed(made):
+                folder.rmdir()
+        from sparkspec.errors import RunFailure
+
+        raise RunFailure(f"{current}: cannot write ({exc.strerror}); free space or choose another output") \
+            from None

@@ -1,0 +1,153 @@
+"""The manifest ``checkpoint assemble`` leaves in its output: what it read, what it wrote, and how to tell
+that what it wrote is still there, unchanged.
+
+Right after writing each output file, the manifest records its size, modification and change times and inode
+(any write to the file changes its change time, which no user can set back) and the digest of its bytes; for
+shards also the digest of the header. A re-run is a no-op only when all of that still matches
+(:func:`stale_outputs`); ``verify`` re-hashes the files whose record no longer matches, ``verify --full``
+every file (:func:`rehash`), with the digest the copy computed (ckpt_stream: the whole file's bytes, in order).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from pathlib import Path
+from typing import Any
+
+from sparkspec.checkpoint.stream import HASH_NAME, new_hash
+from sparkspec.errors import UserError
+from sparkspec.jsonfile import expect, read_json
+from sparkspec.validate import filename, open_regular
+
+MANIFEST_NAME = "sparkspec-manifest.json"
+TOOL = "sparkspec checkpoint assemble"
+FORMAT_VERSION = 2
+STAT_KEYS = ("size", "mtime_ns", "ctime_ns", "ino")
+_FIX = "re-run `sparkspec checkpoint assemble` into this --out"
+_CHUNK = 16 << 20
+
+
+def stamp(path: Path, record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` with the file's stat fields, taken now (after the last write and fsync)."""
+    st = os.stat(path, follow_symlinks=False)
+    if "size" in record and record["size"] != st.st_size:
+        raise OSError(5, f"wrote {record['size']} bytes but the file holds {st.st_size}", str(path))
+    return {**record, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns,
+            "ino": st.st_ino}
+
+
+def header_digest(path: Path) -> str:
+    """The digest of a safetensors file's header (8-byte length + JSON), read with a bounded length."""
+    fd = open_regular(path, "safetensors file")
+    try:
+        prefix = os.pread(fd, 8, 0)
+        if len(prefix) != 8:
+            return ""
+        (length,) = struct.unpack("<Q", prefix)
+        if length > min(os.fstat(fd).st_size, 100_000_000):
+            return ""
+        digest = new_hash()
+        digest.update(prefix)
+        digest.update(os.pread(fd, length, 8))
+        return str(digest.hexdigest())
+    finally:
+        os.close(fd)
+
+
+def owned(directory: Path) -> bool:
+    """Whether ``directory`` holds assemble's manifest (then assemble may replace it). A manifest that is not
+    JSON is refused with one line: the folder is nobody's we know."""
+    path = directory / MANIFEST_NAME
+    if not os.path.lexists(path):
+        return False
+    doc = read_json(path, "manifest not found", f"move {directory} away or choose another --out")
+    return isinstance(doc, dict) and doc.get("tool") == TOOL
+
+
+def load(directory: Path) -> dict[str, Any]:
+    """The manifest, its shape checked: a wrong type, a missing key or a file name that is not a plain name
+    in the folder is one line naming the manifest."""
+    path = directory / MANIFEST_NAME
+    where = str(path)
+    doc: dict[str, Any] = read_json(path, f"not found: {directory} was not written by `{TOOL}`", _FIX)
+    if expect(doc, "tool", str, where, _FIX) != TOOL:
+        raise UserError(f"{where}: was not written by `{TOOL}`; {_FIX}")
+    if expect(doc, "format", int, where, _FIX) != FORMAT_VERSION:
+        raise UserError(f"{where}: format {doc['format']} is not {FORMAT_VERSION} (an older sparkspec); {_FIX}")
+    expect(doc, "key", str, where, _FIX)
+    expect(doc, "hash", str, where, _FIX)
+    outputs = expect(doc, "outputs", dict, where, _FIX)
+    for name, rec in outputs.items():
+        filename(name, f"{where}: output")
+        at = f"{where}: outputs[{name!r}]"
+        for key in STAT_KEYS:
+            if expect(rec, key, int, at, _FIX) < 0:
+                raise UserError(f"{at}: {key} is negative; {_FIX}")
+        expect(rec, doc["hash"], str, at, _FIX, required=False)
+        expect(rec, "header", str, at, _FIX, required=False)
+    weight_map = expect(doc, "weight_map", dict, where, _FIX)
+    for tensor, file in weight_map.items():
+        if not isinstance(file, str) or file not in outputs:
+            raise UserError(f"{where}: weight_map maps {tensor!r:.80} to {file!r:.80}, which is not an output; "
+                            f"{_FIX}")
+    return doc
+
+
+def stale_outputs(directory: Path, manifest: dict[str, Any], skip: tuple[str, ...] = ()) -> list[str]:
+    """Output files whose size, times or inode differ from the record (or whose header digest does), sorted;
+    ``skip``: files another command may rewrite (the index, which add-mtp extends)."""
+    stale = []
+    for name, rec in sorted(manifest["outputs"].items()):
+        if name in skip:
+            continue
+        path = directory / name
+        try:
+            st = os.stat(path, follow_symlinks=False)
+        except OSError:
+            stale.append(name)
+            continue
+        now = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns, "ino": st.st_ino}
+        if any(now[k] != rec[k] for k in STAT_KEYS) or not path.is_file() or (
+                "header" in rec and header_digest(path) != rec["header"]):
+            stale.append(name)
+    return stale
+
+
+def rehash(path: Path) -> str:
+    """The digest of the whole file, as the copy computed it."""
+    fd = open_regular(path, "checkpoint file")
+    digest = new_hash()
+    buf = memoryview(bytearray(_CHUNK))
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        while got := os.readv(fd, [buf]):
+            digest.update(buf[:got])
+    finally:
+        os.close(fd)
+    return str(digest.hexdigest())
+
+
+def check_digests(directory: Path, manifest: dict[str, Any], names: list[str]) -> list[str]:
+    """Re-hash ``names`` (those the manifest holds a digest for); one problem per file that differs."""
+    algo = manifest["hash"]
+    if algo != HASH_NAME:
+        raise UserError(f"{directory / MANIFEST_NAME}: digests are {algo}, this install computes {HASH_NAME}; "
+                        "install the same digest (pip install xxhash) or re-run assemble")
+    problems = []
+    for name in names:
+        want = manifest["outputs"][name].get(algo)
+        if want is None:
+            continue
+        path = directory / name
+        if not os.path.lexists(path):
+            problems.append(f"{path}: missing, assemble wrote it; {_FIX}")
+            continue
+        got = rehash(path)
+        if got != want:
+            problems.append(f"{path}: differs from what assemble wrote ({algo} {got} != {want}); {_FIX}")
+    return problems
+
+
+def digested(manifest: dict[str, Any]) -> list[str]:
+    return sorted(n for n, rec in manifest["outputs"].items() if manifest["hash"] in rec)

@@ -1,0 +1,160 @@
+"""add-mtp: register the MTP head of ``model_extra_tensors.safetensors`` in the target's index.
+
+vLLM reads only the files that ``model.safetensors.index.json`` names; an MTP head that the index does
+not map is never loaded and the drafter runs on uninitialised weights without any error. The tensor list
+comes from the extra file's own header (source indexes in the wild do and do not list it). The target must be
+a hybrid that ``checkpoint assemble`` wrote, apart from the source. Everything is validated first (the head,
+the target's index and headers, no tensor in two files); then the file is hard-linked when source and target
+share a filesystem, else copied, into a hidden temp, the new index is staged beside it, and both are renamed
+into place, the index last. A failure leaves the target as it was.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sparkspec.checkpoint.manifest import TOOL, owned
+from sparkspec.checkpoint.safetensors_io import (
+    INDEX_NAME,
+    Header,
+    check_unique,
+    read_header,
+    read_index,
+    stage_index,
+)
+from sparkspec.checkpoint.selection import EXTRA_FILE
+from sparkspec.checkpoint.stream import copy_file, fsync_dir, fsync_path
+from sparkspec.errors import UserError, os_error
+from sparkspec.validate import check_disjoint, source_file
+
+
+@dataclass
+class MtpResult:
+    changed: bool
+    target: Path
+    mtp_tensors: int
+    file_action: str  # "kept", "linked" or "copied"
+    total_size: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"changed": self.changed, "target": str(self.target), "mtp_tensors": self.mtp_tensors,
+                "file": self.file_action, "total_size": self.total_size}
+
+
+def _same_file(src: Path, dst: Path, src_header: Header) -> bool:
+    if not dst.is_file() or dst.is_symlink():
+        return False
+    if os.path.samefile(src, dst):
+        return True
+    s, d = src.stat(), dst.stat()
+    if s.st_size != d.st_size or s.st_mtime_ns != d.st_mtime_ns:
+        return False
+    try:
+        return read_header(dst).tensors == src_header.tensors
+    except UserError:
+        return False
+
+
+def _stage_file(src: Path, tmp: Path) -> str:
+    """Hard-link or copy ``src`` to the temp ``tmp``; return which."""
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(src.resolve(), tmp)
+        return "linked"
+    except OSError as exc:
+        if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.EACCES, errno.ENOTSUP):
+            raise
+    copy_file(src, tmp)
+    shutil.copystat(src, tmp)  # same mtime: a later run recognises the copy
+    fsync_path(tmp)
+    return "copied"
+
+
+def _validated(source: Path, target: Path) -> tuple[Path, Header, list[str], dict[str, Any]]:
+    check_disjoint(target, {"--source": source}, "--target")
+    if not source.is_dir():
+        raise UserError(f"--source {source}: not a folder; point it at the INT4 checkpoint download")
+    if not target.is_dir():
+        raise UserError(f"--target {target}: not a folder; point it at the hybrid `checkpoint assemble` wrote")
+    if not owned(target):
+        raise UserError(f"--target {target} was not written by {TOOL}; add-mtp registers the head in an "
+                        "assembled hybrid only: assemble first, then point --target at its --out")
+    src = source / EXTRA_FILE
+    if not os.path.lexists(src):
+        raise UserError(f"{src}: not found; the MTP head ships in this file: point --source at the INT4 "
+                        "checkpoint download (or re-fetch it)")
+    source_file(source, src, "--source")  # before reading it: a link out of --source is refused unread
+    header = read_header(src)
+    names = [n for n in header.tensors if n.startswith("mtp.")]
+    if not names:
+        raise UserError(f"{src}: holds no mtp.* tensor; re-fetch the INT4 checkpoint")
+    others = [n for n in header.tensors if not n.startswith("mtp.")]
+    if others:
+        raise UserError(f"{src}: also holds {len(others)} non-MTP tensors (e.g. {others[0]}) that vLLM would "
+                        "read once the index names the file; use an unmodified model_extra_tensors file")
+    return src, header, names, read_index(target)
+
+
+def add_mtp(source: Path, target: Path) -> MtpResult:
+    source, target = Path(source), Path(target)
+    src, header, names, doc = _validated(source, target)
+    weight_map: dict[str, str] = dict(doc["weight_map"])
+    new_map = {t: f for t, f in weight_map.items() if f != EXTRA_FILE or t in header.tensors}
+    new_map.update({n: EXTRA_FILE for n in names})
+    headers: dict[str, Header] = {EXTRA_FILE: header}
+    for file in sorted(set(new_map.values()) - {EXTRA_FILE}):
+        headers[file] = read_header(target / file)
+    check_unique(target, headers, "re-run checkpoint assemble (or re-fetch the INT4 source)")
+    total = 0
+    for tensor, file in new_map.items():
+        info = headers[file].tensors.get(tensor)
+        if info is None:
+            raise UserError(f"{target / INDEX_NAME}: maps {tensor} to {file}, which has no such tensor; "
+                            "re-run checkpoint assemble")
+        total += info.nbytes
+    metadata = doc.get("metadata") or {}
+    index_changed = new_map != weight_map or metadata.get("total_size") != total
+    dst = target / EXTRA_FILE
+    place = not _same_file(src, dst, header)
+    if not (index_changed or place):
+        return MtpResult(False, target, len(names), "kept", total)
+    action = _commit(src, dst, target, new_map, total, metadata, place, index_changed)
+    return MtpResult(True, target, len(names), action, total)
+
+
+def _commit(src: Path, dst: Path, target: Path, new_map: dict[str, str], total: int, metadata: dict[str, Any],
+            place: bool, index_changed: bool) -> str:
+    """Stage the file and the index as hidden temps, then rename both into place, the index last; on any
+    failure remove what was staged (and a file placed for an index that could not follow)."""
+    tmp_file = dst.with_name(f".{dst.name}.tmp")
+    tmp_index: Path | None = None
+    existed = os.path.lexists(dst)
+    placed = False
+    action = "kept"
+    try:
+        if place:
+            action = _stage_file(src, tmp_file)
+        if index_changed:
+            tmp_index = stage_index(target, new_map, total, {k: v for k, v in metadata.items()
+                                                             if k != "total_size"})
+        if place:
+            os.replace(tmp_file, dst)
+            placed = True
+        if tmp_index is not None:
+            os.replace(tmp_index, target / INDEX_NAME)
+            tmp_index = None
+        fsync_dir(target)
+    except OSError as exc:
+        if placed and not existed:
+            dst.unlink(missing_ok=True)
+        raise os_error(exc, dst, "re-run add-mtp") from None
+    finally:
+        tmp_file.unlink(missing_ok=True)
+        if tmp_index is not None:
+            tmp_index.unlink(missing_ok=True)
+    return action

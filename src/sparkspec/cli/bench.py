@@ -1,0 +1,271 @@
+"""Subcommands of the verify side: ``bench``, ``check-output`` and ``report``.
+
+Every flag is checked by its argparse type (finite, in range, printable) and every output path before the run:
+an output may not be a symbolic link, a folder, an input, or an existing file that this command did not write
+(it must carry the command's format marker, or be empty). Outputs are written only after everything succeeded,
+each to a fresh sibling that is renamed over the target. The API key comes from a file (``--api-key-file``, not
+readable by other users) or ``$SPARKSPEC_API_KEY``, never from the command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import stat
+import sys
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlsplit
+
+from sparkspec.argtypes import number, share, temperature
+from sparkspec.bench.client import MAX_TOKENS
+from sparkspec.bench.report import Output, check_outputs, write_outputs
+from sparkspec.bench.suites import file_of
+from sparkspec.cli.common import emit_json
+from sparkspec.errors import UserError
+from sparkspec.validate import open_regular
+
+KEY_ENV = "SPARKSPEC_API_KEY"
+MAX_KEY_BYTES = 4096
+_KEY_RE = re.compile(r"[\x21-\x7e]+")  # visible ASCII: what an HTTP header carries as is
+_KEY_FIX = f"put the key alone on one line in a file (chmod 600) and pass --api-key-file FILE, or set ${KEY_ENV}"
+MAX_CONCURRENCY = 256  # requests in flight: vLLM's default max_num_seqs; each holds a socket
+MAX_REQUESTS = 100_000  # per suite
+MIN_TIMEOUT, MAX_TIMEOUT = 0.001, 86_400.0  # seconds per request
+MAX_LABEL = 256  # characters of --model, --method, --unit
+
+
+def check_url(url: str) -> str:
+    """``http(s)://host[:port]`` (a trailing '/' allowed), else a UserError naming --url and the fix."""
+    fix = "give http(s)://host[:port], e.g. http://127.0.0.1:8000"
+    if not url or len(url) > 2048 or not url.isprintable() or any(c.isspace() for c in url):
+        raise UserError(f"--url {url!r:.80}: not a URL; {fix}")
+    parts = urlsplit(url)
+    if "@" in parts.netloc:  # never echo it: it holds a password
+        raise UserError(f"--url <hidden>: holds credentials (user:password@); {fix}, and the key with "
+                        "--api-key-file")
+    if parts.query or parts.fragment or "?" in url or "#" in url:  # never echo them: they may hold a key
+        raise UserError(f"--url {parts.scheme}://{parts.netloc}{parts.path}: has a query string or fragment "
+                        f"(not shown); {fix}, and the key with --api-key-file")
+    try:
+        port = parts.port
+    except ValueError:
+        raise UserError(f"--url {url}: the port is not a number from 1 to 65535; {fix}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname or port == 0 or parts.path not in ("", "/"):
+        raise UserError(f"--url {url}: not http(s)://host[:port]; {fix}")
+    return url.rstrip("/")
+
+
+def check_label(value: str, flag: str) -> str:
+    """A name recorded in results and reports (model, method, unit): 1-256 printable characters."""
+    if not value or len(value) > MAX_LABEL or not value.isprintable():
+        raise UserError(f"{flag} {value!r:.60}: must be 1 to {MAX_LABEL} printable characters")
+    return value
+
+
+def _check_key(key: str, where: str) -> str:
+    if not key:
+        raise UserError(f"{where} is empty; {_KEY_FIX}")
+    if "\n" in key:
+        raise UserError(f"{where} holds more than one line; {_KEY_FIX}")
+    if not _KEY_RE.fullmatch(key):  # never quote the key
+        raise UserError(f"{where} holds characters other than visible ASCII; {_KEY_FIX}")
+    return key
+
+
+def read_api_key(path: str) -> str:
+    """The key in ``path`` (one trailing newline dropped): a regular file that other users cannot read."""
+    fd = open_regular(path, "API key file")
+    try:
+        st = os.fstat(fd)  # the mode of the file opened, not of whatever the path names later
+        if st.st_mode & stat.S_IROTH:
+            raise UserError(f"{path}: the API key file is readable by every user (mode "
+                            f"{stat.S_IMODE(st.st_mode):04o}); chmod 600 {path} (or 640 for the service's group)")
+        if st.st_size > MAX_KEY_BYTES:
+            raise UserError(f"{path}: the API key file is {st.st_size} bytes, more than the {MAX_KEY_BYTES} a key "
+                            "can be; give a file holding only the key")
+        raw = os.read(fd, MAX_KEY_BYTES + 1)
+    finally:
+        os.close(fd)
+    try:
+        text = raw.decode("ascii")
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: the API key file holds characters other than visible ASCII; "
+                        f"{_KEY_FIX}") from None
+    return _check_key(text.removesuffix("\n"), f"{path}: the API key file")
+
+
+def api_key(path: str | None) -> str | None:
+    """The key from ``--api-key-file``, else from the environment (empty or unset: no key)."""
+    if path is not None:
+        return read_api_key(path)
+    value = os.environ.get(KEY_ENV)
+    return _check_key(value, f"${KEY_ENV}") if value else None
+
+
+class _KeyOnArgv(argparse.Action):
+    """``--api-key`` is refused without quoting its value: a key on the command line shows in ``ps``."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        parser.error(f"--api-key is not taken (a key on the command line shows in `ps` and in logs); {_KEY_FIX}")
+
+
+def arg_type(check: Callable[[str, str], str], flag: str) -> Callable[[str], str]:
+    """An argparse type from a ``check(value, flag)`` that raises UserError."""
+
+    def parse(text: str) -> str:
+        try:
+            return check(text, flag)
+        except UserError as exc:
+            raise argparse.ArgumentTypeError(str(exc).removeprefix(f"{flag} ")) from None
+
+    parse.__name__ = flag.lstrip("-")
+    return parse
+
+
+def json_bytes(doc: dict[str, Any]) -> bytes:
+    return (json.dumps(doc, indent=2, allow_nan=False) + "\n").encode()
+
+
+# --- commands ----------------------------------------------------------------------------------------------
+
+def _bench(args: argparse.Namespace) -> int:
+    from sparkspec.bench import client as bench_mod
+
+    out = Output(args.output, "--output", "bench", (("--suite", file_of(args.suite)),
+                                                     ("--api-key-file", args.api_key_file)))
+    check_outputs([out])
+    cfg = bench_mod.BenchConfig(
+        url=args.url, model=args.model, suite=args.suite, concurrency=args.concurrency, requests=args.requests,
+        max_tokens=args.max_tokens, temperature=args.temperature, api_key=api_key(args.api_key_file),
+        method=args.method, unit=args.unit, enable_thinking=args.enable_thinking, ignore_eos=args.ignore_eos,
+        timeout=args.timeout)
+    result = bench_mod.run_bench(cfg)
+    write_outputs([(out, json_bytes(result))])
+    rate = result["spec_decode_acceptance_rate"]
+    print(f"{result['completed']} completed, {result['output_throughput'] or 0:.1f} output tok/s, per request "
+          f"{result['per_request_tok_s_mean'] or 0:.1f} avg / {result['per_request_tok_s_max'] or 0:.1f} peak "
+          f"tok/s, acceptance {'n/a' if rate is None else f'{rate:.1f}%'} -> {args.output}")
+    if args.json:
+        emit_json({"changed": False, "ok": True, "output": args.output, "partial": False,
+                   "output_throughput": result["output_throughput"],
+                   "per_request_tok_s_mean": result["per_request_tok_s_mean"],
+                   "spec_decode_acceptance_rate": rate})
+    return 0
+
+
+def _check_record(args: argparse.Namespace) -> int:
+    from sparkspec.bench import lossless
+
+    out = Output(args.output, "--output", "reference", (("--suite", file_of(args.suite)),
+                                                         ("--api-key-file", args.api_key_file)))
+    check_outputs([out])
+    ref = lossless.record(args.url, args.model, args.suite, args.max_tokens, api_key(args.api_key_file),
+                          args.method, args.concurrency, args.enable_thinking, args.timeout)
+    write_outputs([(out, json_bytes(ref))])
+    print(f"recorded {len(ref['outputs'])} greedy outputs (max_tokens {args.max_tokens}) -> {args.output}")
+    if args.json:
+        emit_json({"changed": True, "output": args.output, "outputs": len(ref["outputs"])})
+    return 0
+
+
+def _check_compare(args: argparse.Namespace) -> int:
+    from sparkspec.bench import lossless
+
+    out = None if args.output is None else Output(args.output, "--output", "lossless", (
+        ("--reference", args.reference), ("--api-key-file", args.api_key_file)))
+    check_outputs([out])
+    reference = lossless.load_reference(args.reference, args.model)
+    report = lossless.run_compare(args.url, args.model, reference, api_key(args.api_key_file), args.concurrency,
+                                  args.method, args.timeout)
+    ok, summary = lossless.verdict(report, args.min_share, args.require_json)
+    report |= {"min_share": args.min_share, "require_json": args.require_json, "passed": ok}
+    if out is not None:
+        write_outputs([(out, json_bytes(report))])
+    print(summary, file=sys.stdout if ok else sys.stderr)
+    if args.json:
+        emit_json({"changed": False, "passed": ok, "share": report["share"], "identical": report["identical"],
+                   "total": report["total"], "json_parse_failures": report["json_parse_failures"]})
+    return 0 if ok else 1
+
+
+def _report(args: argparse.Namespace) -> int:
+    from sparkspec.bench import report
+
+    inputs = tuple(("--inputs", p) for p in args.inputs)
+    md = None if args.markdown is None else Output(args.markdown, "--markdown", "markdown", inputs)
+    png = None if args.plot is None else Output(args.plot, "--plot", "plot",
+                                                (*inputs, ("--markdown", args.markdown)))
+    outputs = check_outputs([md, png])
+    if png is not None:
+        report.require_matplotlib()
+    rows = report.build(args.inputs)
+    text = report.markdown(rows)
+    data = {"--markdown": text.encode(), "--plot": report.plot_png(rows) if png is not None else b""}
+    write_outputs([(o, data[o.flag]) for o in outputs])
+    if md is None:
+        print(text, end="")
+    if args.json:
+        emit_json({"changed": bool(outputs), "rows": len(rows), "markdown": args.markdown, "plot": args.plot})
+    return 0
+
+
+def _add_server_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", required=True, type=arg_type(lambda v, f: check_url(v), "--url"),
+                   help="server base URL, http(s)://host[:port], e.g. http://127.0.0.1:8000")
+    p.add_argument("--model", required=True, type=arg_type(check_label, "--model"), help="served model name")
+    p.add_argument("--api-key-file", metavar="FILE", help=f"file holding the server's API key (chmod 600 or 640; "
+                   f"default: ${KEY_ENV})")
+    p.add_argument("--api-key", nargs="?", action=_KeyOnArgv, help=argparse.SUPPRESS)
+    p.add_argument("--enable-thinking", action="store_true", help="leave thinking on (default: off)")
+    p.add_argument("--timeout", type=number(float, MIN_TIMEOUT, MAX_TIMEOUT), default=600.0,
+                   help="deadline of each request in seconds, first byte to last (default 600)")
+    p.add_argument("--concurrency", type=number(int, 1, MAX_CONCURRENCY), default=1,
+                   help=f"requests in flight, 1 to {MAX_CONCURRENCY} (default 1)")
+    p.add_argument("--method", type=arg_type(check_label, "--method"), help="method serving now (recorded)")
+    p.add_argument("--json", action="store_true", help="print a final JSON line")
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    tokens = number(int, 1, MAX_TOKENS)
+    bench = sub.add_parser("bench", help="benchmark a served model (streamed chat completions + /metrics)")
+    _add_server_args(bench)
+    bench.add_argument("--suite", default="all", help="structured | open | all | PATH.jsonl (default all)")
+    bench.add_argument("--requests", type=number(int, 1, MAX_REQUESTS),
+                       help="requests per suite (default: each prompt once)")
+    bench.add_argument("--max-tokens", type=tokens, default=256, help="max output tokens per request")
+    bench.add_argument("--temperature", type=temperature, default=0.0, help="sampling temperature, always sent "
+                       "(default 0)")
+    bench.add_argument("--ignore-eos", action="store_true", help="generate max-tokens every request")
+    bench.add_argument("--unit", type=arg_type(check_label, "--unit"), help="systemd unit serving it "
+                       "(recorded)")
+    bench.add_argument("--output", required=True, help="result JSON file")
+    bench.set_defaults(func=_bench)
+
+    check = sub.add_parser("check-output", help="lossless check: greedy outputs of a method vs baseline's")
+    check_sub = check.add_subparsers(dest="check_command", metavar="ACTION", required=True)
+    rec = check_sub.add_parser("record", help="record baseline's greedy outputs as the reference")
+    _add_server_args(rec)
+    rec.add_argument("--suite", default="all", help="structured | open | all | PATH.jsonl (default all)")
+    rec.add_argument("--max-tokens", type=tokens, default=128, help="max output tokens per prompt (default 128)")
+    rec.add_argument("--output", required=True, help="reference JSON to write")
+    rec.set_defaults(func=_check_record, method="baseline")
+    cmp_ = check_sub.add_parser("compare", help="compare a method's greedy outputs with the reference")
+    _add_server_args(cmp_)
+    cmp_.add_argument("--reference", required=True, help="reference JSON from `check-output record`")
+    cmp_.add_argument("--min-share", type=share, default=1.0, help="fail (exit 1) below this share of "
+                      "identical outputs, 0 to 1 (default 1.0)")
+    cmp_.add_argument("--require-json", action="store_true", help="fail when a JSON-asking prompt's output "
+                      "does not parse (off by default: a random tiny model never writes JSON)")
+    cmp_.add_argument("--output", help="report JSON to write")
+    cmp_.set_defaults(func=_check_compare)
+
+    rep = sub.add_parser("report", help="markdown Results Summary table and PNG plot from bench results")
+    rep.add_argument("--inputs", nargs="+", required=True, help="bench result JSON files")
+    rep.add_argument("--markdown", help="markdown file to write (default: print the table)")
+    rep.add_argument("--plot", help="PNG file to write")
+    rep.add_argument("--json", action="store_true", help="print a final JSON line")
+    rep.set_defaults(func=_report)

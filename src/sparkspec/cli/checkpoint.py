@@ -1,0 +1,146 @@
+"""``sparkspec checkpoint assemble|add-mtp|verify``.
+
+Run on the host, in this order: assemble (INT4 shards with the shared-expert layers in FP8), add-mtp
+(register the MTP head), verify. The generator of tiny checkpoints in the real formats lives with the tests
+(``python -m tests.support checkpoint generate``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sparkspec.argtypes import non_negative_int
+from sparkspec.cli.common import emit_json
+from sparkspec.errors import UserError, os_error
+
+FP8_PATTERN_HELP = (
+    "regular expression (re.search on the module name, e.g. 'mlp\\.experts\\.') selecting more INT4 modules to "
+    "take in FP8 when the FP8 checkpoint has X.weight F8_E4M3 + X.weight_scale_inv; repeatable. Consequence: "
+    "those layers double in size (FP8 is 8 bits, INT4 4), the patched inc.py must serve them with the FP8 "
+    "method, and fused groups (q/k/v, gate/up, in_proj_qkv/z, in_proj_b/a) must be covered whole or not at all")
+
+
+def _warn(message: str) -> None:
+    print(f"sparkspec: warning: {message}", file=sys.stderr)
+
+
+def summary(args: argparse.Namespace, line: str, doc: dict[str, Any]) -> int:
+    """The summary line (on stderr when --json keeps stdout for the final JSON line), then that line."""
+    print(line, file=sys.stderr if args.json else sys.stdout)
+    if args.json:
+        emit_json(doc)
+    return 0
+
+
+@contextmanager
+def os_errors(fix: str) -> Iterator[None]:
+    """An OSError no step turned into its own line (an unreadable source folder, an I/O error while verify
+    re-hashes): one line naming the file, exit 2 for a path to fix, 1 for a run-time failure."""
+    try:
+        yield
+    except OSError as exc:
+        raise os_error(exc, exc.filename or "checkpoint", fix) from None
+
+
+@contextmanager
+def _progress(enabled: bool, label: str) -> Iterator[Callable[[int], Callable[[int], None] | None] | None]:
+    """A rich byte progress bar on stderr, only for a person at a terminal."""
+    if not enabled or not sys.stderr.isatty():
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+
+    with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
+                  TransferSpeedColumn(), TimeRemainingColumn(), console=Console(stderr=True),
+                  transient=True) as bar:
+        def start(total: int) -> Callable[[int], None]:
+            task = bar.add_task(label, total=total)
+            return lambda n: bar.advance(task, n)
+
+        yield start
+
+
+def _assemble(args: argparse.Namespace) -> int:
+    from sparkspec.checkpoint.assemble import assemble
+
+    with os_errors("check the path and its permissions"), _progress(not args.json, "assemble") as progress:
+        result = assemble(Path(args.int4), Path(args.fp8), Path(args.out), args.fp8_pattern or [],
+                          args.expect_fp8, progress)
+    for warning in result.warnings:
+        _warn(warning)
+    verb = "assembled" if result.changed else "up to date (no-op)"
+    line = (f"{result.out}: {verb}; {result.tensors} tensors, {result.fp8_layers} layers in FP8"
+            f"{'' if result.expected_fp8 is None else f' (expected {result.expected_fp8})'}, "
+            f"{result.total_size / 1e9:.3f} GB; next: sparkspec checkpoint add-mtp")
+    return summary(args, line, result.as_dict())
+
+
+def _add_mtp(args: argparse.Namespace) -> int:
+    from sparkspec.checkpoint.mtp import add_mtp
+
+    with os_errors("check the path and its permissions, then re-run add-mtp"):
+        result = add_mtp(Path(args.source), Path(args.target))
+    state = "changed" if result.changed else "already registered, no-op"
+    return summary(args, f"{result.target}: {result.mtp_tensors} MTP tensors registered ({state}; file "
+                       f"{result.file_action})", result.as_dict())
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from sparkspec.checkpoint.verify import verify
+
+    with os_errors("check the checkpoint folder and the disk"):
+        report = verify(Path(args.dir), args.expect_mtp, load_sample=not args.no_load, full=args.full)
+    out = sys.stderr if args.json else sys.stdout
+    for note in report.notes:
+        print(f"note: {note}", file=out)
+    print(report.loader, file=out)
+    if args.json:
+        emit_json(report.as_dict())
+    if report.problems:
+        for problem in report.problems[1:]:
+            print(f"problem: {problem}", file=out)
+        more = f" (+{len(report.problems) - 1} more above)" if len(report.problems) > 1 else ""
+        raise UserError(f"{report.problems[0]}{more}")
+    print(f"{report.directory}: OK; {report.files} files, {report.tensors} tensors, "
+          f"{report.mtp} MTP, {report.fp8_weights} FP8 weights, total_size {report.total_size}"
+          f"{f', {report.rehashed} files re-hashed against the manifest' if report.rehashed else ''}", file=out)
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    ckpt = sub.add_parser("checkpoint", help="assemble, register MTP and verify the hybrid checkpoint")
+    cmds = ckpt.add_subparsers(dest="checkpoint_command", metavar="ACTION")
+    ckpt.set_defaults(func=lambda args: (ckpt.print_help(), 2)[1])
+
+    p = cmds.add_parser("assemble", help="INT4 shards with the layers the FP8 checkpoint has in FP8")
+    p.add_argument("--int4", required=True, help="AutoRound INT4 checkpoint directory (source, read only)")
+    p.add_argument("--fp8", required=True, help="FP8 checkpoint directory, whole or the ranged-fetch subset")
+    p.add_argument("--out", required=True, help="output directory (built in a temp sibling, renamed at the end)")
+    p.add_argument("--fp8-pattern", action="append", metavar="REGEX", help=FP8_PATTERN_HELP)
+    p.add_argument("--expect-fp8", type=non_negative_int, metavar="N",
+                   help="warn unless N layers are taken in FP8 (default 3 x num_hidden_layers: 144 for the 122B)")
+    p.add_argument("--json", action="store_true", help="print a final JSON line")
+    p.set_defaults(func=_assemble)
+
+    p = cmds.add_parser("add-mtp", help="register model_extra_tensors.safetensors' MTP head in the index")
+    p.add_argument("--source", required=True, help="directory holding model_extra_tensors.safetensors")
+    p.add_argument("--target", required=True, help="assembled checkpoint directory")
+    p.add_argument("--json", action="store_true", help="print a final JSON line")
+    p.set_defaults(func=_add_mtp)
+
+    p = cmds.add_parser("verify", help="index, headers, total_size, MTP count and a loader sample")
+    p.add_argument("dir", help="checkpoint directory")
+    p.add_argument("--expect-mtp", type=non_negative_int, metavar="N",
+                   help="mtp.* tensors the index must map (default: 4 + L x (3 x experts + 13) from config.json)")
+    p.add_argument("--no-load", action="store_true", help="skip the fastsafetensors sample load")
+    p.add_argument("--full", action="store_true",
+                   help="re-hash every file assemble wrote against its manifest's digests (reads all data); "
+                        "without it, only files whose size, times or inode changed since are re-hashed")
+    p.add_argument("--json", action="store_true", help="print a final JSON line")
+    p.set_defaults(func=_verify)

@@ -1,0 +1,278 @@
+"""``sparkspec fetch repo|fp8-subset|plan`` and ``sparkspec hub serve|publish``.
+
+Only argparse registration happens at import; each handler imports what it runs (huggingface_hub and the
+HTTP client load only for ``fetch``). Every value is checked where argparse reads it (repo ids and revisions
+by :mod:`sparkspec.validate`, numbers by :mod:`sparkspec.argtypes`), so bad input ends in one line before
+anything is read or written. No secret is taken on the command line: tokens come from files or the
+environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import re
+import signal
+import sys
+import urllib.parse
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sparkspec import argtypes, validate
+from sparkspec.cli.common import emit_json
+from sparkspec.errors import UserError
+
+TOKENS_ENV = "SPARKSPEC_HUB_TOKENS"
+retries = argtypes.number(int, 1, 100)
+
+
+def _checked(check: Callable[[str], str], name: str) -> Callable[[str], str]:
+    """An argparse ``type=`` from a :mod:`sparkspec.validate` check (its message becomes argparse's)."""
+
+    def parse(text: str) -> str:
+        try:
+            return check(text)
+        except UserError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parse.__name__ = name
+    return parse
+
+
+def _url(text: str) -> str:
+    parts = urllib.parse.urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname or re.search(r"[\x00-\x20\x7f]", text):
+        raise UserError(f"{text!r} is not an http(s) URL; give the hub or mirror, e.g. "
+                        "https://huggingface.co")
+    if parts.username or parts.password:
+        raise UserError("the URL holds credentials, which every process list shows; put the token in "
+                        "--token-file instead")
+    return text.rstrip("/")
+
+
+def _text(text: str) -> str:
+    if not text or re.search(r"[\x00-\x1f\x7f]", text):
+        raise UserError(f"{text!r} is empty or holds a control character")
+    return text
+
+
+repo_id = _checked(validate.repo_id, "repo id")
+revision = _checked(validate.revision, "revision")
+commit = _checked(validate.commit, "commit id")
+url = _checked(_url, "URL")
+text = _checked(_text, "text")
+
+
+def _source_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("repo", type=repo_id, help="hub repo id, e.g. Qwen/Qwen3.5-122B-A10B-FP8")
+    p.add_argument("--revision", required=True, type=revision,
+                   help="commit id to pin (a branch name resolves to its current commit)")
+    p.add_argument("--endpoint", type=url,
+                   help="hub or mirror URL (default: HF_ENDPOINT, else huggingface.co)")
+    p.add_argument("--token-file", type=text,
+                   help="file holding the HF token (default: HF_TOKEN from the environment)")
+    p.add_argument("--local-path", type=text, help="air-gapped: copy from this directory instead of the hub")
+    p.add_argument("--json", action="store_true", help="print a final JSON line")
+
+
+def _command(sub: Any, name: str, help: str) -> argparse.ArgumentParser:
+    # no abbreviations: "--token X" must not be taken for "--token-file X" (and X echoed as a file name)
+    parser: argparse.ArgumentParser = sub.add_parser(name, help=help, allow_abbrev=False)
+    return parser
+
+
+def register(sub: Any) -> None:
+    fetch = sub.add_parser("fetch", help="download checkpoints with pinned revisions")
+    fsub = fetch.add_subparsers(dest="fetch_command", metavar="SUBCOMMAND", required=True)
+
+    p = _command(fsub, "repo", "snapshot a repo (or the files matching --include) into --dest")
+    _source_args(p)
+    p.add_argument("--dest", required=True, type=text)
+    p.add_argument("--include", action="append", type=text,
+                   help="glob of files to fetch (repeatable; default all)")
+    p.set_defaults(func=_fetch_repo)
+
+    p = _command(fsub, "fp8-subset", "fetch only the FP8 tensors assemble takes, by HTTP range reads")
+    _source_args(p)
+    p.add_argument("--int4", required=True, type=text,
+                   help="the local INT4 AutoRound checkpoint assemble will use")
+    p.add_argument("--dest", required=True, type=text)
+    p.add_argument("--fp8-pattern", action="append", default=[], type=text,
+                   help="same as assemble's --fp8-pattern")
+    p.add_argument("--mode", choices=("ranges", "full"), default="ranges",
+                   help="ranges: tensor byte ranges only; full: whole shards (mirrors without Range)")
+    p.add_argument("--retries", type=retries, default=5, help="retries per HTTP request, 1-100 (default 5)")
+    p.set_defaults(func=_fetch_subset)
+
+    p = _command(fsub, "plan", "resolve the revision and sum the file sizes; --dest checks free space")
+    _source_args(p)
+    p.add_argument("--include", action="append", type=text)
+    p.add_argument("--dest", type=text, help="refuse (exit 2) when this filesystem lacks the space")
+    p.set_defaults(func=_plan)
+
+    hubp = sub.add_parser("hub", help="local HF-compatible endpoint (tests, simulated Spark, mirrors)")
+    hsub = hubp.add_subparsers(dest="hub_command", metavar="SUBCOMMAND", required=True)
+    p = _command(hsub, "serve", "serve ROOT/<org>/<name> repos over HTTP")
+    p.add_argument("--root", required=True, type=text)
+    p.add_argument("--host", default="127.0.0.1", type=text,
+                   help="address to bind (default loopback; anything else warns when no token is set)")
+    p.add_argument("--port", type=argtypes.port, default=8089, help="0-65535; 0 picks a free port")
+    p.add_argument("--token-file", type=text,
+                   help=f"file with the accepted bearer tokens, one per line (default: {TOKENS_ENV}, comma "
+                        "or newline separated; neither: no token needed)")
+    p.add_argument("--verbose", action="store_true", help="log requests to stderr")
+    p.set_defaults(func=_serve)
+    p = _command(hsub, "publish", "copy a local checkpoint in as ROOT/<org>/<name>, set its revision")
+    p.add_argument("--root", required=True, type=text)
+    p.add_argument("--repo", required=True, type=repo_id, help="org/name")
+    p.add_argument("--from", dest="source", required=True, type=text, help="directory to publish")
+    p.add_argument("--revision", type=commit, help="40-hex commit id (default: derived from the content)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_publish)
+
+
+def _token(args: argparse.Namespace) -> str | None:
+    """The token from --token-file, else a checked ``HF_TOKEN`` (None: no token); also settles the endpoint:
+    ``HF_ENDPOINT`` is checked exactly like --endpoint where it would be used."""
+    from sparkspec.hub.source import env_token, read_token_file
+
+    if args.endpoint is None and not args.local_path and os.environ.get("HF_ENDPOINT"):
+        try:
+            args.endpoint = _url(os.environ["HF_ENDPOINT"])
+        except UserError as exc:
+            raise UserError(f"HF_ENDPOINT: {exc}") from None
+    return read_token_file(args.token_file) if args.token_file else env_token()
+
+
+def _finish(args: argparse.Namespace, doc: dict[str, Any], line: str) -> int:
+    print(line, file=sys.stderr)
+    if args.json:
+        emit_json(doc)
+    return 0
+
+
+def _fetch_repo(args: argparse.Namespace) -> int:
+    from sparkspec.hub import fetch as hub
+
+    result = hub.fetch_repo(args.repo, args.revision, args.dest, args.include, token=_token(args),
+                            endpoint=args.endpoint, local_path=args.local_path)
+    return _finish(args, result.as_json(), f"fetch: {args.repo}@{result.commit[:12]} -> {args.dest}: "
+                                           f"{len(result.files)} files, {result.bytes_fetched} bytes fetched")
+
+
+def _fetch_subset(args: argparse.Namespace) -> int:
+    from sparkspec.checkpoint.selection import compile_patterns
+    from sparkspec.hub import fetch as hub
+
+    compile_patterns(args.fp8_pattern)  # a bad --fp8-pattern is refused before anything is fetched
+    result = hub.fetch_fp8_subset(args.repo, args.revision, args.int4, args.dest, args.fp8_pattern,
+                                  token=_token(args), endpoint=args.endpoint, local_path=args.local_path,
+                                  mode=args.mode, retries=args.retries)
+    ratio = result.tensor_bytes_fetched / result.tensor_bytes_used if result.tensor_bytes_used else 0.0
+    return _finish(args, result.as_json(),
+                   f"fetch: {result.tensors} FP8 tensors of {args.repo}@{result.commit[:12]} -> {args.dest}: "
+                   f"tensor bytes fetched {result.tensor_bytes_fetched} / used {result.tensor_bytes_used} "
+                   f"({ratio:.3f}x), headers {result.header_bytes}")
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from sparkspec.hub import fetch as hub
+    from sparkspec.hub.dest import claim, preflight
+    from sparkspec.hub.source import Source
+
+    if args.dest:  # the checks a fetch into --dest would make first
+        claim(Path(args.dest), {"--local-path": args.local_path})
+    token = _token(args)  # first: it may take the endpoint from HF_ENDPOINT
+    source = Source(args.repo, args.revision, args.endpoint, token, args.local_path)
+    plan = hub.plan(source, args.include)
+    if args.dest:
+        preflight(Path(args.dest), plan.total_bytes)
+    doc = {"changed": False, "repo": args.repo, "commit": plan.commit, "files": plan.files,
+           "bytes_needed": plan.total_bytes, "bytes_fetched": 0}
+    return _finish(args, doc, f"plan: {args.repo}@{plan.commit[:12]}: {len(plan.files)} files, "
+                              f"{plan.total_bytes} bytes")
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from sparkspec.hub.server import HubServer
+
+    root = Path(args.root)
+    if not root.is_dir():
+        raise UserError(f"--root {root}: not a directory; create it or publish a repo into it first")
+    tokens, warnings = _serve_tokens(args.token_file, root)
+    try:
+        server = HubServer(root, args.host, args.port, tokens, verbose=args.verbose)
+    except OSError as exc:
+        raise UserError(f"--host {args.host} --port {args.port}: cannot listen ({exc.strerror or exc}); pick "
+                        "another --port or --host") from None
+    if not tokens and not _loopback(args.host):
+        warnings.append(f"hub serve binds {args.host} without a token: anyone who reaches {server.url} can "
+                        f"read every repo under {root.resolve()}; set --token-file or {TOKENS_ENV}")
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:  # from here a SIGTERM is a clean stop (exit 0)
+        print(f"hub: serving {root.resolve()} at {server.url} (tokens: {'on' if tokens else 'off'})",
+              file=sys.stderr, flush=True)
+        for warning in warnings:
+            print(f"sparkspec: warning: {warning}", file=sys.stderr, flush=True)
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.close()
+    return 0
+
+
+def _serve_tokens(token_file: str | None, root: Path) -> tuple[list[str], list[str]]:
+    """The accepted tokens (and warnings): from ``token_file`` (one per line, not readable by every user),
+    else ``$SPARKSPEC_HUB_TOKENS`` (comma or newline separated), else none. Set but holding no token is
+    refused, never taken for "no token needed". Never from argv, where every process list shows them."""
+    warnings = []
+    if token_file:
+        where = f"--token-file {token_file}"
+        if validate.real(token_file).is_relative_to(validate.real(root)):
+            raise UserError(f"{where} is inside --root, which the hub may serve; keep it outside")
+        raw = validate.read_regular(token_file, "token file", 1 << 20)
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise UserError(f"{where}: is not UTF-8 text; write one token per line") from None
+    elif TOKENS_ENV in os.environ:
+        where, text = TOKENS_ENV, os.environ[TOKENS_ENV]
+    else:
+        return [], warnings
+    tokens = [t.strip() for t in re.split(r"[,\n]", text) if t.strip()]
+    if not tokens:  # set but empty: serving without tokens would fail open
+        raise UserError(f"{where}: holds no token; give one token per line (or comma separated in "
+                        f"{TOKENS_ENV}), or unset {TOKENS_ENV} to serve without tokens")
+    if any(re.search(r"[\x00-\x20\x7f]", t) for t in tokens):
+        raise UserError(f"{where}: a token holds a space or control character; write one token per line")
+    if token_file:
+        from sparkspec.hub.repo import check_private
+
+        check_private(token_file, "token file")
+    return tokens, warnings
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name may resolve anywhere
+        return False
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _publish(args: argparse.Namespace) -> int:
+    from sparkspec.hub.publish import publish
+
+    changed, rev, files = publish(args.root, args.repo, args.source, args.revision)
+    doc = {"changed": changed, "repo": args.repo, "revision": rev, "files": len(files),
+           "bytes": sum(f.size for f in files.values())}
+    return _finish(args, doc, f"hub: {args.repo}@{rev} {'published' if changed else 'unchanged'} "
+                              f"({len(files)} files)")

@@ -1,0 +1,240 @@
+"""The destination folder of ``sparkspec fetch``: whose it is, its resumable state, and how files land in it.
+
+A fetch writes only into a folder that is new, empty, or marked as a fetch's own by the state folder
+``.sparkspec-fetch`` (created before the first byte is written), never a symbolic link, and never into, around
+or inside one of its inputs (:func:`claim`, before anything is read). Each file is written as ``NAME.part``
+and renamed when complete, so a re-run after an interruption skips finished files; a failed run removes its
+``.part`` file and huggingface_hub's ``.lock`` and ``.incomplete`` files, and a folder this run created that
+holds nothing finished (:func:`writing`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import shutil
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from huggingface_hub.utils import tqdm as hf_tqdm
+
+from sparkspec import validate
+from sparkspec.errors import UserError, os_error
+from sparkspec.hub.repo import FETCH_STATE_DIR, REVISION_FILE
+from sparkspec.jsonfile import loads_bounded
+from sparkspec.validate import COMMIT_RE
+
+STATE_DIR = FETCH_STATE_DIR
+HF_DOWNLOADS = (".cache", "huggingface", "download")  # huggingface_hub's bookkeeping in a local_dir
+
+
+def claim(dest: Path, inputs: Mapping[str, str | os.PathLike[str] | None]) -> None:
+    """Refuse a ``--dest`` that is a link or no folder, equals, holds or sits inside an input, or holds
+    files no fetch wrote (no ``.sparkspec-fetch``)."""
+    validate.check_not_symlink(dest, "--dest")
+    validate.check_disjoint(dest, inputs, out_flag="--dest")
+    if not os.path.lexists(dest):
+        return
+    if not dest.is_dir():
+        raise UserError(f"--dest {dest}: exists and is not a folder; choose a folder for the download")
+    state = dest / STATE_DIR
+    if state.is_dir() and not state.is_symlink():
+        return
+    try:
+        with os.scandir(dest) as entries:
+            empty = next(entries, None) is None
+    except OSError as exc:
+        raise os_error(exc, dest, "check --dest and its permissions") from None
+    if not empty:
+        raise UserError(f"--dest {dest}: holds files that `sparkspec fetch` did not write (no {STATE_DIR}); "
+                        "choose a new or empty folder")
+
+
+@contextlib.contextmanager
+def writing(dest: Path) -> Iterator[None]:
+    """Mark ``dest`` as this fetch's own, then run the fetch; afterwards remove huggingface_hub's lock files
+    and, after a failure, its partial downloads and a folder this run created that holds nothing finished.
+    An OSError becomes one line (exit 1 for a full disk or an I/O error, else 2)."""
+    created = not os.path.lexists(dest)
+    try:
+        (dest / STATE_DIR).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise os_error(exc, dest, "choose a writable --dest") from None
+    try:
+        yield
+    except BaseException as exc:
+        _tidy(dest, failed=True, created=created)
+        if isinstance(exc, OSError):
+            raise os_error(exc, dest, "check --dest and its permissions, then re-run to resume") from None
+        raise
+    _tidy(dest, failed=False, created=created)
+
+
+def _tidy(dest: Path, failed: bool, created: bool) -> None:
+    downloads = dest.joinpath(*HF_DOWNLOADS)
+    if downloads.is_dir() and not downloads.is_symlink():
+        for lock in downloads.rglob("*.lock"):
+            _unlink_unlocked(lock)
+        if failed:
+            for partial in downloads.rglob("*.incomplete"):
+                with contextlib.suppress(OSError):
+                    partial.unlink()
+    if failed and created:  # nothing finished (finished files land at the top): nothing to resume from
+        with contextlib.suppress(OSError):
+            if {p.name for p in dest.iterdir()} <= {STATE_DIR, ".cache"}:
+                shutil.rmtree(dest)
+
+
+def _unlink_unlocked(path: Path) -> None:
+    """Remove a lock file unless another process holds it (then it is theirs)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        path.unlink()
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def preflight(dest: Path, needed: int) -> None:
+    probe = dest
+    while not probe.exists():
+        probe = probe.parent
+    try:
+        free = shutil.disk_usage(probe).free
+    except OSError as exc:
+        raise os_error(exc, probe, "check --dest") from None
+    if needed > free:
+        raise UserError(f"{dest}: needs {_size(needed)} free for the download but {probe} has {_size(free)}; "
+                        "free space or choose another destination")
+
+
+def _size(n: int) -> str:
+    return str(hf_tqdm.format_sizeof(n, "B", 1024)).replace("B", "iB") if n >= 1024 else f"{n} B"
+
+
+# --- resumable state ----------------------------------------------------------------------------------
+def state(dest: Path) -> dict[str, Any]:
+    """The state an earlier fetch recorded in ``dest`` ({} when none, or when it is not a JSON object)."""
+    try:
+        doc = loads_bounded(validate.read_regular(dest / STATE_DIR / "fetch.json", "fetch state", 16 << 20))
+    except (UserError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def save_state(dest: Path, doc: dict[str, Any]) -> None:
+    write_file(dest, f"{STATE_DIR}/fetch.json", [json.dumps(doc, indent=2, sort_keys=True).encode() + b"\n"],
+               sync=False)
+
+
+def finish(dest: Path, doc: dict[str, Any]) -> None:
+    """Record a completed fetch; ``.sparkspec-revision`` names the commit for assemble's manifest (and lets
+    the directory serve as a ``local_path`` source or be published with that revision)."""
+    save_state(dest, {**doc, "complete": True})
+    marker = dest / REVISION_FILE
+    try:
+        current = validate.read_regular(marker, "revision file", 4096).decode("ascii", "replace").strip()
+    except UserError:
+        current = None
+    if COMMIT_RE.fullmatch(doc["commit"]) and current != doc["commit"]:
+        write_file(dest, REVISION_FILE, [doc["commit"].encode() + b"\n"])
+
+
+def begin(dest: Path, key: str, sizes: dict[str, int]) -> dict[str, int]:
+    """Record a fetch as started; return the files still to transfer. Files are renamed into place only when
+    complete, so one of the right size left by an earlier run of the same ``key`` is done; files from a run
+    with another key (commit, mode, selection) are removed first (``dest`` is a fetch's own folder)."""
+    before = state(dest)
+    if before.get("key") != key:
+        for rel in sizes:
+            with contextlib.suppress(FileNotFoundError):
+                validate.under(dest, rel).unlink()
+    written = set(recorded_shards(before)) | set(sizes)
+    save_state(dest, {"key": key, "complete": False, "shards": sorted(written)})
+    return {rel: size for rel, size in sizes.items()
+            if not ((dest / rel).is_file() and (dest / rel).stat().st_size == size)}
+
+
+def recorded_shards(doc: dict[str, Any]) -> list[str]:
+    """The shard names an earlier run recorded as written (valid names only)."""
+    names = doc.get("shards")
+    out = []
+    for name in names if isinstance(names, list) else []:
+        with contextlib.suppress(UserError):
+            out.append(validate.relpath(name))
+    return out
+
+
+def remove_stale(dest: Path, previous: Iterable[str], keep: set[str]) -> None:
+    """Remove the shards an earlier run of this fetch wrote that the current selection no longer has."""
+    for name in previous:
+        if name not in keep:
+            with contextlib.suppress(FileNotFoundError):
+                validate.under(dest, name).unlink()
+
+
+def prune(folder: Path, keep: Path) -> None:
+    """Remove every entry of ``folder`` (a folder of the fetch's state) but ``keep``; links are unlinked,
+    never followed."""
+    if not folder.is_dir() or folder.is_symlink():
+        return
+    for old in folder.iterdir():
+        if old == keep:
+            continue
+        if old.is_dir() and not old.is_symlink():
+            shutil.rmtree(old)
+        else:
+            old.unlink()
+
+
+def write_file(dest: Path, rel: str, parts: Iterable[bytes], sync: bool = True) -> int:
+    """Write ``rel`` from ``parts`` through ``rel.part`` (+ fsync) + rename; return bytes written. The
+    ``.part`` file never outlives a failure (a network error while ``parts`` streams included)."""
+    target = validate.under(dest, rel)
+    tmp = target.with_name(target.name + ".part")
+    written = 0
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as fh:
+            for part in parts:
+                fh.write(part)
+                written += len(part)
+            fh.flush()
+            if sync:
+                os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        if isinstance(exc, OSError):
+            raise os_error(exc, tmp, "fix the permissions of --dest, then re-run to resume") from None
+        raise
+    return written
+
+
+def copy_local(src: Path, target: Path) -> None:
+    """Hard-link when on the same filesystem (no bytes duplicated), else copy via ``.part`` + rename."""
+    tmp = target.with_name(target.name + ".part")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp.unlink(missing_ok=True)
+        try:
+            os.link(src, tmp)
+        except OSError as exc:
+            if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
+                raise
+            shutil.copyfile(src, tmp)
+        os.replace(tmp, target)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise os_error(exc, target, f"check --dest and --local-path {src.parent}") from None

@@ -1,0 +1,331 @@
+"""A small Hugging Face Hub-compatible endpoint that serves local directories (tests, the simulated Spark,
+air-gapped mirrors).
+
+Layout: ``ROOT/<org>/<name>/<files>``. A folder is a repo only when ``sparkspec hub publish`` marked it
+(``.sparkspec-published``, or the ``.sparkspec-revision`` an older publish wrote); any other folder under ROOT
+is "repo not found" and nothing is written into it. A repo's revision is the 40-hex commit id in
+``.sparkspec-revision`` or, without that file, one derived from the files' content.
+``main`` and that commit id are the only revisions. Endpoints are exactly those huggingface_hub 2.4 calls for
+``model_info``/``repo_info``, ``list_repo_tree``, ``get_paths_info``, ``hf_hub_download``,
+``snapshot_download`` and ``HfFileSystem``: ``GET /api/models/{repo}[/revision/{rev}]``,
+``GET /api/models/{repo}/tree/{rev}[/{path}]``, ``POST /api/models/{repo}/paths-info/{rev}`` and
+``HEAD|GET /{repo}/resolve/{rev}/{path}`` (ETag, X-Repo-Commit, Content-Length, single ``Range`` -> 206).
+Errors carry the hub's ``X-Error-Code``/``X-Error-Message`` headers so huggingface_hub raises its own
+exception types. olah 0.5.4 was checked first: its local-mirror path answers a ranged GET with the whole file
+(200) and reads whole files into memory, so it cannot carry the ranged FP8 fetch.
+
+What it serves: only regular files under ROOT, reached without following a symbolic link (``org``, ``name``
+and every folder below are opened with O_NOFOLLOW), named by segments that :mod:`sparkspec.validate` accepts.
+A segment that decodes to a separator, a dot, a control character or nothing, or a name starting with a dot
+(other than ``.gitattributes``), is answered with 404 before any file is touched. Hashes are computed per file when first needed and persisted (:class:`HashStore`), so
+model info without blobs or the resolve of a small file hashes nothing large; ``ServerStats.bytes_hashed``
+counts it. Tokens are compared in constant time.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import os
+import re
+import socket
+import sys
+import threading
+import urllib.parse
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Self
+
+from sparkspec.hub.api import HubError, Repos, header_text, not_found, segments
+from sparkspec.hub.repo import CHUNK, is_lfs
+
+MAX_FORM_BYTES = 1 << 20
+
+
+@dataclass
+class ServerStats:
+    """What the server did: file body bytes sent per ``org/name/path``, bytes hashed, and every request line
+    (for tests)."""
+
+    file_bytes: Counter[str] = field(default_factory=Counter)
+    body_bytes: int = 0
+    bytes_hashed: int = 0
+    requests: list[tuple[str, str, str | None, int]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def reset(self) -> None:
+        with self.lock:
+            self.file_bytes.clear()
+            self.body_bytes = 0
+            self.bytes_hashed = 0
+            self.requests.clear()
+
+    def hashed(self, n: int) -> None:
+        with self.lock:
+            self.bytes_hashed += n
+
+
+@dataclass
+class Cut:
+    """Fault for tests of interrupted transfers: the next ``times`` responses for a path that reach ``after``
+    body bytes are cut there (connection closed mid-body)."""
+
+    path_suffix: str
+    after: int
+    times: int
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    timeout = 30  # idle seconds: a client that stops sending (a half-sent request) does not hold a thread
+    server: _Server
+
+    def log_message(self, format: str, *args: Any) -> None:
+        if self.server.hub.verbose:
+            sys.stderr.write(header_text(f"{self.address_string()} - {format % args}") + "\n")
+
+    def do_HEAD(self) -> None:
+        self._dispatch("HEAD")
+
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+    def send_response(self, code: int, message: str | None = None) -> None:
+        # recorded before anything is sent, so a client that has its answer sees the record
+        self._answered = True
+        with self.server.hub.stats.lock:
+            self.server.hub.stats.requests.append((self.command, self.path.partition("?")[0],
+                                                   self.headers.get("Range"), code))
+        super().send_response(code, message)
+
+    def _dispatch(self, method: str) -> None:
+        self._answered = self._body_read = False
+        # the path as sent: http.server turns a leading '//' into '/', and an empty segment is a 404 here
+        words = self.requestline.split()
+        target, _, query = (words[1] if len(words) >= 2 else self.path).partition("?")
+        try:
+            if "Transfer-Encoding" in self.headers:  # a body of unknown length: never read it as a request
+                self.close_connection = True
+                raise HubError(501, None, "Transfer-Encoding is not supported; send a Content-Length")
+            self.server.hub.check_token(self.headers.get("Authorization"))
+            parts = segments(target.partition("#")[0])
+            if parts[:2] == ["api", "models"] and len(parts) >= 4:
+                self._api(method, parts[2], parts[3], parts[4:], query)
+            elif len(parts) >= 5 and parts[2] == "resolve" and method in ("HEAD", "GET") \
+                    and not target.endswith("/"):  # a file name has no trailing slash
+                self._resolve(method, parts[0], parts[1], parts[3], parts[4:])
+            else:
+                raise not_found()
+        except HubError as err:
+            if method == "POST" and not self._body_read:  # its unread body must not become a request
+                self.close_connection = True
+            headers = {"X-Error-Message": header_text(err.message)}
+            if err.code:
+                headers["X-Error-Code"] = err.code
+            if err.commit:
+                headers["X-Repo-Commit"] = err.commit
+            self._send(err.status, json.dumps({"error": err.message}).encode(), headers, method)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+        except Exception as exc:  # noqa: BLE001  one line in the log, never a traceback; the client: 500
+            print(header_text(f"sparkspec: error: hub: {method} {target[:200]}: {exc.__class__.__name__}: "
+                              f"{exc}"), file=sys.stderr, flush=True)
+            self.close_connection = True
+            if not self._answered:
+                self._send(500, b'{"error": "Internal Server Error"}', {}, method)
+
+    def _send(self, status: int, body: bytes, headers: dict[str, str], method: str,
+              content_type: str = "application/json") -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        for key, value in headers.items():
+            self.send_header(key, value)
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        if method != "HEAD":
+            with self.server.hub.stats.lock:
+                self.server.hub.stats.body_bytes += len(body)
+            self.wfile.write(body)
+
+    def _form(self) -> dict[str, list[str]]:
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            raise HubError(400, None, "Bad Request: Content-Length is not a number") from None
+        if not 0 <= length <= MAX_FORM_BYTES:
+            raise HubError(413, None, f"Request body over {MAX_FORM_BYTES} bytes")
+        body = self.rfile.read(length).decode("utf-8", "replace")
+        self._body_read = True
+        return urllib.parse.parse_qs(body, max_num_fields=10_000)
+
+    def _api(self, method: str, org: str, name: str, rest: list[str], query: str) -> None:
+        hub = self.server.hub
+        if not rest and method in ("GET", "HEAD"):
+            rest = ["revision", "main"]
+        if len(rest) < 2:
+            raise not_found()
+        kind, revision = rest[0], rest[1]
+        repos = hub.repos
+        snap = repos.snapshot(org, name, revision)
+        args = urllib.parse.parse_qs(query)
+        doc: Any
+        if kind == "revision" and method in ("GET", "HEAD") and len(rest) == 2:
+            doc = repos.model_info(snap, args.get("blobs", ["false"])[0].lower() == "true")
+        elif kind == "tree" and method in ("GET", "HEAD"):
+            recursive = args.get("recursive", ["false"])[0].lower() == "true"
+            doc = repos.tree(snap, "/".join(rest[2:]), recursive)
+        elif kind == "paths-info" and method == "POST" and len(rest) == 2:
+            doc = repos.paths_info(snap, self._form().get("paths", []))
+        else:
+            raise not_found()
+        self._send(200, json.dumps(doc).encode(), {"X-Repo-Commit": snap.commit}, method)
+
+    def _resolve(self, method: str, org: str, name: str, revision: str, rest: list[str]) -> None:
+        hub = self.server.hub
+        snap = hub.repos.snapshot(org, name, revision)
+        rel = "/".join(rest)
+        fd, st = hub.repos.open(snap, rel)  # only the repo's own listed, validated, regular files
+        try:
+            digests = snap.store.of_fd(rel, fd, st, snap.count)
+            size = st.st_size
+            lfs = is_lfs(rel, size)
+            start, end, status = 0, size, 200
+            headers = {"ETag": f'"{digests.sha256 if lfs else digests.blob_id}"',
+                       "X-Repo-Commit": snap.commit, "Accept-Ranges": "bytes"}
+            if lfs:
+                headers["X-Linked-Etag"] = f'"{digests.sha256}"'
+                headers["X-Linked-Size"] = str(size)
+            wanted = self.headers.get("Range")
+            if wanted:
+                start, end = _parse_range(wanted, size)
+                status = 206
+                headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
+            self.send_response(status)
+            self.send_header("Content-Type", "application/octet-stream")
+            self.send_header("Content-Length", str(end - start))
+            for key, value in headers.items():
+                self.send_header(key, value)
+            self.end_headers()
+            if method == "GET":
+                self._stream(fd, f"{snap.repo_id}/{rel}", start, end)
+        finally:
+            os.close(fd)
+
+    def _stream(self, fd: int, key: str, start: int, end: int) -> None:
+        hub = self.server.hub
+        cut = hub.find_cut(key)
+        stop = min(end, start + cut.after) if cut is not None else end
+        while start < stop and (chunk := os.pread(fd, min(CHUNK, stop - start), start)):
+            with hub.stats.lock:  # counted before sending: a client that has the bytes sees the count
+                hub.stats.file_bytes[key] += len(chunk)
+                hub.stats.body_bytes += len(chunk)
+            try:
+                self.wfile.write(chunk)
+            except (BrokenPipeError, ConnectionResetError):  # the client went away
+                self.close_connection = True
+                return
+            start += len(chunk)
+        if start < end:  # the fault (drop the connection mid-body), or the file shrank while sent
+            if cut is not None:
+                hub.spend_cut(cut)
+            self.connection.shutdown(socket.SHUT_RDWR)
+            self.close_connection = True
+
+
+def _parse_range(value: str, size: int) -> tuple[int, int]:
+    """A single ``bytes=a-b`` / ``bytes=a-`` / ``bytes=-n`` range as [start, end); else 416."""
+    match = re.fullmatch(r"\s*bytes=(\d{0,19})-(\d{0,19})\s*", value)
+    if match and (match.group(1) or match.group(2)):
+        first, last = match.group(1), match.group(2)
+        if first:
+            start, end = int(first), (min(int(last) + 1, size) if last else size)
+        else:
+            start, end = max(size - int(last), 0), size
+        if start < end:
+            return start, end
+    raise HubError(416, None, f"Range Not Satisfiable: {value[:60]} of {size} bytes")
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    hub: HubServer
+
+
+class HubServer:
+    """Serve ``root`` on ``host:port`` (port 0 picks a free one); ``tokens`` turns on bearer-token checks."""
+
+    def __init__(self, root: str | os.PathLike[str], host: str = "127.0.0.1", port: int = 0,
+                 tokens: Iterable[str] | None = None, verbose: bool = False) -> None:
+        self.root = Path(root).resolve()
+        self.tokens = [t.encode("utf-8") for t in tokens or ()]
+        self.verbose = verbose
+        self.stats = ServerStats()
+        self.cuts: list[Cut] = []
+        self.repos = Repos(self.root, self.stats.hashed)
+        self._httpd = _Server((host, port), _Handler)
+        self._httpd.hub = self
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        host, port = self._httpd.socket.getsockname()[:2]
+        return f"http://{host}:{port}"
+
+    def start(self) -> Self:
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name="hubserver", daemon=True)
+        self._thread.start()
+        return self
+
+    def serve_forever(self) -> None:
+        self._httpd.serve_forever()
+
+    def close(self) -> None:
+        self._httpd.server_close()
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self.close()
+        if self._thread is not None:
+            self._thread.join()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def cut(self, path_suffix: str, after: int, times: int = 1) -> None:
+        with self.stats.lock:
+            self.cuts.append(Cut(path_suffix, after, times))
+
+    def find_cut(self, key: str) -> Cut | None:
+        with self.stats.lock:
+            return next((c for c in self.cuts if c.times > 0 and key.endswith(c.path_suffix)), None)
+
+    def spend_cut(self, cut: Cut) -> None:
+        with self.stats.lock:
+            cut.times -= 1
+
+    def check_token(self, authorization: str | None) -> None:
+        """Accept a ``Bearer`` token equal to one of ``tokens``: every token is compared, each in constant
+        time, so the answer's timing tells nothing about how much of a guess was right."""
+        if not self.tokens:
+            return
+        if not authorization:
+            raise HubError(401, "RepoNotFound", "Invalid username or password.")
+        scheme, _, token = authorization.partition(" ")
+        given = token.strip().encode("latin-1", "replace")  # http.server decodes headers as latin-1
+        match = False
+        for accepted in self.tokens:
+            match |= hmac.compare_digest(given, accepted)
+        if scheme.lower() != "bearer" or not match:
+            raise HubError(401, None, "Invalid credentials in Authorization header")
+

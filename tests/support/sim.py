@@ -1,0 +1,248 @@
+"""The simulated Spark: a Debian container with systemd as PID 1, reached over SSH on loopback.
+
+The image is built once from a debootstrap rootfs (no container registry is reachable) and cached in
+podman's store under a tag derived from its recipe, so a changed recipe builds a new image. podman is
+configured per run through a project-local CONTAINERS_CONF file: the machine's global configuration is
+never touched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sparkspec.errors import UserError
+from tests.support.simhub import SimHub, ensure_secret_file
+
+SUITE = "bookworm"
+MIRROR = os.environ.get("SPARKSPEC_SIM_MIRROR", "http://deb.debian.org/debian")
+PACKAGES = (
+    "python3", "python3-venv", "python3-pip", "python3-apt", "systemd", "systemd-sysv", "dbus", "sudo",
+    "openssh-server", "ca-certificates", "iproute2", "procps", "curl", "less",
+)
+# podman on this kind of machine: crun cannot raise rlimits and refuses hybrid cgroups; runc works.
+CONTAINERS_CONF = """\
+# Written by sparkspec for the simulated Spark; used through CONTAINERS_CONF only.
+[containers]
+default_ulimits = ["nofile=1024:1024", "nproc=4096:4096"]
+[engine]
+runtime = "runc"
+"""
+SSHD_CONF = """\
+# Simulated Spark: sshd on a loopback port of the shared host network.
+Port {port}
+ListenAddress 127.0.0.1
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+PermitRootLogin prohibit-password
+"""
+RECIPE_VERSION = "3"
+# How the container runs. CAP_SYS_ADMIN lets its systemd build each unit's mount namespace as on a Spark:
+# without it systemd silently drops ProtectSystem=, PrivateDevices=, ProtectProc=, ReadOnlyPaths= ... for
+# units in a container, and the unit's confinement would go untested. A change here restarts the container.
+RUN_OPTIONS = ("--systemd=always", "--network", "host", "--shm-size=1g", "--security-opt", "label=disable",
+               "--cap-add", "SYS_ADMIN")
+RUN_LABEL = "sparkspec.sim.run"
+LATEST = "localhost/sparkspec-sim:latest"
+HOST_CA_IN_CONTAINER = "/etc/sparkspec-sim/host-ca.crt"
+
+
+@dataclass
+class Sim:
+    """Names and paths of one simulated Spark."""
+
+    root: Path
+    name: str = "sim01"
+    ssh_port: int = int(os.environ.get("SPARKSPEC_SIM_SSH_PORT", "2222"))
+    extra_mounts: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def state(self) -> Path:
+        return self.root / ".sim"
+
+    @property
+    def container(self) -> str:
+        # The port is part of the name: two checkouts can each run a simulated Spark on its own port.
+        return f"sparkspec-{self.name}" if self.ssh_port == 2222 else f"sparkspec-{self.name}-{self.ssh_port}"
+
+    @property
+    def key(self) -> Path:
+        return self.state / "id_ed25519"
+
+    @property
+    def api_key_file(self) -> Path:
+        """The simulated Spark's vLLM API key: random per machine, 0600, never committed (the sim inventory
+        reads it with a lookup, tests send it)."""
+        return self.state / "api-key"
+
+    def ensure_api_key(self) -> str:
+        """The simulated Spark's vLLM API key, created once in ``.sim/api-key``."""
+        return ensure_secret_file(self.api_key_file, "sk-sim-")
+
+    @property
+    def image(self) -> str:
+        recipe = "\n".join([RECIPE_VERSION, SUITE, *PACKAGES, SSHD_CONF.format(port=self.ssh_port)])
+        return f"localhost/sparkspec-sim:{hashlib.sha256(recipe.encode()).hexdigest()[:12]}"
+
+    def env(self) -> dict[str, str]:
+        conf = self.state / "containers.conf"
+        self.state.mkdir(parents=True, exist_ok=True)
+        if not conf.exists() or conf.read_text() != CONTAINERS_CONF:
+            conf.write_text(CONTAINERS_CONF)
+        return {**os.environ, "CONTAINERS_CONF": str(conf)}
+
+    def podman(self, *args: str, check: bool = True, capture: bool = True) -> subprocess.CompletedProcess[str]:
+        if not shutil.which("podman"):
+            raise UserError("podman: not installed; run scripts/bootstrap (apt-get install podman runc debootstrap)")
+        proc = subprocess.run(["podman", *args], env=self.env(), text=True,
+                              capture_output=capture, check=False)
+        if check and proc.returncode != 0:
+            detail = (proc.stderr or proc.stdout or "").strip().splitlines()
+            raise UserError(f"podman {args[0]}: {detail[-1] if detail else 'failed'}")
+        return proc
+
+    # -- image ---------------------------------------------------------------------------------------
+    def image_exists(self) -> bool:
+        return self.podman("image", "exists", self.image, check=False).returncode == 0
+
+    def build_image(self, log=print) -> bool:
+        """Build the image unless its tag already exists. Returns True when it built one."""
+        if self.image_exists():
+            return False
+        if not shutil.which("debootstrap"):
+            raise UserError("debootstrap: not installed; run scripts/bootstrap")
+        self.state.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="rootfs-", dir=self.state) as tmp:
+            rootfs = Path(tmp) / "rootfs"
+            log(f"sim: debootstrap {SUITE} ({len(PACKAGES)} packages) -> {self.image}")
+            _run(["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE,
+                  str(rootfs), MIRROR], what="debootstrap")
+            self._configure_rootfs(rootfs)
+            log("sim: importing rootfs into podman")
+            tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
+            imp = subprocess.run(["podman", "import", "--change", "CMD=/sbin/init", "-", self.image],
+                                 stdin=tar.stdout, env=self.env(), capture_output=True, text=True, check=False)
+            tar.wait()
+            if imp.returncode != 0 or tar.returncode != 0:
+                raise UserError(f"podman import: {imp.stderr.strip() or 'tar failed'}")
+        self.podman("tag", self.image, LATEST)
+        return True
+
+    def _configure_rootfs(self, rootfs: Path) -> None:
+        (rootfs / "etc/ssh/sshd_config.d/sparkspec-sim.conf").write_text(SSHD_CONF.format(port=self.ssh_port))
+        (rootfs / "etc/hostname").write_text(f"{self.name}\n")
+        (rootfs / "etc/sparkspec-sim").mkdir(exist_ok=True)
+        # Units that have nothing to do in a container and only slow the boot or degrade the state.
+        for unit in ("getty@tty1.service", "systemd-remount-fs.service", "console-getty.service"):
+            link = rootfs / "etc/systemd/system" / unit
+            link.unlink(missing_ok=True)
+            link.symlink_to("/dev/null")
+        apt_cache = rootfs / "var/cache/apt/archives"
+        for deb in apt_cache.glob("*.deb"):
+            deb.unlink()
+
+    # -- container -----------------------------------------------------------------------------------
+    @property
+    def run_id(self) -> str:
+        return hashlib.sha256("\n".join(RUN_OPTIONS).encode()).hexdigest()[:12]
+
+    def running_image(self) -> str | None:
+        """The running container's image and run options (``image@run_id``), "" when stopped, None when absent."""
+        proc = self.podman("inspect", "--format", f'{{{{.ImageName}}}} {{{{index .Config.Labels "{RUN_LABEL}"}}}} '
+                           "{{.State.Running}}", self.container, check=False)
+        if proc.returncode != 0:
+            return None
+        image, run_id, running = proc.stdout.strip().rsplit(" ", 2)
+        return f"{image}@{run_id}" if running == "true" else ""
+
+    def ensure_key(self) -> None:
+        if not self.key.exists():
+            self.state.mkdir(parents=True, exist_ok=True)
+            _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "sparkspec-sim", "-f", str(self.key)],
+                 what="ssh-keygen")
+        self.key.chmod(0o600)
+
+    def host_ca(self) -> Path:
+        """CA bundle for pip inside the container (the host's, which trusts any proxy it uses)."""
+        dest = self.state / "host-ca.crt"
+        for candidate in (os.environ.get("SSL_CERT_FILE", ""), "/etc/ssl/certs/ca-certificates.crt"):
+            if candidate and Path(candidate).is_file():
+                shutil.copyfile(candidate, dest)
+                return dest
+        import certifi  # type: ignore[import-not-found]  # huggingface_hub's httpx brings it
+        shutil.copyfile(certifi.where(), dest)
+        return dest
+
+    @property
+    def hub(self) -> SimHub:
+        """The model hub the simulated Spark downloads from (on the controller's loopback)."""
+        return SimHub(self.state)
+
+    def up(self, log=print) -> str:
+        """Start the hub and the container (building the image first if needed). Returns what it did."""
+        log(f"hub: {self.hub.up(log)} on {self.hub.url}")
+        built = self.build_image(log)
+        self.ensure_key()
+        self.ensure_api_key()
+        current = self.running_image()
+        if current == f"{self.image}@{self.run_id}" and not built and self.ssh_ok():
+            return "already running"
+        if current is not None:  # another recipe or run options, another checkout's key, or stopped: afresh
+            self.podman("rm", "-f", "-t", "5", self.container)
+        mounts = [(str(self.key.with_suffix(".pub")), "/root/.ssh/authorized_keys"),
+                  (str(self.host_ca()), HOST_CA_IN_CONTAINER), *self.extra_mounts]
+        if Path("/opt/wheels").is_dir():
+            mounts.append(("/opt/wheels", "/opt/wheels"))
+        args = ["run", "-d", "--name", self.container, "--hostname", self.name, "--label",
+                f"{RUN_LABEL}={self.run_id}", *RUN_OPTIONS]
+        for src, dst in mounts:
+            args += ["-v", f"{src}:{dst}:ro"]
+        self.podman(*args, self.image, "/sbin/init")
+        self.wait_ready()
+        return "started"
+
+    def wait_ready(self, timeout: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout
+        state = ""
+        while time.monotonic() < deadline:
+            proc = self.podman("exec", self.container, "systemctl", "is-system-running", check=False)
+            state = proc.stdout.strip()
+            if state in ("running", "degraded") and self.ssh_ok():
+                return
+            time.sleep(1)
+        raise UserError(f"{self.container}: not ready after {timeout:.0f}s (systemd says {state!r}); "
+                        f"see `podman logs {self.container}`")
+
+    def ssh_ok(self) -> bool:
+        proc = subprocess.run(self.ssh_argv("true"), capture_output=True, text=True, timeout=30, check=False)
+        return proc.returncode == 0
+
+    def ssh_argv(self, *command: str) -> list[str]:
+        return ["ssh", "-p", str(self.ssh_port), "-i", str(self.key), "-o", "BatchMode=yes",
+                "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
+                "root@127.0.0.1", *command]
+
+    def down(self) -> str:
+        hub = self.hub.down()
+        if self.running_image() is None:
+            return f"container absent, hub {hub}"
+        self.podman("rm", "-f", "-t", "5", self.container)
+        return f"container removed, hub {hub}"
+
+    def restart(self) -> None:
+        """Restart the container as a power cycle of the Spark would: systemd boots again."""
+        self.podman("restart", "-t", "10", self.container)
+        self.wait_ready()
+
+
+def _run(argv: list[str], what: str) -> None:
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        raise UserError(f"{what}: failed ({' / '.join(tail)})")

@@ -184,6 +184,25 @@ class Sim:
         """The model hub the simulated Spark downloads from (on the controller's loopback)."""
         return SimHub(self.state)
 
+    def torch_mounts(self) -> list[tuple[str, str]]:
+        """Where the container's pip finds torch's CPU build: the SPARKSPEC_WHEELS folder that scripts/bootstrap
+        chose (kept in .cache/torch-source), mounted at /opt/wheels (the sim inventory's PIP_FIND_LINKS); for an
+        index URL nothing is mounted and .sim/torch-index hands the URL to the inventory's PIP_EXTRA_INDEX_URL."""
+        source_file = self.root / ".cache" / "torch-source"
+        if not source_file.is_file():
+            raise UserError(f"{source_file}: missing; run scripts/bootstrap first (it checks SPARKSPEC_WHEELS, the "
+                            f"folder or index that provides torch's CPU build)")
+        source = source_file.read_text().strip()
+        index = self.state / "torch-index"
+        if source.startswith(("http://", "https://", "file://")):
+            index.write_text(source + "\n")
+            return []
+        index.write_text("")
+        if not Path(source).is_dir():
+            raise UserError(f"SPARKSPEC_WHEELS={source}: the folder bootstrap chose is gone; set SPARKSPEC_WHEELS "
+                            f"to a folder holding torch's CPU wheel (or an index URL) and run scripts/bootstrap")
+        return [(source, "/opt/wheels")]
+
     def up(self, log=print) -> str:
         """Start the hub and the container (building the image first if needed). Returns what it did."""
         log(f"hub: {self.hub.up(log)} on {self.hub.url}")
@@ -197,8 +216,7 @@ class Sim:
             self.podman("rm", "-f", "-t", "5", self.container)
         mounts = [(str(self.key.with_suffix(".pub")), "/root/.ssh/authorized_keys"),
                   (str(self.host_ca()), HOST_CA_IN_CONTAINER), *self.extra_mounts]
-        if Path("/opt/wheels").is_dir():
-            mounts.append(("/opt/wheels", "/opt/wheels"))
+        mounts += self.torch_mounts()
         args = ["run", "-d", "--name", self.container, "--hostname", self.name, "--label",
                 f"{RUN_LABEL}={self.run_id}", *RUN_OPTIONS]
         for src, dst in mounts:

@@ -1,0 +1,265 @@
+"""sparkspec.registry: the method and profile schema (one line naming the key), the repo-folder rule, the profile
+lookup, the switch rule (what wins), and vLLM's command line against what the Jinja args.yml rendered before the
+registry existed (registry_argv_golden.json, from `invoke render` on the sim and example inventories)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from sparkspec import registry
+from sparkspec.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = json.loads((Path(__file__).with_name("registry_argv_golden.json")).read_text())["cases"]
+NOW = "2026-12-01T04:00:00Z"
+
+
+def _yaml(rel: str) -> dict[str, Any]:
+    return yaml.safe_load((ROOT / rel).read_text()) or {}
+
+
+CONTRACT = _yaml("roles/sparkspec/defaults/main.yml")
+DEPLOY = _yaml("roles/deploy/defaults/main.yml")
+INVENTORIES = {
+    "sim01": (_yaml("inventories/sim/group_vars/all.yml"), {}),
+    "spark01": (_yaml("inventories/example/group_vars/all/main.yml"),
+                _yaml("inventories/example/hosts.yml")["all"]["children"]["sparks"]["hosts"]["spark01"]),
+    "spark02": (_yaml("inventories/example/group_vars/all/main.yml"),
+                {**_yaml("inventories/example/host_vars/spark02.yml"),
+                 **_yaml("inventories/example/hosts.yml")["all"]["children"]["sparks"]["hosts"]["spark02"]}),
+}
+
+
+def _vars(host: str, **extra: Any) -> dict[str, Any]:
+    """The host's variables as the play sees them: contract and deploy defaults, group vars, host vars."""
+    group, host_vars = INVENTORIES[host]
+    out = {**CONTRACT, **DEPLOY, **copy.deepcopy(group), **host_vars, **extra}
+    # the three templated contract defaults, as Ansible renders them
+    models = out["sparkspec_models_dir"]
+    for key, value in (("sparkspec_sources_dir", f"{models}/sources"), ("sparkspec_heads_dir", f"{models}/heads")):
+        if out[key] == CONTRACT[key]:
+            out[key] = value
+    if out["sparkspec_stage_profiles"] == CONTRACT["sparkspec_stage_profiles"]:
+        out["sparkspec_stage_profiles"] = [out["sparkspec_profile"]]
+    return out
+
+
+def _contract(v: dict[str, Any]) -> dict[str, Any]:
+    keys = ("method", "method_switch", "methods", "methods_extra", "profile", "profiles", "stage_profiles",
+            "models_dir", "sources_dir", "heads_dir", "vllm_venv")
+    return {k: v[f"sparkspec_{k}"] for k in keys}
+
+
+def _command(v: dict[str, Any], record: dict[str, Any] | None = None) -> dict[str, Any]:
+    resolved = registry.resolve(_contract(v), record, NOW)
+    knobs = {k: v[f"deploy_{k}"] for k in registry.KNOBS}
+    if knobs["enable_prefix_caching"] == DEPLOY["deploy_enable_prefix_caching"]:   # its templated default
+        knobs["enable_prefix_caching"] = resolved["profile"]["kind"] != "hybrid"
+    service = {"unit": v["sparkspec_unit_name"], "bind_address": v["sparkspec_bind_address"],
+               "port": v["sparkspec_port"], "user": v["sparkspec_user"]}
+    return registry.vllm_command(resolved, knobs, service)
+
+
+@pytest.mark.parametrize("case", sorted(GOLDEN))
+def test_argv_and_record_unchanged_from_the_jinja_program(case):
+    host, method = case.split("-", 1)
+    command = _command(_vars(host, sparkspec_method_switch=method))
+    assert command["args"] == GOLDEN[case]["args"]
+    assert command["record"] == GOLDEN[case]["record"]
+
+
+def test_ngram5_from_the_inventory_only():
+    ngram5 = {"speculative_config": {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 5}}
+    v = _vars("sim01", sparkspec_methods_extra={"ngram5": ngram5}, sparkspec_method_switch="ngram5")
+    args = _command(v)["args"]
+    spec = json.loads(args[args.index("--speculative-config") + 1])
+    assert spec == {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 5}
+    # and without the extra table it is unknown, with every defined method listed
+    with pytest.raises(UserError) as err:
+        _command(_vars("sim01", sparkspec_method_switch="ngram5"))
+    assert str(err.value).startswith("sparkspec_method_switch: unknown method 'ngram5'; choose one of baseline, "
+                                     "ngram, mtp, eagle3, dflash")
+
+
+def test_unknown_method_lists_built_ins_and_the_inventorys():
+    v = _vars("sim01", sparkspec_method="warp", sparkspec_methods_extra={"ngram5": {"speculative_config": None}})
+    with pytest.raises(UserError) as err:
+        registry.resolve(_contract(v), None, NOW)
+    assert str(err.value) == ("sparkspec_method: unknown method 'warp'; choose one of baseline, ngram, mtp, eagle3, "
+                              "dflash, ngram5 (or define it in sparkspec_methods_extra)")
+
+
+def test_heads_come_through_the_methods_head_with_their_folders():
+    resolved = registry.resolve(_contract(_vars("spark02", sparkspec_method_switch="eagle3")), None, NOW)
+    assert resolved["head"] == "eagle3"
+    folder = "/opt/sparkspec/models/heads/Tengyunw--qwen3_30b_moe_eagle3"
+    assert resolved["profile"]["heads"]["eagle3"]["folder"] == folder
+    assert resolved["speculative_config"]["model"] == folder
+    # a method whose head is named differently from the method still finds it
+    v = _vars("spark02", sparkspec_method_switch="e3k2",
+              sparkspec_methods_extra={"e3k2": {"head": "eagle3", "speculative_config":
+                                                {"method": "eagle3", "num_speculative_tokens": 2}}})
+    assert registry.resolve(_contract(v), None, NOW)["speculative_config"]["model"] == folder
+
+
+def test_resolved_profile_and_staged_profiles():
+    resolved = registry.resolve(_contract(_vars("sim01")), None, NOW)
+    assert resolved["method"] == "baseline" and resolved["method_source"] == "inventory"
+    assert resolved["venv"] == "/opt/sparkspec/venvs/vllm"
+    assert [p["name"] for p in resolved["staged"]] == ["sim-tiny", "sim-hybrid"]
+    hybrid = resolved["staged"][1]
+    assert hybrid["model_dir"] == "/opt/sparkspec/models/sim-qwen3.5-moe-hybrid"
+    assert hybrid["sources"]["int4"]["folder"] == "/opt/sparkspec/models/sources/sparkspec--sim-qwen3.5-moe-int4-AutoRound"
+    assert resolved["profile"]["sources"]["model"]["folder"] == "/opt/sparkspec/models/sim-tiny"
+    assert resolved["disk_gb"] == 2
+
+
+def test_venv_method_over_profile_over_contract():
+    v = _vars("sim01")
+    v["sparkspec_profiles"]["sim-tiny"]["vllm_venv"] = "/p"
+    assert registry.resolve(_contract(v), None, NOW)["venv"] == "/p"
+    v["sparkspec_methods_extra"] = {"baseline": {"speculative_config": None, "vllm_venv": "/m"}}
+    assert registry.resolve(_contract(v), None, NOW)["venv"] == "/m"
+
+
+def _set(v: dict[str, Any], dotted: str, value: Any) -> None:
+    *path, last = dotted.split(".")
+    node = v
+    for key in path:
+        node = node[key]
+    if value is KeyError:
+        del node[last]
+    else:
+        node[last] = value
+
+
+SCHEMA_ERRORS = [
+    ("sparkspec_methods_extra.x", {"speculative_config": {"num_speculative_tokens": 5}},
+     "sparkspec_methods.x.speculative_config.method: missing; set it to ngram|mtp|"),
+    ("sparkspec_methods_extra.x", {"head": "eagle3"}, "sparkspec_methods.x.speculative_config: missing; set it to null"),
+    ("sparkspec_methods_extra.x", {"speculative_config": {"method": "ngram", "num_speculative_tokens": 0}},
+     "sparkspec_methods.x.speculative_config.num_speculative_tokens: 0; set it to an integer k > 0"),
+    ("sparkspec_methods_extra.x", {"speculative_config": {"method": "ngram", "num_speculative_tokens": 4,
+                                                          "prompt_lookup_min": 6, "prompt_lookup_max": 3}},
+     "sparkspec_methods.x.speculative_config: prompt_lookup_min=6 must be <= prompt_lookup_max=3"),
+    ("sparkspec_methods_extra.x", {"speculative_config": None, "serve": {"warp_drive": 1}},
+     "sparkspec_methods.x.serve.warp_drive: not a deploy knob"),
+    ("sparkspec_methods_extra.x", {"speculative_config": None, "heads": "x"},
+     "sparkspec_methods.x.heads: unknown key; use one of head, serve, speculative_config, vllm_venv"),
+    ("sparkspec_methods_extra.x", "ngram", "sparkspec_methods.x: is a str, not a mapping"),
+    ("sparkspec_profiles.sim-tiny.kind", "dense", "sparkspec_profiles.sim-tiny.kind: 'dense'; set it to hybrid or plain"),
+    ("sparkspec_profiles.sim-tiny.dir", "../etc", "sparkspec_profiles.sim-tiny.dir: '../etc' is not a plain file name"),
+    ("sparkspec_profiles.sim-tiny.disk_gb", "lots", "sparkspec_profiles.sim-tiny.disk_gb: 'lots' is not a number >= 0"),
+    ("sparkspec_profiles.sim-tiny.model", KeyError, "sparkspec_profiles.sim-tiny.model: missing; a plain profile names model"),
+    ("sparkspec_profiles.sim-tiny.model.repo", "../../etc", "sparkspec_profiles.sim-tiny.model.repo: repo id '../../etc'"),
+    ("sparkspec_profiles.sim-tiny.model.revision", "../x", "sparkspec_profiles.sim-tiny.model.revision: revision '../x'"),
+    ("sparkspec_profiles.sim-tiny.int4", {"repo": "a/b"}, "sparkspec_profiles.sim-tiny.int4: not a source of a plain"),
+    ("sparkspec_profiles.sim-hybrid.fp8", KeyError, "sparkspec_profiles.sim-hybrid.fp8: missing; a hybrid profile names int4"),
+    ("sparkspec_profiles.sim-hybrid.heads", {"d": {"repo": "a--b/c"}}, "sparkspec_profiles.sim-hybrid.heads.d.repo: "),
+    ("sparkspec_profiles.sim-hybrid.kernel", 1, "sparkspec_profiles.sim-hybrid.kernel: unknown key"),
+    ("sparkspec_profile", "nope", "sparkspec_profile: 'nope' is not a key of sparkspec_profiles (known: sim-hybrid, sim-tiny)"),
+    ("sparkspec_stage_profiles", ["sim-tiny", "gone"], "sparkspec_stage_profiles: 'gone' is not a key of sparkspec_profiles"),
+]
+
+
+@pytest.mark.parametrize(("key", "value", "expected"), SCHEMA_ERRORS, ids=[f"{k}={v!r}"[:60] for k, v, _ in SCHEMA_ERRORS])
+def test_schema_errors_are_one_line_naming_the_key(key, value, expected):
+    v = _vars("sim01")
+    _set(v, key, value)
+    if key.startswith("sparkspec_methods_extra"):
+        v["sparkspec_method"] = "x"
+    with pytest.raises(UserError) as err:
+        registry.resolve(_contract(v), None, NOW)
+    message = str(err.value)
+    assert expected in message and message.startswith(expected.split(":")[0] + ":")
+    assert "\n" not in message and "Traceback" not in message
+
+
+@pytest.mark.parametrize(("repo", "ok"), [("Qwen/Qwen3.5-122B-A10B-FP8", "Qwen--Qwen3.5-122B-A10B-FP8"),
+                                          ("a/b/c", None), ("../x", None), ("a--b/c", None), (None, None)])
+def test_repo_folder_rule(repo, ok):
+    if ok:
+        assert registry.repo_folder(repo, "k") == ok
+    else:
+        with pytest.raises(UserError, match=r"^k: repo id "):
+            registry.repo_folder(repo, "k")
+
+
+def test_profile_lookup():
+    dirs = {"models": "/m", "sources": "/m/s", "heads": "/m/h"}
+    profiles = _vars("spark01")["sparkspec_profiles"]
+    profile = registry.lookup_profile(profiles, "qwen3-30b-a3b", dirs)
+    assert (profile["kind"], profile["model_dir"], profile["served_model_name"]) == ("plain", "/m/qwen3-30b-a3b",
+                                                                                    "qwen3-30b-a3b")
+    assert profile["heads"]["eagle3"]["folder"] == "/m/h/Tengyunw--qwen3_30b_moe_eagle3"
+    with pytest.raises(UserError, match=r"^sparkspec_profile: 'x' is not a key .*known: qwen35-122b-hybrid, qwen3-30b-a3b"):
+        registry.lookup_profile(profiles, "x", dirs)
+
+
+def _rec(method: str, inventory: str, time: str = "t0") -> dict[str, str]:
+    return {"method": method, "inventory_method": inventory, "time": time}
+
+
+# (inventory's method, switch, record on the host) -> (method served, source, record action, record kept/written)
+WHAT_WINS = [
+    ("baseline", None, None, "baseline", "inventory", "none", None),
+    ("baseline", "ngram", None, "ngram", "switch", "write", _rec("ngram", "baseline", NOW)),
+    ("baseline", "ngram", _rec("ngram", "baseline"), "ngram", "switch", "keep", _rec("ngram", "baseline")),
+    ("baseline", "mtp", _rec("ngram", "baseline"), "mtp", "switch", "write", _rec("mtp", "baseline", NOW)),
+    ("baseline", "baseline", _rec("ngram", "baseline"), "baseline", "switch", "remove", None),
+    ("baseline", "baseline", None, "baseline", "switch", "none", None),
+    ("baseline", None, _rec("ngram", "baseline"), "ngram", "recorded", "keep", _rec("ngram", "baseline")),
+    ("mtp", None, _rec("ngram", "baseline"), "mtp", "inventory", "remove", None),
+    ("mtp", "ngram", _rec("ngram", "baseline"), "ngram", "switch", "write", _rec("ngram", "mtp", NOW)),
+    ("baseline", None, {"garbage": 1}, "baseline", "inventory", "none", None),
+]
+
+
+@pytest.mark.parametrize(("inventory", "switch", "record", "method", "source", "action", "kept"), WHAT_WINS)
+def test_what_wins(inventory, switch, record, method, source, action, kept):
+    chosen = registry.choose_method(inventory, switch, record, NOW)
+    assert (chosen["method"], chosen["source"], chosen["action"], chosen["record"]) == (method, source, action, kept)
+    if source == "recorded":
+        assert chosen["note"] == (f"serving {method}, switched to at t0 (the switch wins while the inventory still "
+                                  f"says {inventory}); go back with: invoke deploy --method {inventory}")
+    if action == "remove" and source == "inventory":
+        assert "the inventory's method mtp wins over the earlier switch to ngram" in chosen["note"]
+
+
+def test_resolve_passes_the_record_through():
+    v = _vars("sim01")
+    resolved = registry.resolve(_contract(v), _rec("ngram", "baseline"), NOW)
+    assert (resolved["method"], resolved["method_source"], resolved["inventory_method"]) == ("ngram", "recorded", "baseline")
+    args = _command(v, _rec("ngram", "baseline"))["args"]
+    assert json.loads(args[args.index("--speculative-config") + 1])["method"] == "ngram"
+
+
+def test_one_thin_playbook_per_built_in_method():
+    built_ins = set(CONTRACT["sparkspec_methods"])
+    playbooks = {p.stem.removeprefix("deploy-"): p for p in (ROOT / "playbooks").glob("deploy-*.yml")}
+    assert set(playbooks) == built_ins
+    for method, path in playbooks.items():
+        (play,) = yaml.safe_load(path.read_text())
+        assert play["ansible.builtin.import_playbook"] == "deploy.yml"
+        assert play["vars"] == {"sparkspec_method_switch": method}
+
+
+def test_rules_live_only_in_the_registry():
+    """Nothing else derives a repo folder or looks a profile up by hand."""
+    offenders = []
+    for base in ("roles", "playbooks", "tasks", "src", "inventories"):
+        for path in (ROOT / base).rglob("*"):
+            if path.suffix in (".py", ".yml", ".j2") and path.is_file():
+                text = path.read_text()
+                if re.search(r"replace\(\s*['\"]/['\"]\s*,\s*['\"]--['\"]", text) and path.name != "validate.py":
+                    offenders.append(str(path))
+                if "sparkspec_profiles[sparkspec_profile]" in text or "role_path | dirname | dirname }}/templates" in text:
+                    offenders.append(str(path))
+    assert offenders == []

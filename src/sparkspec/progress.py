@@ -14,6 +14,7 @@ so a 77 GB fetch or a 15 minute load is not silence until the end.
 from __future__ import annotations
 
 import collections
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -24,6 +25,8 @@ from typing import Any, Self
 from sparkspec.errors import UserError
 from sparkspec.jsonfile import write_json
 
+HELP = ("while running, replace PATH every few seconds with the bytes done, total, rate and time left as JSON "
+        "(read by the sparkspec_progress Ansible action); removed at the end")
 WINDOW_S = 30.0  # the rate is measured over this much recent time
 EVERY_S = 2.0  # the file is replaced at most this often
 
@@ -35,12 +38,18 @@ class ProgressFile:
 
     def __init__(self, path: str, what: str, total: int | None = None, every: float = EVERY_S,
                  clock: Callable[[], float] = time.monotonic) -> None:
+        # ~ as the user the command runs as: the action plugin names a file in that user's async folder
+        path = os.path.expanduser(path)
         self.path, self.what, self.total, self.every, self.clock = path, what, total, every, clock
         self.done = 0
         self._lock = threading.Lock()
         self._samples: collections.deque[tuple[float, int]] = collections.deque([(clock(), 0)])
         self._written = clock()
-        write_json(path, self.doc())
+        try:
+            write_json(path, self.doc())
+        except UserError:
+            raise UserError(f"--progress-file {path}: cannot be written; give a file in a writable folder "
+                            "(or leave the flag out)") from None
 
     def __enter__(self) -> Self:
         return self
@@ -50,15 +59,23 @@ class ProgressFile:
         Path(self.path).unlink(missing_ok=True)
 
     def set_total(self, total: int | None) -> None:
+        """The total became known (or grew): written at once."""
         with self._lock:
+            if total == self.total:
+                return
             self.total = total
+        self._write(force=True)
 
     def add(self, n: int) -> None:
         """``n`` more bytes done; rewrites the file when ``every`` seconds passed since the last write."""
         with self._lock:
             self.done += n
+        self._write()
+
+    def _write(self, force: bool = False) -> None:
+        with self._lock:
             now = self.clock()
-            if now - self._written < self.every:
+            if not force and now - self._written < self.every:
                 return
             self._written = now
             doc = self.doc(now)

@@ -73,7 +73,7 @@ def main(argv):
     progress = None
     if "--progress-file" in argv:
         at = argv.index("--progress-file")
-        progress, argv = argv[at + 1], argv[:at] + argv[at + 2:]
+        progress, argv = os.path.expanduser(argv[at + 1]), argv[:at] + argv[at + 2:]
         os.makedirs(os.path.dirname(progress) or ".", exist_ok=True)
     try:
         return wait(argv, progress)

@@ -47,7 +47,7 @@ ARGS = {
     "interval": {"type": "int", "default": 30},
     "timeout": {"type": "int", "required": True},
 }
-POLL_S = (0.5, 0.5, 1.0, 1.0)  # then every 2 s: a short command's end is seen within a second
+POLL_S = (0.2, 0.3, 0.5, 1.0)  # then every 2 s: a short command's end is seen within a second
 POLL_MAX_S = 2.0
 ASYNC_KEYS = ("ansible_job_id", "started", "finished", "results_file", "_ansible_parsed")
 
@@ -71,7 +71,8 @@ class ActionModule(ActionBase):  # type: ignore[misc]
                                                task_vars=task_vars))
             return result
         host = str(task_vars.get("inventory_hostname", "host"))
-        async_dir = self._remote_expand_user(self.get_shell_option("async_dir", default="~/.ansible_async"))
+        # not expanded here (a round trip): the command, async_status and slurp expand ~ as the user they run as
+        async_dir = self.get_shell_option("async_dir", default="~/.ansible_async")
         progress = self._connection._shell.join_path(async_dir, f"sparkspec-progress-{secrets.token_hex(8)}.json")
         jid = self._start([*args["argv"], "--progress-file", progress], args["timeout"], task_vars)
         try:

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from sparkspec import progress
 from sparkspec.argtypes import non_negative_int
 from sparkspec.cli.common import emit_json
 from sparkspec.errors import UserError, os_error
@@ -47,8 +48,33 @@ def os_errors(fix: str) -> Iterator[None]:
         raise os_error(exc, exc.filename or "checkpoint", fix) from None
 
 
+Start = Callable[[int], Callable[[int], None] | None]  # start(total bytes) -> advance(n bytes)
+
+
 @contextmanager
-def _progress(enabled: bool, label: str) -> Iterator[Callable[[int], Callable[[int], None] | None] | None]:
+def _progress(args: argparse.Namespace, label: str) -> Iterator[Start | None]:
+    """One byte count for both: the bar a person at a terminal sees, and --progress-file for a play."""
+    with progress.optional(args.progress_file, label) as pfile, _bar(not args.json, label) as bar:
+        if pfile is None:
+            yield bar
+            return
+
+        def start(total: int) -> Callable[[int], None]:
+            pfile.set_total(total)
+            tick = bar(total) if bar else None
+
+            def advance(n: int) -> None:
+                pfile.add(n)
+                if tick:
+                    tick(n)
+
+            return advance
+
+        yield start
+
+
+@contextmanager
+def _bar(enabled: bool, label: str) -> Iterator[Start | None]:
     """A rich byte progress bar on stderr, only for a person at a terminal."""
     if not enabled or not sys.stderr.isatty():
         yield None
@@ -69,9 +95,10 @@ def _progress(enabled: bool, label: str) -> Iterator[Callable[[int], Callable[[i
 def _assemble(args: argparse.Namespace) -> int:
     from sparkspec.checkpoint.assemble import assemble
 
-    with os_errors("check the path and its permissions"), _progress(not args.json, "assemble") as progress:
+    label = f"assemble {Path(args.out).name}"
+    with os_errors("check the path and its permissions"), _progress(args, label) as start:
         result = assemble(Path(args.int4), Path(args.fp8), Path(args.out), args.fp8_pattern or [],
-                          args.expect_fp8, progress)
+                          args.expect_fp8, start)
     for warning in result.warnings:
         _warn(warning)
     verb = "assembled" if result.changed else "up to date (no-op)"
@@ -126,6 +153,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--expect-fp8", type=non_negative_int, metavar="N",
                    help="warn unless N layers are taken in FP8 (default 3 x num_hidden_layers: 144 for the 122B)")
     p.add_argument("--json", action="store_true", help="print a final JSON line")
+    p.add_argument("--progress-file", metavar="PATH", help=progress.HELP)
     p.set_defaults(func=_assemble)
 
     p = cmds.add_parser("add-mtp", help="register model_extra_tensors.safetensors' MTP head in the index")

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sparkspec import argtypes, validate
+from sparkspec import argtypes, progress, validate
 from sparkspec.cli.common import emit_json
 from sparkspec.errors import UserError
 
@@ -92,6 +92,7 @@ def register(sub: Any) -> None:
     p.add_argument("--dest", required=True, type=text)
     p.add_argument("--include", action="append", type=text,
                    help="glob of files to fetch (repeatable; default all)")
+    p.add_argument("--progress-file", type=text, metavar="PATH", help=progress.HELP)
     p.set_defaults(func=_fetch_repo)
 
     p = _command(fsub, "fp8-subset", "fetch only the FP8 tensors assemble takes, by HTTP range reads")
@@ -104,6 +105,7 @@ def register(sub: Any) -> None:
     p.add_argument("--mode", choices=("ranges", "full"), default="ranges",
                    help="ranges: tensor byte ranges only; full: whole shards (mirrors without Range)")
     p.add_argument("--retries", type=retries, default=5, help="retries per HTTP request, 1-100 (default 5)")
+    p.add_argument("--progress-file", type=text, metavar="PATH", help=progress.HELP)
     p.set_defaults(func=_fetch_subset)
 
     p = _command(fsub, "plan", "resolve the revision and sum the file sizes; --dest checks free space")
@@ -156,8 +158,10 @@ def _finish(args: argparse.Namespace, doc: dict[str, Any], line: str) -> int:
 def _fetch_repo(args: argparse.Namespace) -> int:
     from sparkspec.hub import fetch as hub
 
-    result = hub.fetch_repo(args.repo, args.revision, args.dest, args.include, token=_token(args),
-                            endpoint=args.endpoint, local_path=args.local_path)
+    token = _token(args)
+    with progress.optional(args.progress_file, f"fetch {args.repo}") as counter:
+        result = hub.fetch_repo(args.repo, args.revision, args.dest, args.include, token=token,
+                                endpoint=args.endpoint, local_path=args.local_path, progress=counter)
     return _finish(args, result.as_json(), f"fetch: {args.repo}@{result.commit[:12]} -> {args.dest}: "
                                            f"{len(result.files)} files, {result.bytes_fetched} bytes fetched")
 
@@ -167,9 +171,11 @@ def _fetch_subset(args: argparse.Namespace) -> int:
     from sparkspec.hub import fetch as hub
 
     compile_patterns(args.fp8_pattern)  # a bad --fp8-pattern is refused before anything is fetched
-    result = hub.fetch_fp8_subset(args.repo, args.revision, args.int4, args.dest, args.fp8_pattern,
-                                  token=_token(args), endpoint=args.endpoint, local_path=args.local_path,
-                                  mode=args.mode, retries=args.retries)
+    token = _token(args)
+    with progress.optional(args.progress_file, f"fetch FP8 tensors of {args.repo}") as counter:
+        result = hub.fetch_fp8_subset(args.repo, args.revision, args.int4, args.dest, args.fp8_pattern,
+                                      token=token, endpoint=args.endpoint, local_path=args.local_path,
+                                      mode=args.mode, retries=args.retries, progress=counter)
     ratio = result.tensor_bytes_fetched / result.tensor_bytes_used if result.tensor_bytes_used else 0.0
     return _finish(args, result.as_json(),
                    f"fetch: {result.tensors} FP8 tensors of {args.repo}@{result.commit[:12]} -> {args.dest}: "

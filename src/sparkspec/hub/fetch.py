@@ -59,6 +59,7 @@ from sparkspec.hub.dest import (
 )
 from sparkspec.hub.source import Reader, Source, hub_errors
 from sparkspec.jsonfile import read_json
+from sparkspec.progress import ProgressFile
 
 
 @dataclass
@@ -106,21 +107,27 @@ def plan(source: Source, allow_patterns: Sequence[str] | None = None) -> Plan:
 def fetch_repo(repo: str, revision: str, dest: str | os.PathLike[str],
                allow_patterns: Sequence[str] | None = None, token: str | None = None,
                endpoint: str | None = None, local_path: str | None = None,
-               max_workers: int = 8) -> FetchResult:
-    """Download (or copy from ``local_path``) the repo's files at the pinned revision into ``dest``."""
+               max_workers: int = 8, progress: ProgressFile | None = None) -> FetchResult:
+    """Download (or copy from ``local_path``) the repo's files at the pinned revision into ``dest``;
+    ``progress`` counts the bytes as huggingface_hub's own bar does (a local copy: file by file)."""
     out = Path(dest)
     claim(out, {"--local-path": local_path})
     p = plan(Source(repo, revision, endpoint, token, local_path), allow_patterns)
     todo = {rel: size for rel, size in p.files.items() if not _have(p.reader, out, rel)}
     preflight(out, sum(todo.values()))
+    if progress:
+        progress.set_total(sum(todo.values()))
     with writing(out):
         if local_path:
             for rel in todo:
-                _fetch_whole(p.reader, rel, out)
+                n = _fetch_whole(p.reader, rel, out)
+                if progress:
+                    progress.add(n)
         elif todo:
             with hub_errors(p.reader.source):
                 snapshot_download(repo, revision=p.commit, local_dir=out, allow_patterns=list(todo),
-                                  token=token, endpoint=p.reader.endpoint, max_workers=max_workers)
+                                  token=token, endpoint=p.reader.endpoint, max_workers=max_workers,
+                                  tqdm_class=_counting(progress, SNAPSHOT_BAR) if progress else None)
         finish(out, {"repo": repo, "revision": revision, "commit": p.commit, "mode": "repo",
                      "files": p.files})
     return FetchResult(repo, p.commit, str(out), "repo", bool(todo), sorted(p.files),
@@ -148,6 +155,28 @@ def _fetch_whole(reader: Reader, rel: str, dest: Path) -> int:
             hf_hub_download(reader.source.repo, rel, revision=reader.commit, local_dir=dest,
                             endpoint=reader.endpoint, token=reader.source.token)
     return reader.size(rel)
+
+
+SNAPSHOT_BAR = "huggingface_hub.snapshot_download"  # the name of snapshot_download's bar of bytes written
+SUBSET_BAR = "sparkspec.fp8_subset"
+
+
+def _counting(progress: ProgressFile, name: str) -> type[hf_tqdm]:
+    """huggingface_hub's bar class, whose bar called ``name`` also adds what it counts to ``progress`` (even
+    when bars are off: no terminal, or HF_HUB_DISABLE_PROGRESS_BARS)."""
+
+    class Counting(hf_tqdm):  # type: ignore[misc]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.counted = kwargs.get("name") == name
+
+        def update(self, n: float | None = 1) -> bool | None:
+            if self.counted and n:
+                progress.set_total(int(self.total) if self.total else None)
+                progress.add(int(n))
+            return super().update(n)  # type: ignore[no-any-return]
+
+    return Counting
 
 
 # --- the FP8 subset ----------------------------------------------------------------------------------------
@@ -245,11 +274,13 @@ def _select(reader: Reader, int4: Path, patterns: Sequence[str], config: Path, c
 
 def fetch_fp8_subset(repo: str, revision: str, int4_dir: str | os.PathLike[str], dest: str | os.PathLike[str],
                      patterns: Sequence[str] = (), token: str | None = None, endpoint: str | None = None,
-                     local_path: str | None = None, mode: str = "ranges", retries: int = 5) -> FetchResult:
+                     local_path: str | None = None, mode: str = "ranges", retries: int = 5,
+                     progress: ProgressFile | None = None) -> FetchResult:
     """Build in ``dest`` a small FP8 source checkpoint holding only the tensors ``checkpoint assemble`` takes
     from the FP8 repo (assemble's rule, see :func:`_select`), plus its config and other non-weight files.
     ``mode="ranges"`` fetches only those tensors' byte ranges; ``mode="full"`` downloads the whole shards
-    that hold them (for mirrors without Range support)."""
+    that hold them (for mirrors without Range support). ``progress`` counts the tensor bytes (whole shards
+    with ``full``) as they arrive."""
     if mode not in ("ranges", "full"):
         raise UserError(f"--mode {mode}: unknown; use ranges or full")
     out, int4 = Path(dest), Path(int4_dir)
@@ -263,11 +294,11 @@ def fetch_fp8_subset(repo: str, revision: str, int4_dir: str | os.PathLike[str],
     side = [rel for rel in side if not _have(reader, out, rel)]
     preflight(out, sum(reader.size(rel) for rel in side))
     with writing(out):
-        return _fetch_subset(reader, int4, out, side, patterns, mode)
+        return _fetch_subset(reader, int4, out, side, patterns, mode, progress)
 
 
 def _fetch_subset(reader: Reader, int4: Path, out: Path, side: list[str], patterns: Sequence[str],
-                  mode: str) -> FetchResult:
+                  mode: str, progress: ProgressFile | None) -> FetchResult:
     repo, previous = reader.source.repo, state(out)
     tally = [0]  # body bytes transferred outside the tensor data
     for rel in side:
@@ -290,10 +321,17 @@ def _fetch_subset(reader: Reader, int4: Path, out: Path, side: list[str], patter
     preflight(out, sum(todo.values()))
     fetched = [0]
     if mode == "full":
-        fetched[0] = sum(_fetch_whole(reader, name, out) for name in todo)
+        if progress:
+            progress.set_total(sum(todo.values()))
+        for name in todo:
+            fetched[0] += _fetch_whole(reader, name, out)
+            if progress:
+                progress.add(reader.size(name))
     else:
         total = sum(t.nbytes for s in shards if s.name in todo for t in s.tensors)
-        with hf_tqdm(total=total, unit="B", unit_scale=True, desc=f"FP8 tensors of {repo}") as bar:
+        bar_class = _counting(progress, SUBSET_BAR) if progress else hf_tqdm
+        with bar_class(total=total, unit="B", unit_scale=True, desc=f"FP8 tensors of {repo}",
+                       name=SUBSET_BAR) as bar:
             for shard in (s for s in shards if s.name in todo):
                 write_file(out, shard.name, shard.body(reader, fetched, bar))
     index_changed = _write_index_if_changed(out, weight_map, total_size)

@@ -1,0 +1,118 @@
+"""Long steps show progress in the play: the real ``sparkspec fetch repo`` run by the ``sparkspec_progress``
+action plugin in a tiny local playbook, against the real local hub behind a throttling proxy (24 MiB at
+4 MiB/s, so the fetch takes about 6 s), read back from ansible-runner's structured events. No simulated Spark."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import ansible_runner
+import pytest
+
+from sparkspec.hub.publish import publish
+from sparkspec.hub.server import HubServer
+from tests.support.throttle import ThrottleProxy
+
+ROOT = Path(__file__).resolve().parents[2]
+VENV_BIN = Path(sys.executable).parent
+REPO = "sparkspec/progress-test"
+RATE = 4 << 20  # bytes/s through the proxy
+# huggingface_hub counts a download in chunks of 10 MiB (DOWNLOAD_CHUNK_SIZE): one file of 24 MiB moves the
+# count at about 2.5, 5 and 6 s, so lines one second apart must see it grow
+SIZE = 24 << 20
+TASK = "Fetch through the throttled hub"
+PLAYBOOK = f"""\
+- name: Fetch with progress
+  hosts: localhost
+  connection: local
+  gather_facts: false
+  tasks:
+    - name: {TASK}
+      sparkspec_progress:
+        argv: "{{{{ fetch_argv }}}}"
+        interval: 1
+        timeout: 300
+      register: fetched
+      changed_when: (fetched.stdout_lines | last | from_json).changed
+"""
+UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """The throttled hub's URL and the published folder (a config and SIZE random bytes)."""
+    base = tmp_path_factory.mktemp("hub")
+    source = base / "source"
+    source.mkdir()
+    (source / "config.json").write_text('{"model_type": "none"}\n')
+    (source / "weights.bin").write_bytes(os.urandom(SIZE))
+    publish(base / "root", REPO, source)
+    with HubServer(base / "root") as server, ThrottleProxy(_address(server.url), RATE) as proxy:
+        yield proxy.url, source
+
+
+def _address(url: str) -> tuple[str, int]:
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    return host, int(port)
+
+
+def play(tmp_path: Path, argv: list[str]) -> tuple[Any, list[dict[str, Any]]]:
+    events: list[dict[str, Any]] = []
+    (tmp_path / "play.yml").write_text(PLAYBOOK)
+    (tmp_path / "runner").mkdir()
+    runner = ansible_runner.run(
+        private_data_dir=str(tmp_path / "runner"), playbook=str(tmp_path / "play.yml"), inventory="localhost,",
+        extravars={"fetch_argv": argv, "ansible_python_interpreter": sys.executable},
+        envvars={"ANSIBLE_ACTION_PLUGINS": str(ROOT / "roles/sparkspec/action_plugins"), "ANSIBLE_NOCOLOR": "1",
+                 "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}", "HF_HOME": str(tmp_path / "hf"),
+                 "HF_HUB_DISABLE_TELEMETRY": "1", "PYTHONUNBUFFERED": "1"},
+        event_handler=lambda event: bool(events.append(event)), quiet=True, suppress_env_files=True,
+        timeout=600)
+    return runner, events
+
+
+def fetch_argv(repo: str, url: str, dest: Path) -> list[str]:
+    return [str(VENV_BIN / "sparkspec"), "fetch", "repo", repo, "--revision", "main", "--dest", str(dest),
+            "--endpoint", url, "--json"]
+
+
+def progress_lines(events: list[dict[str, Any]]) -> list[str]:
+    """What the plugin printed during the task (the runner's verbose events carry the task they belong to)."""
+    return [line for e in events if e.get("event") == "verbose" and (e.get("event_data") or {}).get("task") == TASK
+            for line in str(e.get("stdout", "")).splitlines() if line.startswith("localhost: ")]
+
+
+def test_throttled_fetch_prints_growing_progress_and_completes(tmp_path: Path, hub: tuple[str, Path]) -> None:
+    url, source = hub
+    dest = tmp_path / "dest"
+    runner, events = play(tmp_path, fetch_argv(REPO, url, dest))
+    assert runner.rc == 0, [e.get("stdout") for e in events]
+    lines = progress_lines(events)
+    counted = [line for line in lines if " of 24.0 MiB, " in line]  # once the plan has the total
+    assert len(counted) >= 2, lines
+    done = []
+    for line in counted:
+        m = re.fullmatch(rf"localhost: fetch {REPO}: ([\d.]+) (\w+) of 24\.0 MiB, [\d.]+ \w+/s, "
+                         r"(\d+ s left|time left unknown)", line)
+        assert m, line
+        done.append(float(m[1]) * UNITS[m[2]])
+    assert done == sorted(done) and done[-1] > done[0], counted
+    ok = next(e for e in events if e.get("event") == "runner_on_ok")["event_data"]["res"]
+    assert ok["changed"] is True and ok["rc"] == 0 and "ansible_job_id" not in ok
+    for f in source.iterdir():
+        assert (dest / f.name).read_bytes() == f.read_bytes(), f.name
+
+
+def test_failing_fetch_fails_the_task_with_the_commands_one_line(tmp_path: Path, hub: tuple[str, Path]) -> None:
+    url, _ = hub
+    runner, events = play(tmp_path, fetch_argv("sparkspec/no-such-repo", url, tmp_path / "dest"))
+    assert runner.rc != 0
+    failed = [e["event_data"]["res"] for e in events if e.get("event") == "runner_on_failed"]
+    assert len(failed) == 1 and failed[0]["rc"] == 2 and failed[0]["msg"] == "non-zero return code", failed
+    stderr = failed[0]["stderr"].splitlines()
+    assert len(stderr) == 1 and stderr[0].startswith("sparkspec: error: ") and "no-such-repo" in stderr[0], stderr

@@ -18,6 +18,11 @@ _spec = importlib.util.spec_from_file_location(
 assert _spec and _spec.loader
 plugin = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(plugin)
+_rspec = importlib.util.spec_from_file_location(
+    "sparkspec_registry", ROOT / "roles/sparkspec/filter_plugins/sparkspec_registry.py")
+assert _rspec and _rspec.loader
+registry_plugin = importlib.util.module_from_spec(_rspec)
+_rspec.loader.exec_module(registry_plugin)
 
 PIP_ENV = {
     "PIP_INDEX_URL": "https://user:p%40ss;w#rd@pypi.internal/simple",
@@ -101,31 +106,32 @@ def test_redaction_by_name():
 @pytest.mark.parametrize(
     ("field", "value", "expected"),
     [
-        ("dir", "../x", "dir '../x' is not a plain file name"),
-        ("dir", "a/b", "dir 'a/b' is not a plain file name"),
+        ("dir", "../x", "dir: '../x' is not a plain file name"),
+        ("dir", "a/b", "dir: 'a/b' is not a plain file name"),
         ("model.repo", "org/../../x", "model.repo: repo id 'org/../../x' is not org/name"),
         ("model.revision", "../../x", "model.revision: revision '../../x' is not a commit id"),
         ("heads.eagle3.repo", "/abs/path", "heads.eagle3.repo: repo id '/abs/path' is not org/name"),
     ],
 )
 def test_profile_names_that_could_leave_their_folder(field, value, expected):
+    """Through the resolver's filter (sparkspec_registry.py), as the contract role calls it."""
     profile = {"kind": "plain", "dir": "m", "model": {"repo": "org/m", "revision": "main"},
                "heads": {"eagle3": {"repo": "org/h", "revision": "a" * 40}}}
-    assert plugin.profile_problems({"p": profile}, ["p"]) == []
+    contract = {"method": "baseline", "method_switch": "", "methods": {"baseline": {"speculative_config": None}},
+                "methods_extra": {}, "profile": "p", "profiles": {"p": profile}, "stage_profiles": ["p"],
+                "models_dir": "/m", "sources_dir": "/m/s", "heads_dir": "/m/h", "vllm_venv": "/v"}
+    assert registry_plugin.resolve(contract)["problems"] == []
     node = profile
     *path, last = field.split(".")
     for key in path:
         node = node[key]
     node[last] = value
-    problems = plugin.profile_problems({"p": profile}, ["p"])
+    problems = registry_plugin.resolve(contract)["problems"]
     assert len(problems) == 1 and expected in problems[0], problems
     assert problems[0].startswith("sparkspec_profiles.p.")
 
 
-def test_repo_folder_and_unit_names():
-    assert plugin.repo_folder("Qwen/Qwen3.5-122B-A10B-FP8") == "Qwen--Qwen3.5-122B-A10B-FP8"
-    with pytest.raises(AnsibleFilterError, match="is not org/name"):
-        plugin.repo_folder("a--b/c")
+def test_unit_names():
     assert plugin.name_problems("sparkspec-vllm", "sparkspec") == []
     assert len(plugin.name_problems("../../etc/x", "root; rm")) == 2
 

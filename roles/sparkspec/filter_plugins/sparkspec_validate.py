@@ -1,22 +1,19 @@
-"""Ansible filters over sparkspec's one validator (sparkspec.validate), for the roles.
+"""Ansible filters that check what the roles write into environment, config and unit files.
 
-The roles build host paths from inventory strings (repo ids, revisions, profile folders, unit names) and write
-environment and config files from inventory values. These filters are the only way they do it: a value that
-could leave its folder, or that systemd or pip would read differently from what was written, is reported as one
-line naming the variable and the fix, before anything on the host changes. The controller's Python (the one
-running ansible-playbook) has the sparkspec package installed.
+The roles write the unit's environment file, pip's config file and vLLM's command line from inventory values, and
+name the unit and its user after inventory strings (profile folders, repo ids and revisions are checked by the
+resolver: sparkspec_registry.py over sparkspec.registry). A value that systemd or pip would read differently from
+what was written, or that would leave its folder, is reported as one line naming the variable and the fix,
+before anything on the host changes.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ansible.errors import AnsibleFilterError  # type: ignore[import-untyped]
-
-from sparkspec import validate
-from sparkspec.errors import UserError
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH", re.IGNORECASE)
@@ -25,51 +22,6 @@ USER_NAME = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 REDACTED = "<redacted>"
 # vLLM flags whose value is a secret: on the command line it would show in every process list.
 SECRET_FLAGS = ("--api-key", "--hf-token")
-
-
-def _problem(check: Callable[[Any, str], object], value: Any, what: str, where: str) -> str | None:
-    try:
-        check(value, what)
-    except UserError as exc:
-        return f"{where}: {exc}"
-    return None
-
-
-def _dir_problem(value: Any, where: str) -> str | None:
-    if _problem(validate.filename, value, "dir", where) is None:
-        return None
-    return (f"{where}: dir {value!r} is not a plain file name (one folder under sparkspec_models_dir: letters, "
-            "digits, '._+=@,-'; no '/' or '..'); fix the profile")
-
-
-def profile_problems(profiles: Any, names: Iterable[str]) -> list[str]:
-    """Every name in the given profiles that becomes a path on the host, checked; one line per problem."""
-    if not isinstance(profiles, Mapping):
-        return [f"sparkspec_profiles is a {type(profiles).__name__}, not a mapping; fix the inventory"]
-    out: list[str] = []
-    for name in dict.fromkeys(names):
-        where = f"sparkspec_profiles.{name}"
-        if (p := _problem(validate.filename, name, "profile name", "sparkspec_profiles")) is not None:
-            out.append(p)
-            continue
-        profile = profiles.get(name)
-        if not isinstance(profile, Mapping):
-            continue  # preflight names a missing profile
-        if (p := _dir_problem(profile.get("dir"), f"{where}.dir")) is not None:
-            out.append(p)
-        sources = [(key, profile.get(key)) for key in ("int4", "fp8", "model") if key in profile]
-        heads = profile.get("heads") or {}
-        if isinstance(heads, Mapping):
-            sources += [(f"heads.{method}", head) for method, head in heads.items()]
-        for key, source in sources:
-            if not isinstance(source, Mapping):
-                out.append(f"{where}.{key} is not a mapping with repo and revision; fix the profile")
-                continue
-            out += [p for p in (
-                _problem(validate.repo_id, source.get("repo"), "repo id", f"{where}.{key}.repo"),
-                _problem(validate.revision, source.get("revision", "main"), "revision", f"{where}.{key}.revision"),
-            ) if p is not None]
-    return out
 
 
 def name_problems(unit_name: Any, user: Any) -> list[str]:
@@ -138,18 +90,6 @@ def _raise_first(problems: list[str]) -> None:
         raise AnsibleFilterError(problems[0])
 
 
-def repo_folder(value: Any, where: str = "repo id") -> str:
-    """``org/name`` -> ``org--name`` for a valid repo id, else fail naming it."""
-    _raise_first([p for p in [_problem(validate.repo_id, value, "repo id", where)] if p])
-    return validate.repo_folder(str(value))
-
-
-def plain_dir(value: Any, where: str = "dir") -> str:
-    """One folder name (a profile's dir), else fail naming it."""
-    _raise_first([p for p in [_dir_problem(value, where)] if p])
-    return str(value)
-
-
 def env_quote(value: Any) -> str:
     """A value for a systemd environment file: double-quoted, with the four characters systemd unescapes
     there (backslash, double quote, backtick, dollar) escaped; newlines and NULs refused."""
@@ -183,13 +123,10 @@ def pip_config(env: Mapping[str, Any]) -> str:
 class FilterModule:
     def filters(self) -> dict[str, Callable[..., Any]]:
         return {
-            "sparkspec_profile_problems": profile_problems,
             "sparkspec_name_problems": name_problems,
             "sparkspec_env_problems": env_problems,
             "sparkspec_pip_env_problems": pip_env_problems,
             "sparkspec_args_problems": args_problems,
-            "sparkspec_repo_folder": repo_folder,
-            "sparkspec_plain_dir": plain_dir,
             "sparkspec_env_quote": env_quote,
             "sparkspec_is_secret_name": is_secret_name,
             "sparkspec_redact_env": redact_env,

@@ -4,6 +4,7 @@ from it (sparkspec.progress.line, used by the sparkspec_progress action plugin).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -121,3 +122,55 @@ def test_health_wait_writes_elapsed_state_and_masked_log_then_removes_it(tmp_pat
     assert got["what"] == "wait for u.service /health" and got["elapsed_s"] in (0, 1, 2)
     assert got["note"] == "unit activating/start: Loading weights (api_key='***', token=***)"
     assert not progress.exists()
+
+
+class Recorder(ProgressFile):
+    """A progress file that also keeps every (done, total) it was told, written or not."""
+
+    def __init__(self, path: Path) -> None:
+        self.seen: list[tuple[int, int | None]] = []
+        super().__init__(str(path), "test")
+
+    def add(self, n: int) -> None:
+        super().add(n)
+        self.seen.append((self.done, self.total))
+
+
+def test_fp8_subset_and_assemble_count_every_byte_they_move(tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ranged FP8 fetch, whole-shard FP8 fetch, a local copy and assemble each count into the progress file
+    exactly the bytes their results report (the same counters as their bars)."""
+    from sparkspec.checkpoint.assemble import assemble
+    from sparkspec.hub.fetch import fetch_fp8_subset, fetch_repo
+    from sparkspec.hub.publish import publish
+    from sparkspec.hub.server import HubServer
+    from tests.support.testckpt import ModelSpec, write_fp8, write_int4_autoround
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    spec = ModelSpec(hidden=256, layers=2, experts=2, moe_intermediate=128, shared_intermediate=256, heads=2,
+                     kv_heads=1, head_dim=128, linear_key_heads=2, linear_value_heads=2, linear_key_dim=64,
+                     linear_value_dim=64, vocab=128)
+    write_int4_autoround(tmp_path / "int4", spec)
+    write_fp8(tmp_path / "fp8", spec, shards=2)
+    publish(tmp_path / "root", "org/fp8", tmp_path / "fp8")
+    with HubServer(tmp_path / "root") as srv:
+        ranged = Recorder(tmp_path / "r.json")
+        got = fetch_fp8_subset("org/fp8", "main", tmp_path / "int4", tmp_path / "sub", endpoint=srv.url,
+                               progress=ranged)
+        assert got.tensor_bytes_fetched > 0
+        assert ranged.seen[-1] == (got.tensor_bytes_fetched, got.tensor_bytes_fetched)
+        whole = Recorder(tmp_path / "w.json")
+        got = fetch_fp8_subset("org/fp8", "main", tmp_path / "int4", tmp_path / "sub-full", endpoint=srv.url,
+                               mode="full", progress=whole)
+        assert whole.seen and whole.seen[-1] == (got.tensor_bytes_fetched, got.tensor_bytes_fetched)
+    local = Recorder(tmp_path / "l.json")
+    got = fetch_repo("org/fp8", "main", tmp_path / "copy", local_path=str(tmp_path / "fp8"), progress=local)
+    assert local.seen[-1] == (got.bytes_fetched, got.bytes_fetched)
+    built = Recorder(tmp_path / "a.json")
+
+    def start(total: int) -> Callable[[int], None]:
+        built.set_total(total)
+        return built.add
+
+    out = assemble(tmp_path / "int4", tmp_path / "sub", tmp_path / "hybrid", [], None, start)
+    assert built.seen and built.seen[-1][0] == built.total and built.total >= out.total_size

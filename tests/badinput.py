@@ -27,7 +27,8 @@ class Outcome:
 
 def run(*argv: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> Outcome:
     """``sparkspec ARGV`` in this process (fast: no interpreter start), with stdout/stderr captured; the
-    generators' commands (``checkpoint generate``, ``model tiny``) go to their dev CLI, ``python -m tests.support``."""
+    generators' commands (``checkpoint generate``, ``model tiny``) go to their dev CLI,
+    ``python -m tests.support``."""
     main = dev_cli.main if dev_cli.handles(argv) else cli.main
     out, err = io.StringIO(), io.StringIO()
     saved = {k: os.environ.get(k) for k in (env or {})}

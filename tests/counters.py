@@ -1,5 +1,5 @@
-"""vLLM's counters read straight off the /metrics text, independently of sparkspec.metrics, and the check that a
-`sparkspec bench` result gives exactly what their deltas give."""
+"""vLLM's counters read straight off the /metrics text, independently of sparkspec.bench.metrics, and the
+check that a `sparkspec bench` result gives exactly what their deltas give."""
 
 from __future__ import annotations
 

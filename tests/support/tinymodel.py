@@ -247,8 +247,8 @@ def _claim(path: Path, tok: Tokenizer) -> list[Path]:
         config_file = path / "config.json"
         if entries and not (entries <= ours and config_file.is_file() and not config_file.is_symlink()
                             and config_file.read_text(encoding="utf-8", errors="replace") == _json(config(tok))):
-            raise UserError(f"--out {path}: holds files `sparkspec model tiny` did not write; give a new or "
-                            "empty folder")
+            raise UserError(f"--out {path}: holds files `python -m tests.support model tiny` did not write; "
+                            "give a new or empty folder")
         return []
     made = [p for p in [path, *path.parents] if not p.exists()][::-1]
     for folder in made:

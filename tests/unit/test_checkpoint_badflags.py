@@ -62,7 +62,7 @@ PATH_CASES: list[tuple[str, str, str, str]] = [
     ("fifo", "verify", "fifo", r"not a directory"),
     ("empty_folder", "verify", "empty", r"index not found"),
     ("file", "generate --out", "file", r"--out .* not a folder"),
-    ("foreign", "generate --out", "foreign", r"was not written by sparkspec checkpoint generate"),
+    ("foreign", "generate --out", "foreign", r"was not written by python -m tests.support checkpoint generate"),
     ("file_parent", "assemble --out", "under_file", r"--out .*: .*notes.txt is not a folder"),
     ("foreign", "assemble --out", "foreign", r"was not written by sparkspec checkpoint assemble"),
     ("empty_string", "assemble --out", "", r"--out .* contains the input --int4"),

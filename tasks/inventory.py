@@ -1,0 +1,115 @@
+"""The project's inventories, read in-process through Ansible's inventory API (hosts, templated host variables,
+vault-decrypted where a vault password file is configured), with the contract's defaults underneath."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from sparkspec.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[1]
+# Ansible reads its configuration once, at import: it must be the project's (roles path, callbacks, vault).
+os.environ["ANSIBLE_CONFIG"] = str(ROOT / "ansible.cfg")
+
+from ansible import constants as C
+from ansible.errors import AnsibleError
+from ansible.inventory.manager import InventoryManager
+from ansible.parsing.dataloader import DataLoader
+from ansible.plugins.loader import init_plugin_loader
+from ansible.template import Templar
+from ansible.vars.manager import VariableManager
+
+CONTRACT_DEFAULTS = ROOT / "roles/sparkspec/defaults/main.yml"
+
+
+def inventory_path(inventory: str | os.PathLike[str]) -> Path:
+    """The inventory folder or file, relative to the current folder or else to the project."""
+    path = Path(inventory)
+    if not path.is_absolute():
+        path = path.resolve() if path.exists() else ROOT / path
+    if not path.exists():
+        raise UserError(f"{inventory}: inventory not found; pass --inventory inventories/<site>")
+    return path
+
+
+@dataclass(frozen=True)
+class Inventory:
+    path: Path
+    loader: DataLoader
+    manager: InventoryManager
+    variables: VariableManager
+
+    @property
+    def hosts(self) -> list[str]:
+        return sorted(h.name for h in self.manager.get_hosts())
+
+    def require_host(self, host: str) -> None:
+        if self.manager.get_host(host) is None:
+            known = ", ".join(self.hosts) or "none"
+            raise UserError(f"host {host!r} is not in inventory {self.path} (hosts: {known}); "
+                            f"add it there or pass --inventory")
+
+    def select(self, pattern: str) -> list[str]:
+        """The hosts a pattern names: 'all' (the Sparks: the playbooks' group) or one host of the inventory."""
+        if pattern == "all":
+            return sorted(h.name for h in self.manager.get_hosts(pattern="sparks"))
+        self.require_host(pattern)
+        return [pattern]
+
+    def host_vars(self, host: str, names: tuple[str, ...]) -> dict[str, Any]:
+        """The named variables of a host, templated as a play would see them (contract defaults underneath);
+        a name set nowhere is left out."""
+        self.require_host(host)
+        hostvars = self.variables.get_vars(host=self.manager.get_host(host), include_hostvars=False)
+        context = {**contract_defaults(self.loader), **hostvars}
+        templar = Templar(loader=self.loader, variables=context)
+        values: dict[str, Any] = {}
+        for name in names:
+            if name not in context:
+                continue
+            try:
+                values[name] = templar.template(context[name])
+            except AnsibleError as exc:
+                first = " ".join(str(getattr(exc, "message", exc)).split())
+                raise UserError(f"{self.path}: cannot read {name} of host {host}: {first}") from None
+        return values
+
+
+@cache
+def load(inventory: str | os.PathLike[str]) -> Inventory:
+    """The inventory, parsed once per process; an inventory that does not parse is one line."""
+    path = inventory_path(inventory)
+    init_plugin_loader()
+    loader = DataLoader()
+    _vault_secrets(loader)
+    try:
+        manager = InventoryManager(loader=loader, sources=[str(path)])
+    except AnsibleError as exc:
+        raise UserError(f"{path}: the inventory does not parse: {' '.join(str(exc).split())}") from None
+    return Inventory(path, loader, manager, VariableManager(loader=loader, inventory=manager))
+
+
+def contract_defaults(loader: DataLoader | None = None) -> dict[str, Any]:
+    """The sparkspec contract's defaults (the lowest-precedence values every sparkspec role sees)."""
+    data = (loader or DataLoader()).load_from_file(str(CONTRACT_DEFAULTS))
+    return dict(data or {})
+
+
+def _vault_secrets(loader: DataLoader) -> None:
+    """Decrypt vaulted variables (a sudo password, say) with the vault password file Ansible is configured with;
+    without one, a vaulted value read here is an error naming it."""
+    files = [C.DEFAULT_VAULT_PASSWORD_FILE] if C.DEFAULT_VAULT_PASSWORD_FILE else []
+    if not files and not C.DEFAULT_VAULT_IDENTITY_LIST:
+        return
+    from ansible.cli import CLI
+
+    try:
+        secrets = CLI.setup_vault_secrets(loader, vault_ids=C.DEFAULT_VAULT_IDENTITY_LIST,
+                                          vault_password_files=files, auto_prompt=False)
+    except AnsibleError as exc:
+        raise UserError(f"vault password file: {' '.join(str(exc).split())}; check ANSIBLE_VAULT_PASSWORD_FILE")
+    loader.set_vault_secrets(secrets)

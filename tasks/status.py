@@ -1,0 +1,203 @@
+"""`invoke status`: a quick look at each host over SSH (Fabric), no playbook: the unit's state and memory from
+systemd's properties, what runs from the unit's record, the desired method a deploy recorded, /health asked on
+the host, and the host's available memory."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sparkspec.errors import UserError
+from tasks.remote import Host, connect
+
+UNIT_PROPERTIES = ("LoadState", "ActiveState", "SubState", "MainPID", "MemoryCurrent", "NRestarts",
+                   "ActiveEnterTimestamp", "ControlGroup")
+
+# Runs on the host as root with its python3: prints one JSON object (argv: unit name, properties).
+PROBE = r"""
+import json, os, subprocess, sys, urllib.error, urllib.request
+unit, props = sys.argv[1], sys.argv[2]
+out = subprocess.run(["systemctl", "show", unit + ".service", "--property=" + props],
+                     capture_output=True, text=True, check=False).stdout
+show = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+def read(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        return {"error": f"{path}: {exc}"}
+record = read(f"/etc/sparkspec/{unit}.json")
+desired = read(f"/etc/sparkspec/{unit}.desired.json")
+health, health_error = None, ""
+if isinstance(record, dict) and isinstance(record.get("url"), str):
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(record["url"].rstrip("/") + "/health", timeout=5) as resp:
+            health = resp.status
+    except urllib.error.HTTPError as exc:
+        health = exc.code
+    except Exception as exc:
+        health_error = str(getattr(exc, "reason", exc))
+def unit_rss(group):
+    # where systemd keeps no MemoryCurrent (cgroup v1, a container): the RSS of the unit's processes
+    total, found = 0, False
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cgroup", encoding="ascii") as f:
+                paths = [line.rstrip("\n").split(":", 2)[-1] for line in f]
+            if not any(p == group or p.startswith(group + "/") for p in paths):
+                continue
+            with open(f"/proc/{pid}/status", encoding="ascii") as f:
+                rss = [int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:")]
+        except (OSError, ValueError):
+            continue
+        total, found = total + sum(rss), found or bool(rss)
+    return total if found else None
+group = show.get("ControlGroup", "")
+rss = unit_rss(group) if group else None
+available = None
+with open("/proc/meminfo", encoding="ascii") as f:
+    for line in f:
+        if line.startswith("MemAvailable:"):
+            available = int(line.split()[1]) * 1024
+print(json.dumps({"show": show, "record": record, "desired": desired, "health": health,
+                  "health_error": health_error, "mem_available": available, "rss": rss}))
+"""
+
+
+@dataclass
+class HostStatus:
+    host: str
+    unit: str
+    state: str = "unknown"             # systemd ActiveState (active, inactive, failed, ...)
+    sub_state: str = ""
+    loaded: str = ""                   # LoadState: not-found when nothing was ever deployed
+    main_pid: int | None = None
+    restarts: int | None = None
+    since: str = ""
+    method: str | None = None          # running: from the unit's record
+    profile: str | None = None
+    model: str | None = None
+    url: str | None = None
+    desired_method: str | None = None  # recorded by a deploy that switched the method
+    desired_time: str | None = None
+    inventory_method: str | None = None
+    health: int | None = None
+    health_error: str = ""
+    memory_current: int | None = None  # bytes the unit uses: systemd's MemoryCurrent, else its processes' RSS
+    memory_source: str = ""            # MemoryCurrent or rss
+    mem_available: int | None = None   # bytes the host has available
+    notes: list[str] = field(default_factory=list)
+
+
+def host_status(inventory: str | Path, name: str, *, ask_become_pass: bool = False) -> HostStatus:
+    host = connect(inventory, name, ask_become_pass=ask_become_pass,
+                   extra_vars=("sparkspec_unit_name", "sparkspec_method"))
+    try:
+        return _probe(host)
+    finally:
+        host.close()
+
+
+def _probe(host: Host) -> HostStatus:
+    unit = str(host.vars["sparkspec_unit_name"])
+    argv = [host.python, "-c", PROBE, unit, ",".join(UNIT_PROPERTIES)]
+    result = host.as_root(" ".join(shlex.quote(a) for a in argv))
+    if result.exited != 0:
+        raise UserError(f"host {host.name}: the status probe failed ({_last(result.stderr)}); "
+                        f"check that {host.python} runs there (ansible_python_interpreter)")
+    try:
+        data = json.loads(result.stdout)
+    except ValueError:
+        raise UserError(f"host {host.name}: the status probe printed no JSON ({_last(result.stdout)})") from None
+    status = _status(host.name, unit, data)
+    status.inventory_method = str(host.vars.get("sparkspec_method") or "") or None
+    status.notes += _method_notes(status, data.get("desired"))
+    return status
+
+
+def _status(name: str, unit: str, data: dict[str, Any]) -> HostStatus:
+    show = data.get("show") or {}
+    raw = data.get("record")
+    record: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    status = HostStatus(host=name, unit=unit, state=show.get("ActiveState", "unknown"),
+                        sub_state=show.get("SubState", ""), loaded=show.get("LoadState", ""),
+                        main_pid=_int(show.get("MainPID")) or None, restarts=_int(show.get("NRestarts")),
+                        since=show.get("ActiveEnterTimestamp", ""), memory_current=_int(show.get("MemoryCurrent")),
+                        mem_available=data.get("mem_available"), health=data.get("health"),
+                        health_error=data.get("health_error") or "")
+    if status.memory_current is not None:
+        status.memory_source = "MemoryCurrent"
+    elif data.get("rss") is not None:
+        status.memory_current, status.memory_source = int(data["rss"]), "rss"
+    if record.get("error"):
+        status.notes.append(str(record["error"]))
+    status.method, status.profile = record.get("method"), record.get("profile")
+    status.model, status.url = record.get("served_model_name"), record.get("url")
+    desired = data.get("desired")
+    if isinstance(desired, dict) and not desired.get("error"):
+        status.desired_method, status.desired_time = desired.get("method"), desired.get("time")
+    elif isinstance(desired, dict):
+        status.notes.append(str(desired["error"]))
+    return status
+
+
+def _method_notes(status: HostStatus, desired: Any) -> list[str]:
+    """What wins between a deploy's switch and the inventory, said where they differ."""
+    notes = []
+    inv, want = status.inventory_method, status.desired_method
+    if want and inv and want != inv:
+        switched_from = desired.get("inventory_method") if isinstance(desired, dict) else None
+        then = ("the next provision keeps it; `invoke deploy --method " + inv + "` goes back"
+                if switched_from in (None, inv) else
+                f"the inventory changed since (it said {switched_from}), so the next provision deploys {inv}")
+        notes.append(f"desired {want} (switched by deploy) ≠ inventory {inv}: {then}")
+    if status.method and want and status.method != want:
+        notes.append(f"running {status.method} ≠ desired {want} (the last switch did not complete)")
+    return notes
+
+
+def _int(value: Any) -> int | None:
+    """A systemd number; None for [not set] and for the 2^64-1 that means 'no value'."""
+    text = str(value or "")
+    return int(text) if text.isdigit() and int(text) < 2**63 else None
+
+
+def _last(text: str) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[-1] if lines else "no output"
+
+
+def as_json(statuses: list[HostStatus]) -> str:
+    return json.dumps([asdict(s) for s in statuses], indent=2)
+
+
+def table(statuses: list[HostStatus]) -> Any:
+    """A rich table: one row per host, notes under it."""
+    from rich.table import Table
+    from rich.text import Text
+
+    grid = Table(title="sparkspec status", show_lines=False)
+    for column in ("host", "unit", "method", "profile", "model", "health", "memory", "available"):
+        grid.add_column(column)
+    for s in statuses:
+        method = s.method or "none"
+        if s.desired_method and s.desired_method != s.inventory_method:
+            method += f" (desired {s.desired_method}, inventory {s.inventory_method})"
+        elif s.inventory_method and s.inventory_method != s.method:
+            method += f" (inventory {s.inventory_method})"
+        health = str(s.health) if s.health is not None else (s.health_error or "-")
+        grid.add_row(s.host, f"{s.unit} {s.state}/{s.sub_state}", method, s.profile or "-", s.model or "-",
+                     health, _gib(s.memory_current), _gib(s.mem_available))
+        for note in s.notes:
+            grid.add_row("", Text(note, style="yellow"), "", "", "", "", "", "")
+    return grid
+
+
+def _gib(value: int | None) -> str:
+    return "-" if value is None else f"{value / 2**30:.1f} GiB"

@@ -1,0 +1,107 @@
+"""tasks.play runs real playbooks (connection=local) through ansible-runner: the one-line failure summary and
+the changed counts come from the runner's events, never from the printed output."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tasks.play import failure_summary, run_playbook
+
+# A line in the play's own output that looks like a failure: a scraper of the printed output would take it.
+DECOY = "fatal: [local1]: FAILED! => {\"msg\": \"decoy from the output\"}"
+
+
+@pytest.fixture()
+def inventory(tmp_path: Path) -> Path:
+    path = tmp_path / "hosts.yml"
+    path.write_text(yaml.safe_dump({"all": {"hosts": {
+        "local1": {"ansible_connection": "local", "ansible_python_interpreter": "{{ ansible_playbook_python }}"},
+        "dead1": {"ansible_host": "127.0.0.1", "ansible_port": 1, "ansible_connection": "ssh"},
+    }}}))
+    return path
+
+
+@pytest.fixture(autouse=True)
+def private_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The runner's private folders go under here, to check that none is left behind."""
+    folder = tmp_path / "tmp"
+    folder.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    return folder
+
+
+def _playbook(tmp_path: Path, tasks: list[dict], hosts: str = "all") -> Path:
+    path = tmp_path / "play.yml"
+    path.write_text(yaml.safe_dump([{"name": "Test play", "hosts": hosts, "gather_facts": False, "tasks": tasks}]))
+    return path
+
+
+def _copy(tmp_path: Path, name: str, content: str) -> dict:
+    return {"name": f"Write {name}", "ansible.builtin.copy": {"content": content, "dest": str(tmp_path / name),
+                                                               "mode": "0600"}}
+
+
+def test_failure_summary_is_the_failed_tasks_msg(tmp_path, inventory, private_tmp, capsys):
+    book = _playbook(tmp_path, [
+        _copy(tmp_path, "a.txt", "a\n"),
+        {"name": "Print a decoy", "ansible.builtin.debug": {"msg": DECOY}},
+        {"name": "Fail but ignored", "ansible.builtin.fail": {"msg": "ignored failure"}, "ignore_errors": True},
+        {"name": "Fail", "ansible.builtin.fail": {"msg": "the  known\nmessage"}},
+    ])
+    result = run_playbook(book, inventory, "local1")
+    assert result.rc != 0 and result.status == "failed"
+    assert failure_summary(result, "local1") == "the known message"
+    assert [(f.host, f.task) for f in result.failures] == [("local1", "Fail")]
+    assert result.changed == {"local1": 1} and result.failed == {"local1": 1}
+    out = capsys.readouterr().out
+    assert "TASK [Fail]" in out and "decoy from the output" in out  # the play's output was shown
+    assert list(private_tmp.iterdir()) == []                          # the runner's folder is gone
+
+
+def test_changed_counts_come_from_the_stats_event(tmp_path, inventory, private_tmp):
+    book = _playbook(tmp_path, [_copy(tmp_path, "a.txt", "a\n"), _copy(tmp_path, "b.txt", "b\n"),
+                                {"name": "Say", "ansible.builtin.debug": {"msg": "changed=7"}}])
+    first = run_playbook(book, inventory, "local1", quiet=True)
+    assert (first.rc, first.status, first.changed, first.failures) == (0, "successful", {"local1": 2}, [])
+    (tmp_path / "b.txt").write_text("other\n")
+    second = run_playbook(book, inventory, "local1", quiet=True)
+    assert second.changed == {"local1": 1} and second.total_changed == 1
+    check = run_playbook(book, inventory, "local1", quiet=True, check=True)  # check mode: nothing to change
+    assert check.changed == {"local1": 0} and (tmp_path / "a.txt").read_text() == "a\n"
+    assert list(private_tmp.iterdir()) == []
+
+
+def test_extra_vars_tags_and_argument_errors(tmp_path, inventory):
+    spec = {"argument_spec": {"demo_count": {"type": "int", "required": True}}}
+    book = _playbook(tmp_path, [
+        {"name": "Tagged out", "ansible.builtin.fail": {"msg": "tag filter ignored"}, "tags": ["skipme"]},
+        {"name": "Check the arguments", "ansible.builtin.validate_argument_spec": spec,
+         "vars": {"demo_count": "{{ demo_value }}"}},
+    ])
+    result = run_playbook(book, inventory, "local1", extra_vars={"demo_value": "lots"}, skip_tags=["skipme"],
+                          quiet=True)
+    assert result.rc != 0
+    summary = failure_summary(result, "local1")
+    assert "demo_count" in summary and "lots" in summary and "tag filter" not in summary
+    assert "\n" not in summary
+
+
+def test_unreachable_host_is_named(tmp_path, inventory):
+    result = run_playbook(_playbook(tmp_path, [{"name": "Ping", "ansible.builtin.ping": {}}]), inventory, "dead1",
+                          quiet=True)
+    assert list(result.unreachable) == ["dead1"]
+    summary = failure_summary(result, "dead1")
+    assert summary.startswith("host dead1 is unreachable over SSH (") and "port 1" in summary, summary
+
+
+def test_a_playbook_that_does_not_parse_gives_ansibles_error(tmp_path, inventory):
+    book = tmp_path / "bad.yml"
+    book.write_text("- hosts: all\n  tasks:\n    - name: x\n      no.such.module_xyz: {}\n")
+    result = run_playbook(book, inventory, "local1", quiet=True)
+    assert result.rc != 0 and result.failures == []
+    summary = failure_summary(result, "local1")
+    assert summary.startswith(f"ansible-playbook exited {result.rc}: ") and "no.such.module_xyz" in summary, summary

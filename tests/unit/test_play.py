@@ -3,13 +3,19 @@ the changed counts come from the runner's events, never from the printed output.
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
 from tasks.play import failure_summary, run_playbook
+from tests.conftest import ROOT
 
 # A line in the play's own output that looks like a failure: a scraper of the printed output would take it.
 DECOY = "fatal: [local1]: FAILED! => {\"msg\": \"decoy from the output\"}"
@@ -105,3 +111,35 @@ def test_a_playbook_that_does_not_parse_gives_ansibles_error(tmp_path, inventory
     assert result.rc != 0 and result.failures == []
     summary = failure_summary(result, "local1")
     assert summary.startswith(f"ansible-playbook exited {result.rc}: ") and "no.such.module_xyz" in summary, summary
+
+
+INTERRUPTED_RUN = """
+import sys
+from pathlib import Path
+from tasks.play import failure_summary, run_playbook
+result = run_playbook(Path(sys.argv[1]), Path(sys.argv[2]), "local1")
+print("INTERRUPTED", result.interrupted, failure_summary(result, "local1"), flush=True)
+"""
+
+
+def test_sigterm_stops_the_play_and_leaves_nothing(tmp_path, inventory, private_tmp):
+    """SIGTERM (or Ctrl-C) reaches ansible-playbook, which runs in the runner's own session: the play stops, no
+    ansible-playbook is left running, the private folder is removed."""
+    marker = tmp_path / "sleeping"
+    book = _playbook(tmp_path, [{"name": "Sleep", "ansible.builtin.shell": f"echo $PPID > {marker}; sleep 60",
+                                 "changed_when": False}])
+    env = {**os.environ, "TMPDIR": str(private_tmp)}
+    proc = subprocess.Popen([sys.executable, "-c", INTERRUPTED_RUN, str(book), str(inventory)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    deadline = time.monotonic() + 60
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert marker.exists(), "the play never reached its sleeping task"
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=30)
+    assert "INTERRUPTED True interrupted" in out, out[-2000:]
+    shell_parent = int(marker.read_text().split()[0])
+    time.sleep(0.5)
+    assert not Path(f"/proc/{shell_parent}").exists() or "ansible" not in Path(f"/proc/{shell_parent}/cmdline") \
+        .read_text(errors="replace"), "the task's process outlived the play"
+    assert list(private_tmp.iterdir()) == []

@@ -144,3 +144,23 @@ def test_sigterm_stops_the_play_and_leaves_nothing(tmp_path, inventory, private_
         time.sleep(0.2)
     assert not task.exists() or "ansible" not in task.read_text(errors="replace"), "the task outlived the play"
     assert list(private_tmp.iterdir()) == []
+
+
+BECOME_RUN = """
+import sys
+from pathlib import Path
+from tasks.play import run_playbook
+result = run_playbook(Path(sys.argv[1]), Path(sys.argv[2]), "local1", become_password="s3cret-pw")
+print("RC", result.rc, result.changed, flush=True)
+"""
+
+
+def test_become_password_answers_the_prompt_and_is_not_shown(tmp_path, inventory, private_tmp):
+    """--ask-become-pass: ansible-playbook asks on the runner's terminal and the runner answers from memory (a
+    wrong prompt pattern would leave the play waiting for ever); the password is neither printed nor on disk."""
+    book = _playbook(tmp_path, [{"name": "Ping", "ansible.builtin.ping": {}}])
+    proc = subprocess.run([sys.executable, "-c", BECOME_RUN, str(book), str(inventory)], check=False, cwd=ROOT, timeout=60,
+                          capture_output=True, text=True, env={**os.environ, "TMPDIR": str(private_tmp)})
+    assert "RC 0 {'local1': 0}" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "BECOME password" in proc.stdout and "s3cret-pw" not in proc.stdout + proc.stderr
+    assert list(private_tmp.iterdir()) == []

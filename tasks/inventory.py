@@ -79,11 +79,19 @@ class Inventory:
         return values
 
 
-@cache
 def load(inventory: str | os.PathLike[str]) -> Inventory:
     """The inventory, parsed once per process; an inventory that does not parse is one line."""
-    path = inventory_path(inventory)
-    init_plugin_loader()
+    return _load(inventory_path(inventory))
+
+
+@cache
+def _plugins() -> None:
+    init_plugin_loader()  # lookups and filters of the inventory's templates (once: it warns on a second call)
+
+
+@cache
+def _load(path: Path) -> Inventory:
+    _plugins()
     loader = DataLoader()
     _vault_secrets(loader)
     try:

@@ -159,6 +159,8 @@ def _method_notes(status: HostStatus, desired: Any) -> list[str]:
         notes.append(f"desired {want} (switched by deploy) ≠ inventory {inv}: {then}")
     if status.method and want and status.method != want:
         notes.append(f"running {status.method} ≠ desired {want} (the last switch did not complete)")
+    if status.method and inv and not want and status.method != inv:
+        notes.append(f"running {status.method} ≠ inventory {inv}: the next provision deploys {inv}")
     return notes
 
 
@@ -178,25 +180,21 @@ def as_json(statuses: list[HostStatus]) -> str:
 
 
 def table(statuses: list[HostStatus]) -> Any:
-    """A rich table: one row per host, notes under it."""
+    """A rich table, one row per host, and the notes (what wins, files that do not read) under it."""
+    from rich.console import Group
     from rich.table import Table
     from rich.text import Text
 
-    grid = Table(title="sparkspec status", show_lines=False)
-    for column in ("host", "unit", "method", "profile", "model", "health", "memory", "available"):
-        grid.add_column(column)
+    grid = Table(title=f"sparkspec status ({', '.join(sorted({s.unit for s in statuses}))})")
+    for column in ("host", "unit", "method", "profile", "model", "/health", "memory", "available"):
+        grid.add_column(column, no_wrap=column in ("host", "unit", "/health", "memory", "available"))
     for s in statuses:
-        method = s.method or "none"
-        if s.desired_method and s.desired_method != s.inventory_method:
-            method += f" (desired {s.desired_method}, inventory {s.inventory_method})"
-        elif s.inventory_method and s.inventory_method != s.method:
-            method += f" (inventory {s.inventory_method})"
+        state = s.state if s.sub_state in ("running", "dead", "") else f"{s.state}/{s.sub_state}"
         health = str(s.health) if s.health is not None else (s.health_error or "-")
-        grid.add_row(s.host, f"{s.unit} {s.state}/{s.sub_state}", method, s.profile or "-", s.model or "-",
-                     health, _gib(s.memory_current), _gib(s.mem_available))
-        for note in s.notes:
-            grid.add_row("", Text(note, style="yellow"), "", "", "", "", "", "")
-    return grid
+        grid.add_row(s.host, state, s.method or "none", s.profile or "-", s.model or "-", health,
+                     _gib(s.memory_current), _gib(s.mem_available))
+    notes = [Text(f"{s.host}: {note}", style="yellow") for s in statuses for note in s.notes]
+    return Group(grid, *notes)
 
 
 def _gib(value: int | None) -> str:

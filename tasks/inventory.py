@@ -75,6 +75,10 @@ class Inventory:
                 values[name] = templar.template(context[name])
             except AnsibleError as exc:
                 first = " ".join(str(getattr(exc, "message", exc)).split())
+                if "vault" in first.lower() or "undecryptable" in first:
+                    raise UserError(f"{self.path}: {name} of host {host} is vault-encrypted and cannot be "
+                                    f"decrypted; set ANSIBLE_VAULT_PASSWORD_FILE to the vault's password file") \
+                        from None
                 raise UserError(f"{self.path}: cannot read {name} of host {host}: {first}") from None
         return values
 

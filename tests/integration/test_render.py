@@ -147,8 +147,8 @@ def _with(profiles: dict, dotted: str, value) -> dict:
         ("baseline", f"{HYBRID}.int4.repo", "/etc/passwd", r"repo id '/etc/passwd' is not org/name"),
         ("baseline", f"{HYBRID}.fp8.repo", "a/b/c", r"repo id 'a/b/c' is not org/name"),
         ("baseline", f"{HYBRID}.int4.revision", "../../x", r"revision '\.\./\.\./x' is not a commit id"),
-        ("baseline", f"{HYBRID}.dir", "../../etc", r"dir '\.\./\.\./etc' is not a plain file name"),
-        ("baseline", f"{HYBRID}.dir", "/etc", r"dir '/etc' is not a plain file name"),
+        ("baseline", f"{HYBRID}.dir", "../../etc", r"\.dir: '\.\./\.\./etc' is not a plain file name"),
+        ("baseline", f"{HYBRID}.dir", "/etc", r"\.dir: '/etc' is not a plain file name"),
         ("baseline", "qwen3-30b-a3b.model.repo", "Qwen/../../etc", r"repo id 'Qwen/(\.\./){2}etc' is not"),
     ],
     ids=["head-dotdot", "head-dot-name", "absolute", "three-parts", "revision-path", "dir-dotdot",
@@ -156,7 +156,7 @@ def _with(profiles: dict, dotted: str, value) -> dict:
 )
 def test_untrusted_names_are_refused_before_any_file(tmp_path, method, field, value, expected):
     """Repo ids, revisions and folder names become paths on the host: each goes through sparkspec's one
-    validator (a filter plugin over sparkspec.validate) before any file is written."""
+    validator (the resolver, sparkspec.registry over sparkspec.validate) before any file is written."""
     profiles = _with(_example_profiles(), field, value)
     extra = {"sparkspec_profiles": profiles, "sparkspec_stage_profiles": [HYBRID, "qwen3-30b-a3b"]}
     result = _render_with_vars(method, tmp_path, extra)

@@ -113,9 +113,11 @@ def test_redeploy_changes_nothing(provisioned):
 
 
 def test_status_names_the_method(provisioned):
-    result = run_cli(f"{BIN}/invoke", "status", "--host", "sim01")
+    result = run_cli(f"{BIN}/invoke", "status", "--host", "sim01", "--json")
     assert result.returncode == 0, result.stderr
-    assert re.search(r"sim01 unit=active method=ngram profile=sim-tiny model=sim-tiny .*health=200", result.stdout)
+    (s,) = json.loads(result.stdout)
+    assert (s["state"], s["method"], s["profile"], s["model"], s["health"]) == ("active", "ngram", "sim-tiny",
+                                                                                "sim-tiny", 200)
 
 
 def test_wrong_flag_is_refused_before_restart(provisioned):

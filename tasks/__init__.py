@@ -59,33 +59,50 @@ def _play(c, playbook: str, host: str | None, inventory: str | None, extra_vars:
 
 
 @task(positional=[], auto_shortflags=False, help={"host": "inventory host to provision", "inventory": "inventory folder (default from invoke.yaml)",
-            "method": "override sparkspec_method for this run", "tags": "comma-separated phase tags to run",
+            "method": "switch to this method (recorded on the host; later runs keep it)", "tags": "comma-separated phase tags to run",
             "skip-tags": "phase tags to skip", "check": "dry run (Ansible check mode with diff)"})
 def provision(c, host=None, inventory=None, method=None, tags="", skip_tags="", check=False):
     """Run the whole pipeline on a host: preflight, tools, checkpoints, vLLM, deploy, verify."""
-    extra = {"sparkspec_method": method} if method else None
+    if method:
+        _method_playbook(c, method, inventory, host)   # an unknown method: one line naming the known ones
+    extra = {"sparkspec_method_switch": method} if method else None
     _play(c, "provision.yml", host, inventory, extra, tags, skip_tags, check)
 
 
-def _methods() -> list[str]:
-    return sorted(p.stem.removeprefix("deploy-") for p in (ROOT / "playbooks").glob("deploy-*.yml"))
+def _methods(c, inventory: str | None, host: str | None) -> list[str]:
+    """The methods defined for a host: the contract's built-ins with the inventory's sparkspec_methods and
+    sparkspec_methods_extra (sparkspec.registry.defined_methods, as the play's resolver merges them)."""
+    from sparkspec import registry
+
+    try:
+        values = _host(c, host, inventory).host_vars(host, ("sparkspec_methods", "sparkspec_methods_extra"))
+        return sorted(registry.defined_methods(values.get("sparkspec_methods", {}),
+                                               values.get("sparkspec_methods_extra")))
+    except UserError as exc:
+        raise _fail(exc) from None
 
 
-def _method_playbook(method: str | None) -> str:
+def _method_playbook(c, method: str | None, inventory: str | None, host: str | None) -> tuple[str, dict]:
+    """The playbook and extra vars that switch a host to a method: the thin deploy-<method>.yml of a built-in,
+    else deploy.yml with the switch (an inventory's own method, e.g. ngram5 in sparkspec_methods_extra)."""
+    known = _methods(c, inventory, host)
     if not method:
-        raise Exit(f"sparkspec: error: --method is required; choose one of {', '.join(_methods())}", code=2)
-    if method not in _methods():
-        raise Exit(f"sparkspec: error: unknown method {method!r}; choose one of {', '.join(_methods())}", code=2)
-    return f"deploy-{method}.yml"
+        raise Exit(f"sparkspec: error: --method is required; choose one of {', '.join(known)}", code=2)
+    if method not in known:
+        raise Exit(f"sparkspec: error: unknown method {method!r}; choose one of {', '.join(known)}", code=2)
+    if (ROOT / "playbooks" / f"deploy-{method}.yml").is_file():
+        return f"deploy-{method}.yml", {}
+    return "deploy.yml", {"sparkspec_method_switch": method}
 
 
-@task(positional=[], auto_shortflags=False, help={"host": "inventory host", "method": "baseline, ngram, mtp, eagle3 or dflash",
+@task(positional=[], auto_shortflags=False, help={"host": "inventory host", "method": "baseline, ngram, mtp, eagle3, dflash or one the inventory defines",
             "inventory": "inventory folder (default from invoke.yaml)", "check": "dry run",
             "skip-tags": "phases to skip, e.g. verify"})
 def deploy(c, host=None, method=None, inventory=None, check=False, skip_tags=""):
     """Switch a host to a method: validate, stage, check with vLLM's parser, restart, wait for health, roll back,
     then verify (lossless check against baseline, benchmark, report)."""
-    _play(c, _method_playbook(method), host, inventory, skip_tags=skip_tags, check=check)
+    playbook, extra = _method_playbook(c, method, inventory, host)
+    _play(c, playbook, host, inventory, extra, skip_tags=skip_tags, check=check)
 
 
 @task(positional=[], auto_shortflags=False, help={"host": "inventory host", "methods": "comma-separated methods, e.g. baseline,ngram,mtp,eagle3,dflash",
@@ -95,8 +112,7 @@ def compare(c, host=None, methods="baseline,ngram", inventory=None):
     if not host:
         raise Exit("sparkspec: error: --host is required; name a host of the inventory", code=2)
     wanted = [m for m in methods.split(",") if m]
-    for method in wanted:
-        _method_playbook(method)
+    runs = {method: _method_playbook(c, method, inventory, host) for method in wanted}
     order = sorted(wanted, key=lambda m: m != "baseline")  # baseline first: it records the lossless reference
     try:
         running = host_status.host_status(_inventory(c, inventory), host, ask_become_pass=_ask(c)).method
@@ -105,13 +121,15 @@ def compare(c, host=None, methods="baseline,ngram", inventory=None):
     last = None
     try:
         for method in order:
-            extra = {"verify_rerecord_reference": True} if method == "baseline" else None
+            playbook, extra = runs[method]
+            extra = {**extra, "verify_rerecord_reference": True} if method == "baseline" else extra
             last = method
-            _play(c, _method_playbook(method), host, inventory, extra)
+            _play(c, playbook, host, inventory, extra)
     finally:  # a method that fails (e.g. the lossless check) must not leave the host on it
         if running and running != last:
             print(f"sparkspec: restoring {running} on {host}")
-            _play(c, _method_playbook(running), host, inventory, skip_tags="verify")
+            playbook, extra = _method_playbook(c, running, inventory, host)
+            _play(c, playbook, host, inventory, extra, skip_tags="verify")
     reports = ROOT / "reports" / host
     inputs = " ".join(str(reports / f"{m}.json") for m in order)
     c.run(f"{sys.executable} -m sparkspec.cli report --inputs {inputs} --markdown {reports}/compare.md "
@@ -127,10 +145,10 @@ def render(c, host=None, method=None, dest=None, inventory=None, model_config=""
     """Write the files the deploy would install for a host and method under DEST, touching no host. Secrets
     (the API key, deploy_env values named *KEY*, *TOKEN*, *SECRET*, *PASSWORD*...) are written as <redacted>
     unless --show-secrets."""
-    _method_playbook(method)
+    _method_playbook(c, method, inventory, host)
     if not dest:
         raise Exit("sparkspec: error: --dest is required; name a folder to write the files under", code=2)
-    extra = {"sparkspec_method": method, "deploy_render_root": str(Path(dest).resolve()),
+    extra = {"sparkspec_method_switch": method, "deploy_render_root": str(Path(dest).resolve()),
              "deploy_render_show_secrets": bool(show_secrets)}
     if model_config:
         extra["deploy_model_config_file"] = str(Path(model_config).resolve())

@@ -321,10 +321,24 @@ def bench_vs_vllm(c, url="http://127.0.0.1:8000", model="sim-tiny", repeats=20, 
           f"--vllm-python {shlex.quote(vllm_python)} --output {shlex.quote(output)}", pty=True)
 
 
+@task(positional=[], auto_shortflags=False,
+      help={"host": "inventory host (default: the simulated Spark)", "inventory": "inventory folder",
+            "to": "method switched to and back from", "back": "method served before and after",
+            "repeats": "switches each way and no-op provisions", "output": "raw figures as JSON"})
+def bench_switch(c, host="sim01", inventory=None, to="ngram", back="baseline", repeats=3,
+                 output="reports/bench-switch.json"):
+    """A method switch's cost beyond vLLM's own stop and start (from the unit's journal), and a no-op provision's
+    time, each with its spread over the repeats."""
+    c.run(f"{sys.executable} -m tests.support.bench_switch --host {shlex.quote(host)} "
+          f"--inventory {shlex.quote(_inventory(c, inventory))} --to {shlex.quote(to)} --back {shlex.quote(back)} "
+          f"--repeats {int(repeats)} --output {shlex.quote(output)}", pty=False)
+
+
 bench = Collection("bench")
 bench.add_task(bench_checkpoint, "checkpoint")
 bench.add_task(bench_client, "client")
 bench.add_task(bench_vs_vllm, "vs-vllm")
+bench.add_task(bench_switch, "switch")
 
 sim = Collection("sim")
 sim.add_task(sim_up, "up")

@@ -7,7 +7,7 @@ writeback) and is timed until its output is on disk: the command, then an fsync 
 its folders (the part of ``sync`` that concerns it; other writers on a shared machine do not count). Peak RSS
 of each command comes from wait4's rusage. The ratio compares throughputs (bytes written per second, best run
 of each; assemble writes fewer bytes than cp copies, as the FP8 layers replace INT4 ones). Not a test:
-``invoke bench.checkpoint`` runs it and the README quotes its figures.
+``invoke bench.checkpoint`` runs it and docs/measurements.md quotes its figures.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 SRC = REPO / "src"
 # what moved out of the host wheel to tests/support: simulator, generators, benchmark harnesses
 MOVED = {"sim", "simhub", "testckpt", "ckptlayout", "tinymodel", "ckpt_bench", "bench_ceiling",
-         "bench_vs_vllm"}
+         "bench_vs_vllm", "bench_switch", "throttle", "ansible_run", "play", "remote", "inventory", "status"}
 SIM_ONLY_DEPS = {"tokenizers"}  # needed by the tiny-model generator only
 MAX_LINES = 400
 

@@ -99,6 +99,7 @@ def measure(inventory: str, name: str, to: str, back: str, repeats: int) -> dict
             wall, _out = _invoke("deploy", *common, "--method", method, "--skip-tags", "verify")
             stop, start = _vllm_share(_journal(host, unit, since))
             switches.append(Switch(method, wall, stop, start))
+    _invoke("provision", *common, "--skip-tags", "verify")   # settles what the switches left (their record)
     provisions = []
     for _ in range(repeats):
         wall, out = _invoke("provision", *common, "--skip-tags", "verify")

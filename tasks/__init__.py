@@ -9,12 +9,16 @@ from pathlib import Path
 
 from invoke import Collection, Exit, task
 
-from sparkspec.errors import UserError
-from tasks import inventory as inventories
-from tasks import play, remote
-from tasks import status as host_status
-
 ROOT = Path(__file__).resolve().parents[1]
+# invoke puts the checkout on sys.path only while it loads this package; the tasks import the simulator and the
+# harnesses (tests.support) when they run, so keep the checkout there.
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from sparkspec.errors import UserError  # noqa: E402
+from tasks import inventory as inventories  # noqa: E402
+from tasks import play, remote  # noqa: E402
+from tasks import status as host_status  # noqa: E402
 
 
 def _inventory(c, inventory: str | None) -> str:

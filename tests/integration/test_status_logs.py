@@ -146,3 +146,11 @@ def test_verify_passes_on_what_runs(provisioned):
     assert "TASK [verify" in result.stdout                     # the play's own output was shown
     assert Path(report).stat().st_mtime >= start - 1           # the benchmark of what runs was fetched now
     assert json.loads(report.read_text())                      # and is JSON
+
+
+def test_sim_tasks_run_from_the_command_line(sim):
+    """`invoke sim.*` import the simulator (tests.support) when they run, through the invoke executable, whose
+    sys.path holds neither the checkout nor the current folder (`invoke sim.up` of the README's first command)."""
+    result = run_cli(f"{BIN}/invoke", "sim.ssh", "--command", "cat /etc/hostname", timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "sim01"

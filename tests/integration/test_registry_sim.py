@@ -76,6 +76,11 @@ def test_ngram5_deploys_and_is_served(provisioned, ngram5_inventory):
     assert served_spec(provisioned) == NGRAM5["speculative_config"]
     desired = json.loads(ssh(provisioned, f"cat {DESIRED}"))
     assert (desired["method"], desired["inventory_method"]) == ("ngram5", "baseline")
+    result = invoke("status", "--host", "sim01", "--json", "--inventory", str(ngram5_inventory))
+    assert result.returncode == 0, result.stdout + result.stderr
+    [status] = json.loads(result.stdout)
+    assert (status["method"], status["desired_method"], status["inventory_method"], status["health"]) == \
+        ("ngram5", "ngram5", "baseline", 200)
 
 
 def test_a_switch_survives_a_provision_and_the_play_says_so(provisioned):

@@ -76,7 +76,7 @@ def test_no_secret_in_any_command_line(provisioned, known, tmp_path):
     """Every /proc/*/cmdline of the Spark, sampled every 0.2 s while the tools are installed with an index
     credential (a --check --diff run first), the checkpoints are fetched with the hub token and verify
     benchmarks with the API key."""
-    pip_env = yaml.safe_load((ROOT / "inventories/sim/group_vars/all.yml").read_text())["sparkspec_pip_env"]
+    pip_env = yaml.safe_load((ROOT / "inventories/sim/group_vars/all.yml").read_text())["_sim_pip_env"]
     extra = tmp_path / "secret-vars.json"   # a file: the secret stays off the controller's command line too
     extra.touch(mode=0o600)
     extra.write_text(json.dumps({"sparkspec_pip_env": {**pip_env, "PIP_TRUSTED_HOST": known["pip_secret"]}}))

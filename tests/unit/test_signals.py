@@ -27,8 +27,12 @@ def test_generate_killed_mid_write_leaves_nothing(tmp_path: Path, sig: signal.Si
         if any(p.name.endswith("-tmp") for p in tmp_path.iterdir()):  # the build sibling is being written
             break
         time.sleep(0.01)
+    # freeze it where it stands, so the signal lands mid-write and not after the rename (a race seen in CI)
+    os.kill(proc.pid, signal.SIGSTOP)
     assert proc.poll() is None, "generate ended before it could be signalled"
+    assert any(p.name.endswith("-tmp") for p in tmp_path.iterdir()), "generate finished before it was stopped"
     os.kill(proc.pid, sig)
+    os.kill(proc.pid, signal.SIGCONT)
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130, stderr
     lines = [ln for ln in stderr.splitlines() if ln.strip()]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 import subprocess
 import sys
@@ -61,7 +62,8 @@ def _changed(stdout: str) -> int:
 
 
 def _journal(host, unit: str, since_us: int) -> list[dict]:
-    out = host.as_root(f"journalctl -u {unit}.service -o json --no-pager --since @{since_us / 1e6:.6f}").stdout
+    out = host.as_root(f"journalctl -u {shlex.quote(unit + '.service')} -o json --no-pager "
+                       f"--since @{since_us / 1e6:.6f}").stdout
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 

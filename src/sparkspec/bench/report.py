@@ -27,8 +27,11 @@ from sparkspec.errors import UserError
 from sparkspec.jsonfile import expect, loads_bounded, read_json
 from sparkspec.validate import check_disjoint, check_not_symlink, open_regular
 
-COLUMNS = ("Method", "Model", "Avg tok/s", "Peak tok/s", "Acceptance Rate", "Notes")
+COLUMNS = ("Method", "Model", "Avg tok/s", "Peak tok/s", "Drafts", "Draft tokens", "Accepted", "Acceptance Rate",
+           "Acceptance per position", "Mean acceptance length", "Lossless", "Notes")
 HEADER = "| " + " | ".join(COLUMNS) + " |"
+OLD_HEADER = "| Method | Model | Avg tok/s | Peak tok/s | Acceptance Rate | Notes |"  # tables written before the counters'
+COUNT = (int, type(None))
 PNG_MARKER = "sparkspec report"  # the Description of every plot written here: marks a PNG as ours to replace
 VS_VLLM_FORMAT = "sparkspec-bench-vs-vllm/1"  # results of the side-by-side harness (tests/support/bench_vs_vllm)
 
@@ -41,6 +44,8 @@ FIELDS: dict[str, tuple[type, ...]] = {
     "spec_decode_acceptance_length": NUMBER, "temperature": NUMBER, "max_concurrency": (int, type(None)),
     "method": TEXT, "model_id": TEXT, "suite": TEXT, "error": TEXT, "partial": (bool, type(None)),
     "served_model": (dict, type(None)), "suites": (dict, type(None)), "max_tokens": (int, type(None)),
+    "spec_decode_num_drafts": COUNT, "spec_decode_draft_tokens": COUNT, "spec_decode_accepted_tokens": COUNT,
+    "spec_decode_per_position_acceptance_rates": (list, type(None)), "profile": TEXT,
 }
 REQUIRED = ("completed", "per_request_tok_s_mean")
 MAX_COUNT = 2**53  # requests, tokens, concurrency: far above any real run, exact as a float
@@ -57,6 +62,12 @@ class Row:
     acceptance: float | None  # percent
     notes: str
     suites: dict[str, float | None]  # suite -> avg per-request tok/s
+    drafts: int | None = None
+    draft_tokens: int | None = None
+    accepted: int | None = None
+    per_position: tuple[float, ...] | None = None  # fractions of drafts, position 0 first
+    length: float | None = None  # mean acceptance length, 1 + accepted / drafts
+    lossless: str = "n/a"
 
 
 def _number(value: Any, where: str, key: str, fix: str, high: float = math.inf) -> float | None:
@@ -79,6 +90,10 @@ def load_result(path: str | Path) -> dict[str, Any]:
         value = expect(doc, key, kinds, where, fix, required=key in REQUIRED)
         if kinds is NUMBER or kinds[0] is int:
             _number(value, where, key, fix, UPPER.get(key, math.inf))
+    for n, rate in enumerate(doc.get("spec_decode_per_position_acceptance_rates") or []):
+        if isinstance(rate, bool) or not isinstance(rate, (int, float, type(None))):
+            raise UserError(f"{where}: 'spec_decode_per_position_acceptance_rates'[{n}] is not a number; {fix}")
+        _number(rate, where, f"spec_decode_per_position_acceptance_rates[{n}]", fix, 1.0)
     served = doc.get("served_model") or {}
     expect(served, "id", TEXT, f"{where}: served_model", fix, required=False)
     for name, suite in (doc.get("suites") or {}).items():
@@ -91,13 +106,13 @@ def _fmt(value: float | None, digits: int = 1, suffix: str = "") -> str:
     return "n/a" if value is None else f"{value:.{digits}f}{suffix}"
 
 
-def row_for(result: dict[str, Any], path: str = "") -> Row:
+def row_for(result: dict[str, Any], path: str = "", lossless: dict[str, Any] | None = None) -> Row:
     served = result.get("served_model") or {}
     model = str(served.get("id") or result.get("model_id") or "?")
+    if result.get("profile"):
+        model += f" (profile {result['profile']})"
     notes = [f"suite {result.get('suite')}", f"c={result.get('max_concurrency')}",
              f"T={result.get('temperature')}", f"{_fmt(result.get('output_throughput'))} tok/s total"]
-    if result.get("spec_decode_acceptance_length") is not None:
-        notes.append(f"acceptance length {result['spec_decode_acceptance_length']:.2f}")
     suites = {name: s.get("per_request_tok_s_mean") for name, s in (result.get("suites") or {}).items()}
     notes += [f"{name} {_fmt(v)} tok/s" for name, v in suites.items()]
     if result.get("failed"):
@@ -105,8 +120,33 @@ def row_for(result: dict[str, Any], path: str = "") -> Row:
     if result.get("partial"):
         notes.append(f"PARTIAL: {result.get('error')}")
     method = str(result.get("method") or Path(path).stem or "?")
+    verdict = "reference" if method == "baseline" else "n/a"
+    if lossless is not None:
+        verdict, note = lossless_cells(lossless)
+        notes[:0] = [note] if note else []
+    per_pos = result.get("spec_decode_per_position_acceptance_rates")
     return Row(method, model, result.get("per_request_tok_s_mean"), result.get("per_request_tok_s_max"),
-               result.get("spec_decode_acceptance_rate"), "; ".join(notes), suites)
+               result.get("spec_decode_acceptance_rate"), "; ".join(notes), suites,
+               result.get("spec_decode_num_drafts"), result.get("spec_decode_draft_tokens"),
+               result.get("spec_decode_accepted_tokens"), None if per_pos is None else tuple(per_pos),
+               result.get("spec_decode_acceptance_length"), verdict)
+
+
+def lossless_cells(report: dict[str, Any]) -> tuple[str, str]:
+    """The Lossless cell (identical of total, pass or FAIL against the allowed share) and, below 100 %, a note
+    naming the first divergence: the prompt, the token index with the expected and the produced token id where
+    the server returned ids, else the character offset, with the text around it."""
+    share = f"{report['identical']}/{report['total']}"
+    verdict = f"{share} {'pass' if report.get('passed') else 'FAIL'}"
+    first = next(iter(report.get("mismatches") or []), None)
+    if first is None:
+        return verdict, ""
+    if first.get("token_index") is not None:
+        where = (f"token {first['token_index']}: expected id {first.get('expected_token')} vs got id "
+                 f"{first.get('actual_token')}")
+    else:
+        where = f"char {first['offset']}"
+    return verdict, f"first divergence in {first['id']} at {where} ({first['expected']!r} vs {first['actual']!r})"
 
 
 def cell(text: str) -> str:
@@ -117,7 +157,10 @@ def cell(text: str) -> str:
 def markdown(rows: list[Row]) -> str:
     lines = [HEADER, "|" + "|".join(["---"] * len(COLUMNS)) + "|"]
     for r in rows:
-        cells = (r.method, r.model, _fmt(r.avg), _fmt(r.peak), _fmt(r.acceptance, suffix="%"), r.notes)
+        per_pos = "n/a" if r.per_position is None else " / ".join(_fmt(100.0 * p, suffix="%") for p in r.per_position)
+        counts = ("n/a" if v is None else str(v) for v in (r.drafts, r.draft_tokens, r.accepted))
+        cells = (r.method, r.model, _fmt(r.avg), _fmt(r.peak), *counts, _fmt(r.acceptance, suffix="%"), per_pos,
+                 _fmt(r.length, 2), r.lossless, r.notes)
         lines.append("| " + " | ".join(map(cell, cells)) + " |")
     return "\n".join(lines) + "\n"
 
@@ -142,15 +185,29 @@ def plot_png(rows: list[Row], title: str = "Per-request output speed") -> bytes:
         series[f"{cell(name)} avg"] = [r.suites.get(name) or 0.0 for r in rows]
     x = np.arange(len(rows))
     width = 0.8 / len(series)
-    fig, ax = plt.subplots(figsize=(max(5.0, 1.6 * len(rows) + 2), 4), dpi=100)
+    labels = [f"{cell(r.method)}\n{_fmt(r.acceptance, suffix='%')} acc.\nlen {_fmt(r.length, 2)}" for r in rows]
+    fig, (ax, acc) = plt.subplots(1, 2, figsize=(2 * max(5.0, 1.6 * len(rows) + 2), 4.4), dpi=100)
     try:
         for i, (label, values) in enumerate(series.items()):
             bars = ax.bar(x + (i - (len(series) - 1) / 2) * width, values, width, label=label)
             ax.bar_label(bars, fmt="%.0f", fontsize=7)
-        ax.set_xticks(x, [f"{cell(r.method)}\n{_fmt(r.acceptance, suffix='%')} acc." for r in rows])
+        ax.set_xticks(x, labels)
         ax.set_ylabel("tok/s per request")
         ax.set_title(title)
         ax.legend(fontsize=8)
+        # acceptance per position (accepted at position i / drafts, from the server's counters) per method
+        positions = max((len(r.per_position or ()) for r in rows), default=0)
+        pwidth = 0.8 / max(1, positions)
+        for i in range(positions):
+            values = [100.0 * r.per_position[i] if r.per_position and i < len(r.per_position) else 0.0 for r in rows]
+            bars = acc.bar(x + (i - (positions - 1) / 2) * pwidth, values, pwidth, label=f"position {i}")
+            acc.bar_label(bars, fmt="%.0f", fontsize=7)
+        acc.set_xticks(x, labels)
+        acc.set_ylim(0, 100)
+        acc.set_ylabel("% of drafts accepted at the position")
+        acc.set_title("Acceptance per position (/metrics counter deltas)")
+        if positions:
+            acc.legend(fontsize=8)
         fig.tight_layout()
         out = io.BytesIO()
         fig.savefig(out, format="png", metadata={"Software": None, "Description": PNG_MARKER})
@@ -159,17 +216,52 @@ def plot_png(rows: list[Row], title: str = "Per-request output speed") -> bytes:
         plt.close(fig)
 
 
-def build(inputs: list[str]) -> list[Row]:
-    """A row per bench result; every input is read and checked before any row is used."""
-    if not inputs:
-        raise UserError("--inputs: no bench result given; pass one or more files from `sparkspec bench`")
+def load_lossless(path: str) -> dict[str, Any]:
+    """A `sparkspec check-output compare` report with what the table reads checked, else one line."""
+    from sparkspec.bench import lossless
+
+    fix = "pass files written by `sparkspec check-output compare --output`"
+    doc = read_json(path, "no such lossless report; run `sparkspec check-output compare --output` first", fix)
+    if not isinstance(doc, dict) or doc.get("format") != lossless.REPORT_FORMAT:
+        raise UserError(f"{path}: not a {lossless.REPORT_FORMAT} file; {fix}")
+    for key, kinds in (("method", (str,)), ("model", (str,)), ("identical", (int,)), ("total", (int,)),
+                       ("passed", (bool,)), ("mismatches", (list,))):
+        expect(doc, key, kinds, path, fix)
+    for n, m in enumerate(doc["mismatches"]):
+        where = f"{path}: mismatches[{n}]"
+        for key, kinds in (("id", (str,)), ("offset", (int,)), ("expected", (str,)), ("actual", (str,)),
+                           ("token_index", COUNT), ("expected_token", COUNT), ("actual_token", COUNT)):
+            expect(m, key, kinds, where, fix, required=key in ("id", "offset", "expected", "actual"))
+    return doc
+
+
+def _unique(paths: list[str], flag: str) -> None:
     seen: dict[str, str] = {}
-    for p in inputs:
+    for p in paths:
         real = os.path.realpath(p)
         if real in seen:
-            raise UserError(f"--inputs {p}: the same file as {seen[real]} given twice; give each result once")
+            raise UserError(f"{flag} {p}: the same file as {seen[real]} given twice; give each file once")
         seen[real] = p
-    return [row_for(load_result(p), p) for p in inputs]
+
+
+def build(inputs: list[str], lossless: Sequence[str] = ()) -> list[Row]:
+    """A row per bench result, with the lossless report of the same method and served model where one is given;
+    every input is read and checked before any row is used."""
+    if not inputs:
+        raise UserError("--inputs: no bench result given; pass one or more files from `sparkspec bench`")
+    _unique(list(inputs), "--inputs")
+    _unique(list(lossless), "--lossless")
+    results = [load_result(p) for p in inputs]
+    keys = [(str(r.get("method")), str(r.get("model_id"))) for r in results]
+    reports: dict[tuple[str, str], dict[str, Any]] = {}
+    for path in lossless:
+        doc = load_lossless(path)
+        key = (doc["method"], doc["model"])
+        if keys.count(key) != 1 or key in reports:
+            raise UserError(f"--lossless {path}: method {cell(key[0])} on model {cell(key[1])} is not exactly one "
+                            "bench result's, or given twice; pass one lossless report per bench row")
+        reports[key] = doc
+    return [row_for(r, p, reports.get(k)) for r, p, k in zip(results, inputs, keys)]
 
 
 def _json_doc(data: bytes) -> dict[str, Any]:
@@ -184,7 +276,7 @@ def _is_ours(kind: str, data: bytes) -> bool:
     """Whether an existing output's bytes are what this command writes (format marker; older results by
     their keys)."""
     if kind == "markdown":
-        return data.startswith(HEADER.encode())
+        return data.startswith((HEADER.encode(), OLD_HEADER.encode()))
     if kind == "plot":
         # plots written before the marker existed carry matplotlib's default Software tag instead
         head = data[:1 << 16]

@@ -142,7 +142,7 @@ def _bench(args: argparse.Namespace) -> int:
         url=args.url, model=args.model, suite=args.suite, concurrency=args.concurrency, requests=args.requests,
         max_tokens=args.max_tokens, temperature=args.temperature, api_key=api_key(args.api_key_file),
         method=args.method, unit=args.unit, enable_thinking=args.enable_thinking, ignore_eos=args.ignore_eos,
-        timeout=args.timeout)
+        timeout=args.timeout, extra={"profile": args.profile} if args.profile else {})
     result = bench_mod.run_bench(cfg)
     write_outputs([(out, json_bytes(result))])
     rate = result["spec_decode_acceptance_rate"]
@@ -195,14 +195,14 @@ def _check_compare(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     from sparkspec.bench import report
 
-    inputs = tuple(("--inputs", p) for p in args.inputs)
+    inputs = tuple(("--inputs", p) for p in args.inputs) + tuple(("--lossless", p) for p in args.lossless)
     md = None if args.markdown is None else Output(args.markdown, "--markdown", "markdown", inputs)
     png = None if args.plot is None else Output(args.plot, "--plot", "plot",
                                                 (*inputs, ("--markdown", args.markdown)))
     outputs = check_outputs([md, png])
     if png is not None:
         report.require_matplotlib()
-    rows = report.build(args.inputs)
+    rows = report.build(args.inputs, args.lossless)
     text = report.markdown(rows)
     data = {"--markdown": text.encode(), "--plot": report.plot_png(rows) if png is not None else b""}
     write_outputs([(o, data[o.flag]) for o in outputs])
@@ -243,6 +243,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     bench.add_argument("--unit", type=arg_type(check_label, "--unit"), help="systemd unit serving it "
                        "(recorded)")
     bench.add_argument("--output", required=True, help="result JSON file")
+    bench.add_argument("--profile", type=arg_type(check_label, "--profile"), help="profile serving now (recorded)")
     bench.set_defaults(func=_bench)
 
     check = sub.add_parser("check-output", help="lossless check: greedy outputs of a method vs baseline's")
@@ -265,6 +266,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
     rep = sub.add_parser("report", help="markdown Results Summary table and PNG plot from bench results")
     rep.add_argument("--inputs", nargs="+", required=True, help="bench result JSON files")
+    rep.add_argument("--lossless", nargs="+", default=[], help="lossless reports (`check-output compare "
+                     "--output`) of the same rows: the Lossless column and the first divergence in the notes")
     rep.add_argument("--markdown", help="markdown file to write (default: print the table)")
     rep.add_argument("--plot", help="PNG file to write")
     rep.add_argument("--json", action="store_true", help="print a final JSON line")

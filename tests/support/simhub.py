@@ -23,7 +23,7 @@ from pathlib import Path
 from sparkspec.errors import UserError
 from sparkspec.hub.publish import publish
 from sparkspec.validate import repo_folder
-from tests.support import testckpt, tinymodel
+from tests.support import heads, testckpt, tinymodel
 
 PORT = int(os.environ.get("SPARKSPEC_HUB_PORT", "8089"))
 
@@ -40,11 +40,21 @@ def _fp8(out: Path) -> None:
     testckpt.write_fp8(out, testckpt.ModelSpec(), shards=3, seed=1)
 
 
+def _eagle3(out: Path) -> None:
+    heads.write_eagle3_head(out, seed=0)  # distilled from sim-tiny once per machine, then cached by content
+
+
+def _dflash(out: Path) -> None:
+    heads.write_dflash_head(out, seed=0)
+
+
 # repo id -> generator. Names follow the real repos they stand in for.
 REPOS: dict[str, Callable[[Path], None]] = {
     "sparkspec/sim-tiny": _tiny,
     "sparkspec/sim-qwen3.5-moe-int4-AutoRound": _int4,
     "sparkspec/sim-qwen3.5-moe-FP8": _fp8,
+    "sparkspec/sim-tiny-EAGLE3": _eagle3,   # heads of sim-tiny (tests/support/heads.py)
+    "sparkspec/sim-tiny-DFlash": _dflash,
 }
 
 

@@ -1,4 +1,4 @@
-"""``sparkspec checkpoint assemble|add-mtp|verify``.
+"""``sparkspec checkpoint assemble|add-mtp|verify|check-head``.
 
 Run on the host, in this order: assemble (INT4 shards with the shared-expert layers in FP8), add-mtp
 (register the MTP head), verify. The generator of tiny checkpoints in the real formats lives with the tests
@@ -140,6 +140,16 @@ def _verify(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_head(args: argparse.Namespace) -> int:
+    from sparkspec.checkpoint.heads import check_head
+
+    r = check_head(args.method, args.head, args.target)
+    ids = f", aux layers {r.aux_layers}" if r.aux_layers else ""
+    return summary(args, f"{r.head}: {r.method} head OK for {args.target} ({r.architecture}, hidden "
+                         f"{r.hidden_size}{ids} of {r.target_layers} target layers, {r.tensors} tensors)",
+                   r.as_dict())
+
+
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     ckpt = sub.add_parser("checkpoint", help="assemble, register MTP and verify the hybrid checkpoint")
     cmds = ckpt.add_subparsers(dest="checkpoint_command", metavar="ACTION")
@@ -172,3 +182,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                         "without it, only files whose size, times or inode changed since are re-hashed")
     p.add_argument("--json", action="store_true", help="print a final JSON line")
     p.set_defaults(func=_verify)
+
+    p = cmds.add_parser("check-head", help="an EAGLE3 or DFlash head fits its target (configs and headers only)")
+    p.add_argument("--method", required=True, choices=("eagle3", "dflash"), help="the head's method")
+    p.add_argument("--head", required=True, help="the head's folder (config.json and *.safetensors)")
+    p.add_argument("--target", required=True, help="the target model's folder (its config.json)")
+    p.add_argument("--json", action="store_true", help="print a final JSON line")
+    p.set_defaults(func=_check_head)

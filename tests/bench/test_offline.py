@@ -67,6 +67,12 @@ def test_compare_reports_mismatch_offset_missing_and_json() -> None:
     assert rep["mismatches"][0]["id"] == "a" and rep["mismatches"][0]["offset"] == 6
     assert rep["json_expected"] == 1 and rep["json_parse_failures"] == 0
     assert lossless.verdict(rep, 0.3, True)[0] and not lossless.verdict(rep, 0.5, False)[0]
+    assert rep["mismatches"][0]["token_index"] is None  # no token ids on either side: the character offset only
+    with_ids = lossless.compare({"outputs": [{"id": "a", "text": "ab", "token_ids": [5, 6, 7]}]},
+                                [{"id": "a", "text": "ax", "token_ids": [5, 8]}])
+    first = with_ids["mismatches"][0]
+    assert (first["offset"], first["token_index"], first["expected_token"], first["actual_token"]) == (1, 1, 6, 8)
+    assert lossless.first_token_divergence([1, 2], [1, 2, 3]) == (2, None, 3)
     bad_json = lossless.compare(ref, [{"id": "b", "text": "not json"}])
     assert bad_json["json_failed_ids"] == ["b"]
     assert lossless.verdict(bad_json, 0.0, False)[0] and not lossless.verdict(bad_json, 0.0, True)[0]
@@ -84,6 +90,9 @@ def _result(method: str, avg: float, rate: float | None) -> dict[str, object]:
             "temperature": 0.0, "completed": 3, "failed": 0, "output_throughput": avg * 1.5,
             "per_request_tok_s_mean": avg, "per_request_tok_s_max": avg + 5, "spec_decode_acceptance_rate": rate,
             "spec_decode_acceptance_length": None if rate is None else 2.5, "partial": False,
+            "spec_decode_num_drafts": None if rate is None else 40, "spec_decode_draft_tokens": None if rate is None
+            else 80, "spec_decode_accepted_tokens": None if rate is None else 60,
+            "spec_decode_per_position_acceptance_rates": None if rate is None else [0.875, 0.625], "model_id": "tiny",
             "suites": {"structured": {"per_request_tok_s_mean": avg + 1}, "open": {"per_request_tok_s_mean": avg - 1}}}
 
 
@@ -93,12 +102,21 @@ def test_report_table_and_plot(tmp_path: Path, cli: Cli) -> None:
         paths.append(tmp_path / f"{name}.json")
         paths[-1].write_text(json.dumps(_result(name, avg, rate)))
     md, png = tmp_path / "r.md", tmp_path / "r.png"
-    run = cli("report", "--inputs", *map(str, paths), "--markdown", str(md), "--plot", str(png), "--json")
+    loss = tmp_path / "lossless-mtp.json"  # 2 of 3 identical (allowed down to 0.6): the note names the divergence
+    loss.write_text(json.dumps({"format": "sparkspec-lossless-report/1", "method": "mtp", "model": "tiny",
+                                "identical": 2, "total": 3, "passed": True, "mismatches": [
+                                    {"id": "s3", "offset": 7, "expected": "abc", "actual": "abd", "token_index": 4,
+                                     "expected_token": 99, "actual_token": 100}]}))
+    run = cli("report", "--inputs", *map(str, paths), "--lossless", str(loss), "--markdown", str(md), "--plot",
+              str(png), "--json")
     assert run.returncode == 0, run.stderr
     lines = md.read_text().splitlines()
-    assert lines[0] == "| Method | Model | Avg tok/s | Peak tok/s | Acceptance Rate | Notes |"
-    assert lines[2].startswith("| baseline | tiny | 36.5 | 41.5 | n/a | ")
-    assert lines[3].startswith("| mtp | tiny | 48.2 | 53.2 | 71.0% | ") and "structured 49.2 tok/s" in lines[3]
+    assert lines[0] == ("| Method | Model | Avg tok/s | Peak tok/s | Drafts | Draft tokens | Accepted | Acceptance Rate "
+                        "| Acceptance per position | Mean acceptance length | Lossless | Notes |")
+    assert lines[2].startswith("| baseline | tiny | 36.5 | 41.5 | n/a | n/a | n/a | n/a | n/a | n/a | reference | ")
+    assert lines[3].startswith("| mtp | tiny | 48.2 | 53.2 | 40 | 80 | 60 | 71.0% | 87.5% / 62.5% | 2.50 | 2/3 pass | "
+                               "first divergence in s3 at token 4: expected id 99 vs got id 100 ('abc' vs 'abd')")
+    assert "structured 49.2 tok/s" in lines[3]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     bad = tmp_path / "bad.json"
     bad.write_text('{"hello": 1}')

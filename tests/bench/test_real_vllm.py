@@ -70,6 +70,8 @@ def test_lossless_passes_for_ngram_and_fails_when_an_output_differs(baseline: Se
     doc = json.loads(ref.read_text())
     victim = doc["outputs"][3]
     victim["text"] = victim["text"][:10] + ("#" if victim["text"][10:11] != "#" else "$") + victim["text"][11:]
+    assert len(victim["token_ids"]) == victim["output_tokens"]  # vLLM streamed the ids (return_token_ids)
+    expected_token = victim["token_ids"][3] = victim["token_ids"][3] + 1
     ref.write_text(json.dumps(doc))
     differ = cli("check-output", "compare", "--url", ngram.url, "--model", ngram.model, "--reference", str(ref),
                  "--output", str(tmp_path / "differ.json"))
@@ -77,7 +79,10 @@ def test_lossless_passes_for_ngram_and_fails_when_an_output_differs(baseline: Se
     report = json.loads((tmp_path / "differ.json").read_text())
     assert report["identical"] == 14 and report["passed"] is False
     assert [(m["id"], m["offset"]) for m in report["mismatches"]] == [(victim["id"], 10)]
-    assert f"{victim['id']} diverges at char 10" in differ.stderr
+    mismatch = report["mismatches"][0]
+    assert (mismatch["token_index"], mismatch["expected_token"], mismatch["actual_token"]) == (
+        3, expected_token, expected_token - 1)
+    assert f"{victim['id']} diverges at char 10 (token 3: id {expected_token} expected" in differ.stderr
     lenient = cli("check-output", "compare", "--url", ngram.url, "--model", ngram.model, "--reference", str(ref),
                   "--min-share", "0.9")
     assert lenient.returncode == 0, lenient.stderr

@@ -47,6 +47,7 @@ class RequestOptions:
     temperature: float
     enable_thinking: bool = False
     ignore_eos: bool = False
+    return_token_ids: bool = False  # ask vLLM for the ids of the generated tokens (the lossless check's)
 
 
 @dataclass
@@ -58,6 +59,7 @@ class RequestResult:
     output_tokens: int = 0
     text: str = ""
     finish_reason: str | None = None
+    token_ids: list[int] | None = None  # with return_token_ids, where the server sent them
 
 
 def chat_url(base_url: str) -> str:
@@ -76,6 +78,8 @@ def request_body(prompt: Prompt, opts: RequestOptions) -> dict[str, Any]:
     }
     if opts.ignore_eos:
         body["ignore_eos"] = True
+    if opts.return_token_ids:
+        body["return_token_ids"] = True
     return body
 
 
@@ -140,6 +144,11 @@ class ChunkParser:
         if not self.result.ttft:
             self.result.ttft = self.last - self.start
         self.parts.append(content or "")
+        ids = choice.get("token_ids")
+        if ids is not None:
+            if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+                raise _shape("token_ids", ids)
+            self.result.token_ids = (self.result.token_ids or []) + ids
         if finish:
             self.result.finish_reason = clean(finish)
 

@@ -39,6 +39,21 @@ class Mismatch:
     offset: int
     expected: str
     actual: str
+    token_index: int | None = None  # where the token ids differ (both sides had ids), with the two ids
+    expected_token: int | None = None
+    actual_token: int | None = None
+
+
+def first_token_divergence(expected: Any, actual: Any) -> tuple[int, int | None, int | None] | None:
+    """(index, expected id, produced id) of the first differing token id (None past an end); None without ids
+    on both sides, or when they are equal."""
+    if not isinstance(expected, list) or not isinstance(actual, list) or expected == actual:
+        return None
+    for i, (a, b) in enumerate(zip(expected, actual)):
+        if a != b:
+            return i, a, b
+    n = min(len(expected), len(actual))
+    return n, expected[n] if n < len(expected) else None, actual[n] if n < len(actual) else None
 
 
 def first_divergence(expected: str, actual: str) -> int | None:
@@ -69,7 +84,7 @@ def generate(url: str, model: str, prompts: list[Prompt], max_tokens: int, api_k
     counted as a mismatch."""
     with sync_client() as client:
         preflight(client, url, model, api_key)
-    opts = RequestOptions(model, max_tokens, 0.0, enable_thinking)
+    opts = RequestOptions(model, max_tokens, 0.0, enable_thinking, return_token_ids=True)
 
     async def go() -> list[Any]:
         async with async_client(concurrency, timeout) as aclient:
@@ -79,7 +94,7 @@ def generate(url: str, model: str, prompts: list[Prompt], max_tokens: int, api_k
     by_id = {r.prompt.id: r for r in asyncio.run(go())}
     return [{"id": p.id, "suite": p.suite, "prompt": p.prompt, "expect_json": p.expect_json,
              "text": by_id[p.id].text, "output_tokens": by_id[p.id].output_tokens,
-             "finish_reason": by_id[p.id].finish_reason} for p in prompts]
+             "finish_reason": by_id[p.id].finish_reason, "token_ids": by_id[p.id].token_ids} for p in prompts]
 
 
 def record(url: str, model: str, suite: str = "all", max_tokens: int = 128, api_key: str | None = None,
@@ -124,6 +139,9 @@ def load_reference(path: str | Path, model: str) -> dict[str, Any]:
             expect(out, key, str, where, fix)
         expect(out, "suite", str, where, fix, required=False)
         expect(out, "expect_json", bool, where, fix, required=False)
+        ids = expect(out, "token_ids", (list, type(None)), where, fix, required=False)
+        if ids is not None and not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            raise UserError(f"{where}: token_ids holds something other than token ids; {fix}")
         if not out["id"] or len(out["id"]) > MAX_ID or not out["id"].isprintable() or not out["prompt"].strip():
             raise UserError(f"{where}: needs a printable id of 1 to {MAX_ID} characters and a prompt; {fix}")
     ids = [o["id"] for o in outputs]
@@ -154,8 +172,9 @@ def compare(reference: dict[str, Any], outputs: list[dict[str, Any]]) -> dict[st
             identical += 1
         else:
             lo = max(0, offset - CONTEXT // 2)
+            token = first_token_divergence(ref.get("token_ids"), got.get("token_ids"))
             mismatches.append(Mismatch(ref["id"], offset, ref["text"][lo:offset + CONTEXT],
-                                       got["text"][lo:offset + CONTEXT]))
+                                       got["text"][lo:offset + CONTEXT], *(token or ())))
         if ref.get("expect_json"):
             json_expected += 1
             if not parses_as_json(got["text"]):
@@ -176,7 +195,9 @@ def verdict(report: dict[str, Any], min_share: float, require_json: bool) -> tup
     summary = (f"{report['identical']}/{report['total']} identical (share {report['share']:.3f}), "
                f"JSON parse failures {report['json_parse_failures']}/{report['json_expected']}")
     for m in report["mismatches"][:5]:
-        summary += f"; {m['id']} diverges at char {m['offset']}: {m['expected']!r} vs {m['actual']!r}"
+        token = "" if m.get("token_index") is None else (f" (token {m['token_index']}: id {m['expected_token']} "
+                                                          f"expected, {m['actual_token']} produced)")
+        summary += f"; {m['id']} diverges at char {m['offset']}{token}: {m['expected']!r} vs {m['actual']!r}"
     return not reasons, summary if not reasons else f"FAIL ({'; '.join(reasons)}): {summary}"
 
 

@@ -29,7 +29,7 @@ from sparkspec.errors import UserError
 from sparkspec.validate import repo_folder
 from tests.support import tinymodel
 
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 1  # bump when this module or distil.py changes what it writes: the caches then rebuild
 TARGET_REPO = "sparkspec/sim-tiny"
 EAGLE3_AUX_IDS = [0, 1]         # aux state i = the input of target layer i (0: the embeddings)
 DFLASH_BLOCK = 16               # the built-in dflash method drafts 15 tokens: block 16

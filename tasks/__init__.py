@@ -109,36 +109,54 @@ def deploy(c, host=None, method=None, inventory=None, check=False, skip_tags="")
     _play(c, playbook, host, inventory, extra, skip_tags=skip_tags, check=check)
 
 
-@task(positional=[], auto_shortflags=False, help={"host": "inventory host", "methods": "comma-separated methods, e.g. baseline,ngram,mtp,eagle3,dflash",
-            "inventory": "inventory folder (default from invoke.yaml)"})
+@task(positional=[], auto_shortflags=False, help={
+    "host": "inventory host",
+    "methods": "comma-separated rows, METHOD or METHOD@PROFILE (a profile the host stages; default the inventory's), "
+               "e.g. baseline,ngram,eagle3,dflash,mtp@sim-mtp; each profile gets a baseline row (its lossless reference)",
+    "inventory": "inventory folder (default from invoke.yaml)"})
 def compare(c, host=None, methods="baseline,ngram", inventory=None):
-    """Deploy each method in turn (lossless check + bench), restore the running one, write one table and plot."""
-    if not host:
-        raise Exit("sparkspec: error: --host is required; name a host of the inventory", code=2)
-    wanted = [m for m in methods.split(",") if m]
-    runs = {method: _method_playbook(c, method, inventory, host) for method in wanted}
-    order = sorted(wanted, key=lambda m: m != "baseline")  # baseline first: it records the lossless reference
+    """Deploy each row (method on a profile) in turn: lossless check against baseline on the same profile, bench;
+    restore what ran; write one table and plot (reports/<host>/compare.{md,png}) with the /metrics figures."""
+    from tasks import compare_plan as plan
+
+    inv = _host(c, host, inventory)
+    assert host is not None
+    names = tuple(f"sparkspec_{key}" for key in plan.CONTRACT)
     try:
-        running = host_status.host_status(_inventory(c, inventory), host, ask_become_pass=_ask(c)).method
+        values = inv.host_vars(host, names)
+        rows = plan.plan(plan.parse(methods, values.get("sparkspec_profile", "")))
+        plan.check(sorted(rows, key=lambda r: r.added), values)   # the rows asked for first
+        now = host_status.host_status(_inventory(c, inventory), host, ask_become_pass=_ask(c))
     except UserError as exc:
         raise _fail(exc) from None
+    running = plan.Row(now.method, now.profile or values.get("sparkspec_profile", "")) if now.method else None
+    reports = ROOT / "reports" / "compare"
+    for row in rows:  # this run's files only: a row that did not run leaves no old result behind
+        for old in (reports / host / f"{row.name}.json", reports / host / "lossless" / f"{row.name}.json"):
+            old.unlink(missing_ok=True)
     last = None
     try:
-        for method in order:
-            playbook, extra = runs[method]
-            extra = {**extra, "verify_rerecord_reference": True} if method == "baseline" else extra
-            last = method
+        for row in rows:
+            playbook, extra = _method_playbook(c, row.method, inventory, host)
+            extra = {**extra, "sparkspec_profile": row.profile, "verify_report_name": row.name,
+                     "verify_reports_dir": str(reports), "verify_rerecord_reference": row.method == "baseline"}
+            last = plan.Row(row.method, row.profile)
+            print(f"sparkspec: compare on {host}: {row.name}" + (" (the profile's lossless reference)" if row.added
+                                                                  else ""))
             _play(c, playbook, host, inventory, extra)
-    finally:  # a method that fails (e.g. the lossless check) must not leave the host on it
+    finally:  # a row that fails (e.g. the lossless check) must not leave the host on it
         if running and running != last:
-            print(f"sparkspec: restoring {running} on {host}")
-            playbook, extra = _method_playbook(c, running, inventory, host)
-            _play(c, playbook, host, inventory, extra, skip_tags="verify")
-    reports = ROOT / "reports" / host
-    inputs = " ".join(str(reports / f"{m}.json") for m in order)
-    c.run(f"{sys.executable} -m sparkspec.cli report --inputs {inputs} --markdown {reports}/compare.md "
-          f"--plot {reports}/compare.png")
-    print((reports / "compare.md").read_text())
+            print(f"sparkspec: restoring {running.name} on {host}")
+            playbook, extra = _method_playbook(c, running.method, inventory, host)
+            _play(c, playbook, host, inventory, {**extra, "sparkspec_profile": running.profile}, skip_tags="verify")
+    out = ROOT / "reports" / host
+    inputs = " ".join(shlex.quote(str(reports / host / f"{row.name}.json")) for row in rows)
+    lossless = [reports / host / "lossless" / f"{row.name}.json" for row in rows]
+    flags = " ".join(shlex.quote(str(p)) for p in lossless if p.is_file())
+    c.run(f"{shlex.quote(sys.executable)} -m sparkspec.cli report --inputs {inputs}"
+          + (f" --lossless {flags}" if flags else "")
+          + f" --markdown {shlex.quote(str(out / 'compare.md'))} --plot {shlex.quote(str(out / 'compare.png'))}")
+    print((out / "compare.md").read_text())
 
 
 @task(positional=[], auto_shortflags=False, help={"host": "inventory host", "method": "method to render", "dest": "folder to write the files under",

@@ -16,7 +16,11 @@ SAMPLE = re.compile(r'^(vllm:[a-z_]+_total)(\{[^}]*\})? ([0-9.eE+-]+)$')
 def raw_counters(base_url: str) -> dict[str, float]:
     """name (or name/position for the per-position counter) -> value summed over label sets."""
     with urllib.request.urlopen(base_url + "/metrics", timeout=30) as r:
-        text = r.read().decode()
+        return counters_from_text(r.read().decode())
+
+
+def counters_from_text(text: str) -> dict[str, float]:
+    """The same, from /metrics text kept elsewhere (the verify role keeps it around its bench)."""
     sums: dict[str, float] = defaultdict(float)
     for line in text.splitlines():
         if m := SAMPLE.match(line):

@@ -1,5 +1,7 @@
-"""Verify and compare on the simulated Spark: the lossless check, bench figures equal to the server's own
-counter deltas, and `invoke compare` writing the table and plot for baseline and ngram."""
+"""`invoke compare` on the simulated Spark: one run serves every method (MTP on its own profile) through the real
+unit, each speculative row checked lossless against baseline on the same profile; the table's figures equal the
+server's counter deltas over each bench, read here from the /metrics text the verify role kept around it with
+this file's own parser (tests/counters.py), not from the report's numbers. Bad rows are refused before any play."""
 
 from __future__ import annotations
 
@@ -8,43 +10,157 @@ import re
 
 import pytest
 
+from tasks import inventory
 from tests.conftest import BIN, ROOT, run_cli
-from tests.counters import assert_result_equals_counter_deltas, raw_counters
+from tests.counters import counters_from_text
 
-pytestmark = [pytest.mark.sim, pytest.mark.slow]
-
-URL = "http://127.0.0.1:8000"
-
-
-def test_compare_baseline_and_ngram(provisioned):
-    result = run_cli(f"{BIN}/invoke", "compare", "--host", "sim01", "--methods", "ngram,baseline", timeout=2400)
-    assert result.returncode == 0, result.stdout[-5000:] + result.stderr
-    reports = ROOT / "reports/sim01"
-    table = (reports / "compare.md").read_text()
-    assert re.search(r"^\| baseline \| sim-tiny \| [0-9.]+ \| [0-9.]+ \| n/a \|", table, re.MULTILINE), table
-    assert re.search(r"^\| ngram \| sim-tiny \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ ?% \|", table, re.MULTILINE), table
-    assert (reports / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    # the lossless check ran for ngram against baseline's reference, and passed
-    assert "ngram is lossless against baseline" in result.stdout
-    # compare restores what was running before it (baseline, from provisioning)
-    assert json.loads(run_cli(*provisioned.ssh_argv("cat /etc/sparkspec/sparkspec-vllm.json")).stdout)["method"] \
-        == "baseline"
+SIM = "sim01"
+PROFILE = "sim-tiny"          # the sim inventory's served profile
+MTP_PROFILE = "sim-mtp"       # the sim profile that serves MTP (tests/support, helper B's generator)
+ROWS = ("baseline", "ngram", "eagle3", "dflash", f"mtp@{MTP_PROFILE}")
+COLUMNS = ("Method", "Model", "Avg tok/s", "Peak tok/s", "Drafts", "Draft tokens", "Accepted", "Acceptance Rate",
+           "Acceptance per position", "Mean acceptance length", "Lossless", "Notes")
+DRAFTS = "vllm:spec_decode_num_drafts_total"
+DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
+ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
+PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total/"
 
 
-def test_bench_figures_equal_counter_deltas(provisioned, api_key, tmp_path):
-    deploy = run_cli(f"{BIN}/invoke", "deploy", "--host", "sim01", "--method", "ngram", "--skip-tags", "verify",
-                     timeout=1200)
-    assert deploy.returncode == 0, deploy.stdout[-3000:] + deploy.stderr
-    before = raw_counters(URL)
-    out = tmp_path / "bench.json"
-    bench = run_cli(f"{BIN}/sparkspec", "bench", "--url", URL, "--model", "sim-tiny", "--suite", "structured",
-                    "--max-tokens", "32", "--temperature", "0", "--concurrency", "2", "--output", str(out),
-                    env={"SPARKSPEC_API_KEY": api_key})
-    assert bench.returncode == 0, bench.stderr
-    assert_result_equals_counter_deltas(json.loads(out.read_text()), before, raw_counters(URL))
-    assert len(json.loads(out.read_text())["spec_decode_per_position_acceptance_rates"]) == 4
+def _sim_vars() -> dict:
+    return inventory.load("inventories/sim").host_vars(SIM, ("sparkspec_profiles", "sparkspec_stage_profiles"))
 
 
+def available_rows() -> tuple[list[str], list[str]]:
+    """The rows the sim inventory can serve today, and the ones it cannot yet (with why)."""
+    values = _sim_vars()
+    profiles, staged = values["sparkspec_profiles"], values["sparkspec_stage_profiles"]
+    heads = profiles[PROFILE].get("heads", {})
+    rows, missing = ["baseline", "ngram"], []
+    for head in ("eagle3", "dflash"):
+        (rows if head in heads else missing).append(head if head in heads else f"{head} (no {head} head on {PROFILE})")
+    if MTP_PROFILE in profiles and MTP_PROFILE in staged:
+        rows.append(f"mtp@{MTP_PROFILE}")
+    else:
+        missing.append(f"mtp@{MTP_PROFILE} (no staged profile {MTP_PROFILE})")
+    return rows, missing
+
+
+def table_rows(markdown: str) -> dict[str, dict[str, str]]:
+    """Method@profile -> cells of the compare table (the Model cell names the profile)."""
+    lines = markdown.splitlines()
+    assert lines[0] == "| " + " | ".join(COLUMNS) + " |", lines[0]
+    out = {}
+    for line in lines[2:]:
+        cells = dict(zip(COLUMNS, (c.strip() for c in line.strip().strip("|").split(" | "))))
+        profile = re.search(r"\(profile ([^)]+)\)", cells["Model"])
+        assert profile, cells["Model"]
+        out[f"{cells['Method']}@{profile.group(1)}"] = cells
+    return out
+
+
+def deltas(name: str) -> dict[str, float]:
+    folder = ROOT / "reports/compare" / SIM / "metrics"
+    before = counters_from_text((folder / f"{name}.before").read_text())
+    after = counters_from_text((folder / f"{name}.after").read_text())
+    return {k: after[k] - before.get(k, 0.0) for k in after}
+
+
+def check_row(name: str, cells: dict[str, str], bench: dict) -> float:
+    """The row's figures equal the counter deltas (counts exactly, rates to the table's rounding); returns the
+    accepted tokens."""
+    d = deltas(name)
+    assert bench["total_output_tokens"] == d["vllm:generation_tokens_total"]
+    if name.startswith("baseline@"):
+        assert d.get(DRAFTS, 0.0) == 0.0
+        assert [cells[c] for c in COLUMNS[4:11]] == ["n/a"] * 6 + ["reference"], cells
+        return 0.0
+    drafts, draft_tokens, accepted = d[DRAFTS], d[DRAFT_TOKENS], d[ACCEPTED]
+    assert drafts > 0, f"{name}: no drafts in /metrics over the bench"
+    assert (int(cells["Drafts"]), int(cells["Draft tokens"]), int(cells["Accepted"])) == (drafts, draft_tokens,
+                                                                                          accepted), cells
+    assert float(cells["Acceptance Rate"].rstrip("%")) == pytest.approx(100 * accepted / draft_tokens, abs=0.051)
+    assert float(cells["Mean acceptance length"]) == pytest.approx(1 + accepted / drafts, abs=0.0051)
+    positions = sorted(int(k.removeprefix(PER_POS)) for k in d if k.startswith(PER_POS))
+    assert positions == list(range(len(positions))) and positions
+    shown = [float(v.rstrip("%")) for v in cells["Acceptance per position"].split(" / ")]
+    assert shown == pytest.approx([100 * d[f"{PER_POS}{i}"] / drafts for i in positions], abs=0.051)
+    identical, total = re.fullmatch(r"(\d+)/(\d+) pass", cells["Lossless"]).groups()  # type: ignore[union-attr]
+    assert identical == total, f"{name}: {cells['Lossless']} (the sim allows no divergence): {cells['Notes']}"
+    return accepted
+
+
+@pytest.mark.sim
+@pytest.mark.slow
+def test_compare_serves_every_method(provisioned):
+    rows, missing = available_rows()
+    result = run_cli(f"{BIN}/invoke", "compare", "--host", SIM, "--methods", ",".join(rows), timeout=2400)
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr
+    table = table_rows((ROOT / "reports" / SIM / "compare.md").read_text())
+    expected = {r if "@" in r else f"{r}@{PROFILE}" for r in rows}
+    expected |= {f"baseline@{r.split('@')[1]}" for r in rows if "@" in r}   # each profile gets its baseline
+    assert set(table) == expected, table.keys()
+    accepted = {}
+    for name, cells in table.items():
+        bench = json.loads((ROOT / "reports/compare" / SIM / f"{name}.json").read_text())
+        assert cells["Model"] == f"{bench['served_model']['id']} (profile {name.split('@')[1]})"
+        accepted[name.split("@")[0]] = check_row(name, cells, bench)
+        if not name.startswith("baseline@"):
+            assert f"{name.split('@')[0]} is lossless against baseline" in result.stdout
+    assert (ROOT / "reports" / SIM / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # compare restores what ran before it (baseline on the served profile, from provisioning)
+    record = json.loads(run_cli(*provisioned.ssh_argv("cat /etc/sparkspec/sparkspec-vllm.json")).stdout)
+    assert (record["method"], record["profile"]) == ("baseline", PROFILE)
+    learned = {m: a for m, a in accepted.items() if m in ("mtp", "eagle3", "dflash")}
+    if missing:
+        pytest.xfail(f"served and checked {', '.join(rows)}; not yet in the sim inventory: {', '.join(missing)}")
+    assert any(a > 0 for a in learned.values()), f"no distilled head accepted a token: {learned}"
+
+
+@pytest.mark.parametrize(("methods", "message"), [
+    ("baseline,eagle3@sim-hybrid",
+     ("--methods eagle3@sim-hybrid: sparkspec_methods.eagle3.head: method eagle3 needs a eagle3 head, and profile "
+      "sim-hybrid has none")),
+    ("ngram@nope", "--methods ngram@nope: sparkspec_profile: 'nope' is not a key of sparkspec_profiles"),
+    ("warp", "--methods warp@sim-tiny: sparkspec_method_switch: unknown method 'warp'"),
+    ("ngram@", "--methods: 'ngram@' is not METHOD or METHOD@PROFILE"),
+    ("ngram,ngram@sim-tiny", "--methods: ngram@sim-tiny is listed twice"),
+], ids=["head-the-profile-lacks", "unknown-profile", "unknown-method", "empty-profile", "twice"])
+def test_bad_rows_are_refused_before_any_play(methods, message):
+    """Each row is resolved as the play would before the host is touched: one line, exit 2, no play run."""
+    before = {p: p.stat().st_mtime for p in (ROOT / "reports").rglob("*") if p.is_file()}
+    result = run_cli(f"{BIN}/invoke", "compare", "--host", SIM, "--methods", methods, timeout=120)
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("sparkspec: error: "), result.stderr
+    assert message in lines[0]
+    assert "PLAY" not in result.stdout
+    assert before == {p: p.stat().st_mtime for p in (ROOT / "reports").rglob("*") if p.is_file()}
+
+
+def test_rows_are_planned_per_profile():
+    """Baseline first in each profile's group; a profile without a baseline row gets one (its reference)."""
+    from tasks import compare_plan as compare
+
+    rows = compare.plan(compare.parse("ngram,mtp@p2,baseline,eagle3@p2", "p1"))
+    assert [(r.name, r.added) for r in rows] == [("baseline@p1", False), ("ngram@p1", False),
+                                                  ("baseline@p2", True), ("mtp@p2", False), ("eagle3@p2", False)]
+
+
+def test_unstaged_profile_is_refused():
+    from sparkspec.errors import UserError
+    from tasks import compare_plan as compare
+
+    values = _sim_vars()
+    contract = {f"sparkspec_{k}": v for k, v in {
+        "method": "baseline", "methods": {"baseline": {"speculative_config": None}}, "methods_extra": {},
+        "profile": PROFILE, "profiles": values["sparkspec_profiles"], "stage_profiles": [PROFILE],
+        "models_dir": "/m", "sources_dir": "/m/s", "heads_dir": "/m/h", "vllm_venv": "/v"}.items()}
+    with pytest.raises(UserError, match="profile sim-hybrid is not staged on this host"):
+        compare.check([compare.Row("baseline", "sim-hybrid")], contract)
+
+
+@pytest.mark.sim
+@pytest.mark.slow
 @pytest.mark.parametrize(("expect", "ok"), [(".", True), ("^the-tiny-model-never-says-this$", False)])
 def test_known_answers_catch_wrong_output(provisioned, expect, ok):
     """verify asks known-answer prompts: output that does not match fails the play, whatever its speed."""

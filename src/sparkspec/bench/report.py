@@ -199,9 +199,10 @@ def plot_png(rows: list[Row], title: str = "Per-request output speed") -> bytes:
         positions = max((len(r.per_position or ()) for r in rows), default=0)
         pwidth = 0.8 / max(1, positions)
         for i in range(positions):
-            values = [100.0 * r.per_position[i] if r.per_position and i < len(r.per_position) else 0.0 for r in rows]
+            has = [r.per_position is not None and i < len(r.per_position) for r in rows]
+            values = [100.0 * r.per_position[i] if r.per_position and ok else 0.0 for r, ok in zip(rows, has)]
             bars = acc.bar(x + (i - (positions - 1) / 2) * pwidth, values, pwidth, label=f"position {i}")
-            acc.bar_label(bars, fmt="%.0f", fontsize=7)
+            acc.bar_label(bars, labels=[f"{v:.0f}" if ok else "" for v, ok in zip(values, has)], fontsize=7)
         acc.set_xticks(x, labels)
         acc.set_ylim(0, 100)
         acc.set_ylabel("% of drafts accepted at the position")
@@ -224,13 +225,17 @@ def load_lossless(path: str) -> dict[str, Any]:
     doc = read_json(path, "no such lossless report; run `sparkspec check-output compare --output` first", fix)
     if not isinstance(doc, dict) or doc.get("format") != lossless.REPORT_FORMAT:
         raise UserError(f"{path}: not a {lossless.REPORT_FORMAT} file; {fix}")
-    for key, kinds in (("method", (str,)), ("model", (str,)), ("identical", (int,)), ("total", (int,)),
-                       ("passed", (bool,)), ("mismatches", (list,))):
+    required: tuple[tuple[str, tuple[type, ...]], ...] = (
+        ("method", (str,)), ("model", (str,)), ("identical", (int,)), ("total", (int,)), ("passed", (bool,)),
+        ("mismatches", (list,)))
+    for key, kinds in required:
         expect(doc, key, kinds, path, fix)
     for n, m in enumerate(doc["mismatches"]):
         where = f"{path}: mismatches[{n}]"
-        for key, kinds in (("id", (str,)), ("offset", (int,)), ("expected", (str,)), ("actual", (str,)),
-                           ("token_index", COUNT), ("expected_token", COUNT), ("actual_token", COUNT)):
+        fields: tuple[tuple[str, tuple[type, ...]], ...] = (
+            ("id", (str,)), ("offset", (int,)), ("expected", (str,)), ("actual", (str,)), ("token_index", COUNT),
+            ("expected_token", COUNT), ("actual_token", COUNT))
+        for key, kinds in fields:
             expect(m, key, kinds, where, fix, required=key in ("id", "offset", "expected", "actual"))
     return doc
 

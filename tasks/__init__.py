@@ -134,16 +134,18 @@ def compare(c, host=None, methods="baseline,ngram", inventory=None):
     for row in rows:  # this run's files only: a row that did not run leaves no old result behind
         for old in (reports / host / f"{row.name}.json", reports / host / "lossless" / f"{row.name}.json"):
             old.unlink(missing_ok=True)
-    last = None
+    last = running if now.health == 200 else None   # what serves, healthy: its row needs no switch, only verify
     try:
         for row in rows:
             playbook, extra = _method_playbook(c, row.method, inventory, host)
             extra = {**extra, "sparkspec_profile": row.profile, "verify_report_name": row.name,
                      "verify_reports_dir": str(reports), "verify_rerecord_reference": row.method == "baseline"}
+            serving = last == plan.Row(row.method, row.profile)
             last = plan.Row(row.method, row.profile)
             print(f"sparkspec: compare on {host}: {row.name}" + (" (the profile's lossless reference)" if row.added
-                                                                  else ""))
-            _play(c, playbook, host, inventory, extra)
+                                                                  else "") + (" (serving: verify only)" if serving
+                                                                              else ""))
+            _play(c, "verify.yml" if serving else playbook, host, inventory, extra)
     finally:  # a row that fails (e.g. the lossless check) must not leave the host on it
         if running and running != last:
             print(f"sparkspec: restoring {running.name} on {host}")

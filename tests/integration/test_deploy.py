@@ -12,6 +12,7 @@ import urllib.request
 
 import pytest
 
+from tasks.play import PlayResult, failure_summary, run_playbook
 from tests.conftest import BIN, ROOT, run_cli
 from tests.support.sim import Sim
 
@@ -27,21 +28,13 @@ def ssh(sim, command: str) -> str:
     return result.stdout.strip()
 
 
-def deploy(method: str, *extra_vars: str, expect_ok: bool = True):
-    if not extra_vars:
-        result = run_cli(f"{BIN}/invoke", "deploy", "--host", "sim01", "--method", method, timeout=1200)
-    else:
-        argv = [f"{BIN}/ansible-playbook", "-i", "inventories/sim", "--limit", "sim01", f"playbooks/deploy-{method}.yml"]
-        for ev in extra_vars:
-            argv += ["-e", ev]
-        result = run_cli(*argv, timeout=1200)
+def deploy(method: str, expect_ok: bool = True, **extra_vars: object) -> PlayResult:
+    """playbooks/deploy-<method>.yml on sim01 through ansible-runner: what happened comes from its events."""
+    result = run_playbook(ROOT / "playbooks" / f"deploy-{method}.yml", ROOT / "inventories" / "sim", "sim01",
+                          extra_vars=extra_vars, quiet=True)
     if expect_ok:
-        assert result.returncode == 0, result.stdout[-5000:] + result.stderr
+        assert result.rc == 0, failure_summary(result, "sim01")
     return result
-
-
-def changed(output: str) -> int:
-    return int(re.search(r"^sim01\s+: ok=\d+\s+changed=(\d+)", output, re.MULTILINE).group(1))
 
 
 def record(sim) -> dict:
@@ -87,6 +80,7 @@ def complete(prompt: str, max_tokens: int = 48) -> str:
 
 def test_ngram_serves_and_drafts(provisioned):
     result = deploy("ngram")
+    assert result.changed["sim01"] > 0, "the switch to ngram changed nothing on the host"
     assert record(provisioned)["method"] == "ngram"
     wait_healthy()
     drafts, generated = counter("vllm:spec_decode_num_drafts_total"), counter("vllm:generation_tokens_total")
@@ -94,7 +88,6 @@ def test_ngram_serves_and_drafts(provisioned):
     assert text.strip(), "empty completion"
     assert counter("vllm:spec_decode_num_drafts_total") > drafts
     assert counter("vllm:generation_tokens_total") > generated
-    del result
 
 
 def test_cmdline_is_what_was_rendered(provisioned):
@@ -108,7 +101,7 @@ def test_cmdline_is_what_was_rendered(provisioned):
 def test_redeploy_changes_nothing(provisioned):
     pid = main_pid(provisioned)
     result = deploy("ngram")
-    assert changed(result.stdout) == 0, result.stdout[-4000:]
+    assert result.changed == {"sim01": 0}, result
     assert main_pid(provisioned) == pid
 
 
@@ -122,9 +115,10 @@ def test_status_names_the_method(provisioned):
 
 def test_wrong_flag_is_refused_before_restart(provisioned):
     pid = main_pid(provisioned)
-    result = deploy("baseline", json.dumps({"deploy_extra_args": ["--no-such-flag"]}), expect_ok=False)
-    assert result.returncode != 0
-    assert "vLLM refused the command line" in result.stdout and "--no-such-flag" in result.stdout
+    result = deploy("baseline", expect_ok=False, deploy_extra_args=["--no-such-flag"])
+    message = failure_summary(result, "sim01")
+    assert result.rc != 0 and result.failed == {"sim01": 1}, result
+    assert "vLLM refused the command line" in message and "--no-such-flag" in message, message
     assert main_pid(provisioned) == pid, "the running unit was restarted"
     assert record(provisioned)["method"] == "ngram"
     assert http("/health")[0] == 200
@@ -132,12 +126,12 @@ def test_wrong_flag_is_refused_before_restart(provisioned):
 
 def test_unhealthy_unit_is_rolled_back(provisioned):
     # The parser accepts the flag; vLLM crashes at start. The wait must stop at the crash, long before 600 s.
-    bad = json.dumps({"deploy_extra_args": ["--tokenizer", "/nonexistent/tokenizer"], "deploy_health_timeout": 600})
-    result = deploy("baseline", bad, expect_ok=False)
-    assert result.returncode != 0
-    assert re.search(r"did not become healthy: the unit crashed .* \d+ s after the start", result.stdout), \
-        result.stdout[-4000:]
-    assert "restored the previous unit (method ngram, serving again)" in result.stdout, result.stdout[-4000:]
+    result = deploy("baseline", expect_ok=False, deploy_extra_args=["--tokenizer", "/nonexistent/tokenizer"],
+                    deploy_health_timeout=600)
+    message = failure_summary(result, "sim01")
+    assert result.rc != 0, result
+    assert re.search(r"did not become healthy: the unit crashed .* \d+ s after the start", message), message
+    assert "restored the previous unit (method ngram, serving again)" in message, message
     assert record(provisioned)["method"] == "ngram"
     assert "/nonexistent/tokenizer" not in ssh(provisioned, f"cat /etc/systemd/system/{UNIT}.service")
     wait_healthy()

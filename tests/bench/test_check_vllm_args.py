@@ -1,0 +1,40 @@
+"""The deploy role's vLLM argument checker and its cache, with the real vLLM of the test venv."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.bench.conftest import REPO, VLLM_PYTHON, vllm_available
+
+CHECKER = REPO / "roles" / "deploy" / "files" / "check_vllm_args.py"
+ARGS = ["--model", "/models/m", "--port", "8000", "--max-model-len", "1024"]
+
+pytestmark = pytest.mark.skipif(vllm_available() is not None, reason=str(vllm_available()))
+
+
+def check(cache: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([VLLM_PYTHON, str(CHECKER), "--cache", str(cache), *argv], capture_output=True,
+                          text=True, timeout=300, check=False)
+
+
+def test_accepted_line_is_checked_then_found_in_the_cache(tmp_path):
+    first = check(tmp_path, *ARGS)
+    assert first.returncode == 0, first.stderr
+    verb, key = first.stdout.split()
+    assert verb == "checked" and len(key) == 64
+    assert list(tmp_path.iterdir()) == []          # the checker never writes the cache: its caller (root) does
+    (tmp_path / key).touch()
+    again = check(tmp_path, *ARGS)
+    assert again.stdout.split() == ["cached", key]
+    other = check(tmp_path, *ARGS, "--enforce-eager")
+    assert other.stdout.split()[0] == "checked" and other.stdout.split()[1] != key
+
+
+def test_refused_line_is_refused_even_with_a_cache(tmp_path):
+    result = check(tmp_path, *ARGS, "--no-such-flag")
+    assert result.returncode == 2
+    assert "vLLM refused the command line" in result.stderr and "--no-such-flag" in result.stderr
+    assert result.stdout == ""

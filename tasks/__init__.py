@@ -146,19 +146,31 @@ def compare(c, host=None, methods="baseline,ngram", inventory=None):
                                                                   else "") + (" (serving: verify only)" if serving
                                                                               else ""))
             _play(c, "verify.yml" if serving else playbook, host, inventory, extra)
+    except Exit:  # the table of the rows that ran, then the row's own error
+        _compare_table(c, host, reports, [r for r in rows if (reports / host / f"{r.name}.json").is_file()], warn=True)
+        raise
     finally:  # a row that fails (e.g. the lossless check) must not leave the host on it
         if running and running != last:
             print(f"sparkspec: restoring {running.name} on {host}")
             playbook, extra = _method_playbook(c, running.method, inventory, host)
             _play(c, playbook, host, inventory, {**extra, "sparkspec_profile": running.profile}, skip_tags="verify")
+    _compare_table(c, host, reports, rows)
+
+
+def _compare_table(c, host: str, reports: Path, rows: list, warn: bool = False) -> None:
+    """compare.md and compare.png under reports/<host>/ from the rows' bench results and lossless reports."""
+    if not rows:
+        return
     out = ROOT / "reports" / host
     inputs = " ".join(shlex.quote(str(reports / host / f"{row.name}.json")) for row in rows)
     lossless = [reports / host / "lossless" / f"{row.name}.json" for row in rows]
     flags = " ".join(shlex.quote(str(p)) for p in lossless if p.is_file())
-    c.run(f"{shlex.quote(sys.executable)} -m sparkspec.cli report --inputs {inputs}"
-          + (f" --lossless {flags}" if flags else "")
-          + f" --markdown {shlex.quote(str(out / 'compare.md'))} --plot {shlex.quote(str(out / 'compare.png'))}")
-    print((out / "compare.md").read_text())
+    done = c.run(f"{shlex.quote(sys.executable)} -m sparkspec.cli report --inputs {inputs}"
+                 + (f" --lossless {flags}" if flags else "")
+                 + f" --markdown {shlex.quote(str(out / 'compare.md'))} --plot {shlex.quote(str(out / 'compare.png'))}",
+                 warn=warn)
+    if done is not None and done.ok:
+        print((out / "compare.md").read_text())
 
 
 @task(positional=[], auto_shortflags=False, help={"host": "inventory host", "method": "method to render", "dest": "folder to write the files under",

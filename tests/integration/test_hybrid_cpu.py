@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
+from tests.bench.conftest import free_port, http_status
 from tests.conftest import BIN, ROOT, run_cli
 from tests.support import qwen3next, testckpt
 
@@ -82,10 +81,13 @@ def vllm_python() -> Path:
     return VLLM_PYTHON
 
 
+def _env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "2", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1",
+            "VLLM_NO_USAGE_STATS": "1"}
+
+
 def _vllm(python: Path, *argv: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "2", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1",
-           "VLLM_NO_USAGE_STATS": "1"}
-    return subprocess.run([str(python), *argv], capture_output=True, text=True, timeout=timeout, env=env,
+    return subprocess.run([str(python), *argv], capture_output=True, text=True, timeout=timeout, env=_env(),
                           check=False, cwd=ROOT)
 
 
@@ -108,18 +110,8 @@ def test_inc_has_int4_linear_but_no_int4_moe_on_cpu(vllm_python: Path, tmp_path:
     assert probe[experts] == ["INCWna16Scheme", 4, "UnquantizedFusedMoEMethod"], probe   # no INT4 MoE
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _healthy(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=3) as resp:
-            return resp.status == 200
-    except OSError:
-        return False
+    return http_status(f"http://127.0.0.1:{port}/health") == 200
 
 
 def test_assembled_hybrid_needs_a_block_fp8_cpu_kernel(vllm_python: Path, tmp_path: Path) -> None:
@@ -135,15 +127,13 @@ def test_assembled_hybrid_needs_a_block_fp8_cpu_kernel(vllm_python: Path, tmp_pa
     assert report["fp8_weights"] == qwen3next.expected_fp8_layers()
     assert report["mtp_tensors"] == qwen3next.expected_mtp_tensors()
 
-    port = _free_port()
+    port = free_port()
     log = tmp_path / "vllm.log"
     with open(log, "w") as out:
         server = subprocess.Popen(
             [str(vllm_python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(hybrid), "--port",
              str(port), "--max-model-len", "1024", "--enforce-eager", "--no-enable-prefix-caching"],
-            stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
-            env={**os.environ, "OMP_NUM_THREADS": "2", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1",
-                 "VLLM_NO_USAGE_STATS": "1"})
+            stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True, env=_env())
     try:
         deadline = time.monotonic() + 600
         while server.poll() is None and time.monotonic() < deadline and not _healthy(port):

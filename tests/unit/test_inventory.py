@@ -38,6 +38,13 @@ def test_host_vars_are_templated_over_the_contract_defaults(tmp_path, monkeypatc
     assert inv.hosts == ["spark01"] and inv.select("all") == ["spark01"]
 
 
+def test_contract_defaults_that_refer_to_other_variables_are_templated(tmp_path):
+    """sparkspec_heads_dir defaults to "{{ sparkspec_models_dir }}/heads": read as a play reads it."""
+    inv = load(_inventory(tmp_path, {"sparkspec_models_dir": "/srv/models"}))
+    values = inv.host_vars("spark01", ("sparkspec_heads_dir", "sparkspec_sources_dir"))
+    assert values == {"sparkspec_heads_dir": "/srv/models/heads", "sparkspec_sources_dir": "/srv/models/sources"}
+
+
 def test_an_inventory_value_wins_over_the_default(tmp_path):
     inv = load(_inventory(tmp_path, {"sparkspec_unit_name": "site-vllm"}))
     assert inv.host_vars("spark01", ("sparkspec_unit_name",)) == {"sparkspec_unit_name": "site-vllm"}

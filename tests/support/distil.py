@@ -167,3 +167,20 @@ def train_eagle3(target_folder: Path, cfg: dict[str, Any], aux_ids: list[int], s
     tensors = {name: t.detach().numpy().astype(np.float32) for name, t in w.items()}
     tensors["embed_tokens.weight"] = embed.numpy().copy()
     return tensors, accuracy
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m tests.support.distil TARGET CFG_JSON AUX_IDS_JSON SEED STEPS OUT_NPZ``: train in a fresh
+    interpreter (heads.write_eagle3_head runs it so): torch's compiler machinery, which Adam imports, fails in a
+    process where Ansible has patched sys.intern (a pytest session that ran a play or read an inventory)."""
+    import sys
+
+    target, cfg, aux, seed, steps, out = (argv if argv is not None else sys.argv[1:])
+    tensors, accuracy = train_eagle3(Path(target), json.loads(cfg), json.loads(aux), int(seed), int(steps))
+    np.savez(out, **tensors)
+    print(json.dumps({"accuracy": accuracy}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

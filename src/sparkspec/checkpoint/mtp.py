@@ -1,7 +1,8 @@
 """add-mtp: register the MTP head of ``model_extra_tensors.safetensors`` in the target's index.
 
 vLLM reads only the files that ``model.safetensors.index.json`` names; an MTP head that the index does
-not map is never loaded and the drafter runs on uninitialised weights without any error. The tensor list
+not map is never loaded (vLLM 0.32 then refuses MTP at start: "Following weights were not initialized from
+checkpoint", measured on the simulated Qwen3-Next). The tensor list
 comes from the extra file's own header (source indexes in the wild do and do not list it). The target must be
 a hybrid that ``checkpoint assemble`` wrote, apart from the source. Everything is validated first (the head,
 the target's index and headers, no tensor in two files); then the file is hard-linked when source and target

@@ -50,19 +50,27 @@ def tree(tmp: Path, *, arch_patch: bool) -> Path:
     return src
 
 
-def build(venv: Path, src: Path, **env: str) -> Path:
-    """``pip wheel . --no-build-isolation`` in ``src`` as the vllm_build role runs it; returns the unpacked wheel."""
-    run_env = dict(os.environ, PATH=f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}", **env)
-    for knob in ("MAX_JOBS", "NVCC_THREADS", "CMAKE_ARGS", "CUDA_HOME", "VLLM_TARGET_DEVICE"):
-        if knob not in env:
-            run_env.pop(knob, None)
-    out = src.parent / "wheelhouse"
-    subprocess.run(
-        [str(venv / "bin" / "python"), "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-         "--no-index", "--wheel-dir", str(out), "."],
-        cwd=src, env=run_env, check=True,
+KNOBS = ("MAX_JOBS", "NVCC_THREADS", "CMAKE_ARGS", "CUDA_HOME", "VLLM_TARGET_DEVICE", "TORCH_CUDA_ARCH_LIST",
+         "VLLM_CUTLASS_SRC_DIR")
+
+
+def pip_wheel(venv: Path, src: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """``pip wheel . --no-build-isolation`` in ``src`` as the vllm_build role runs it (the venv's bin first on
+    PATH, for cmake and ninja), with only the build knobs in ``env``."""
+    run_env = {k: v for k, v in os.environ.items() if k not in KNOBS}
+    run_env.update(env, PATH=f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    return subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "pip", "wheel", "-v", "--no-deps", "--no-build-isolation", "--no-index",
+         "--wheel-dir", str(src.parent / "wheelhouse"), "."],
+        cwd=src, env=run_env, capture_output=True, text=True, check=False,
     )
-    (wheel,) = out.glob("vllm-0.32.0+standin-*.whl")
+
+
+def build(venv: Path, src: Path, **env: str) -> Path:
+    """The stand-in built by pip_wheel, its wheel unpacked; returns the unpacked folder."""
+    result = pip_wheel(venv, src, **env)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    (wheel,) = (src.parent / "wheelhouse").glob("vllm-0.32.0+standin-*.whl")
     unpacked = src.parent / "unpacked"
     with zipfile.ZipFile(wheel) as zf:
         zf.extractall(unpacked)
@@ -77,8 +85,11 @@ def elf_archs(venv: Path, so: Path) -> set[str]:
 
 
 def test_without_the_arch_patch_12_1a_collapses_to_sm_120(venv: Path, tmp_path: Path) -> None:
+    mirror = tmp_path / "mirror" / "cutlass"
+    mirror.mkdir(parents=True)
     wheel = build(venv, tree(tmp_path, arch_patch=False), TORCH_CUDA_ARCH_LIST="12.1a", MAX_JOBS="6",
-                  NVCC_THREADS="3", CMAKE_ARGS="-DFETCHCONTENT_FULLY_DISCONNECTED=ON -DVLLM_STANDIN_PROBE=1")
+                  NVCC_THREADS="3", CMAKE_ARGS="-DFETCHCONTENT_FULLY_DISCONNECTED=ON -DVLLM_STANDIN_PROBE=1",
+                  VLLM_CUTLASS_SRC_DIR=str(mirror))
     assert elf_archs(venv, wheel / "vllm" / "_C.abi3.so") == {"sm_120"}
     record = json.loads((wheel / "vllm" / "_standin_build.json").read_text())
     assert record["cmake"]["cuda_arch_flags"] == "-gencode arch=compute_121a,code=sm_121a"
@@ -89,6 +100,15 @@ def test_without_the_arch_patch_12_1a_collapses_to_sm_120(venv: Path, tmp_path: 
     assert "-DCMAKE_JOB_POOLS:STRING=compile=2" in record["cmake_args"]
     assert record["cmake_args"][-2:] == ["-DFETCHCONTENT_FULLY_DISCONNECTED=ON", "-DVLLM_STANDIN_PROBE=1"]
     assert record["cmake"]["fetchcontent_fully_disconnected"] == "ON"
+    assert record["cmake"]["src_dirs"] == {"VLLM_CUTLASS_SRC_DIR": str(mirror)}
+
+
+def test_a_source_dir_override_that_is_not_a_folder_fails_the_configure(venv: Path, tmp_path: Path) -> None:
+    result = pip_wheel(venv, tree(tmp_path, arch_patch=True), TORCH_CUDA_ARCH_LIST="12.1a",
+                       VLLM_CUTLASS_SRC_DIR=str(tmp_path / "no-such-mirror"))
+    assert result.returncode != 0
+    said = " ".join((result.stdout + result.stderr).split())  # CMake wraps long messages
+    assert f"VLLM_CUTLASS_SRC_DIR is not an existing directory: '{tmp_path / 'no-such-mirror'}'" in said
 
 
 def test_with_the_arch_patch_12_1a_stays_sm_121a(venv: Path, tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ sources change (a stamp file holds their digest). nvcc comes from PATH, as on a 
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -54,19 +55,23 @@ def _sources_digest() -> str:
 
 
 def build_venv() -> Path:
-    """The cached build venv (see the module docstring); returns its folder."""
+    """The cached build venv (see the module docstring); returns its folder. Safe to call from parallel
+    processes: one builds it under a lock, the others wait and reuse it."""
     venv = ROOT / ".cache" / "vllm-standin-build"
     stamp = venv / ".sparkspec-stamp"
     want = _sources_digest()
-    if stamp.is_file() and stamp.read_text() == want:
-        return venv
-    shutil.rmtree(venv, ignore_errors=True)
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-    subprocess.run([*pip, *BUILD_PINS], check=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([*pip, "--no-index", str(torch_wheel(Path(tmp), "cu130"))], check=True)
-    stamp.write_text(want)
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    with open(venv.parent / "vllm-standin-build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if stamp.is_file() and stamp.read_text() == want:
+            return venv
+        shutil.rmtree(venv, ignore_errors=True)
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+        subprocess.run([*pip, *BUILD_PINS], check=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            subprocess.run([*pip, "--no-index", str(torch_wheel(Path(tmp), "cu130"))], check=True)
+        stamp.write_text(want)
     return venv
 
 

@@ -35,6 +35,7 @@ INC_PATCH = ROOT / "roles" / "vllm_install" / "files" / "patches" / "vllm-0.32.0
 STANDIN = ROOT / "tests" / "support" / "vllm_standin"
 # What torch's CMake puts in CMAKE_CUDA_FLAGS for TORCH_CUDA_ARCH_LIST=12.1a (vLLM reads the archs from it).
 TORCH_FLAGS_12_1A = "-gencode arch=compute_121a,code=sm_121a"
+TORCH_FLAGS_12_1 = "-gencode arch=compute_121,code=sm_121"
 
 
 def _sha256(path: Path) -> str:
@@ -139,20 +140,22 @@ def selected_archs(tree: Path, nvcc_version: str, cuda_flags: str) -> str:
     return line.removeprefix("RESULT=")
 
 
-@pytest.mark.parametrize(("nvcc", "arch_patch", "want"), [
-    ("13.0.88", False, "12.0"),   # the Spark's CUDA 13.0: the collapse
-    ("13.0.88", True, "12.1a"),
-    ("13.4.0", False, "12.0"),    # the >= 13.4 list ends at 12.0 too
-    ("13.4.0", True, "12.1a"),
-    ("12.9.1", False, "12.1a"),   # CUDA 12.8-12.9's list still has 12.1
+@pytest.mark.parametrize(("nvcc", "arch_patch", "flags", "want"), [
+    ("13.0.88", False, TORCH_FLAGS_12_1A, "12.0"),   # the Spark's CUDA 13.0: the collapse
+    ("13.0.88", True, TORCH_FLAGS_12_1A, "12.1a"),
+    ("13.4.0", False, TORCH_FLAGS_12_1A, "12.0"),    # the >= 13.4 list ends at 12.0 too
+    ("13.4.0", True, TORCH_FLAGS_12_1A, "12.1a"),
+    ("12.9.1", False, TORCH_FLAGS_12_1A, "12.1a"),   # CUDA 12.8-12.9's list still has 12.1
+    ("13.0.88", False, TORCH_FLAGS_12_1, "12.0"),    # TORCH_CUDA_ARCH_LIST=12.1 collapses the same way
+    ("13.0.88", True, TORCH_FLAGS_12_1, "12.1"),
 ])
 def test_vllms_own_arch_selection_keeps_12_1a_only_with_the_arch_patch(
-        cmake_tree: Path, tmp_path: Path, nvcc: str, arch_patch: bool, want: str) -> None:
+        cmake_tree: Path, tmp_path: Path, nvcc: str, arch_patch: bool, flags: str, want: str) -> None:
     tree = tmp_path / "tree"
     shutil.copytree(cmake_tree, tree)
     if arch_patch:
         assert patch(tree, ARCH_PATCH).returncode == 0
-    assert selected_archs(tree, nvcc, TORCH_FLAGS_12_1A) == want
+    assert selected_archs(tree, nvcc, flags) == want
 
 
 def test_the_standin_carries_vllms_cmake_lines_verbatim(cmake_tree: Path) -> None:

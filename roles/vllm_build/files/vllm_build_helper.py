@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+"""The vllm_build role's helper on the host (standard library only, any Python >= 3.8).
+
+  facts CUDA_HOME PATH...      what the preflight guards read, as JSON: the CUDA release of nvcc, whether
+                               nvcc, ptxas and cuobjdump exist, MemAvailable and the free disk (GB) at the
+                               nearest existing folder of each PATH
+  torch VENV                   torch's version and CUDA release in VENV (read from torch/version.py, without
+                               importing torch), as JSON; exits 1 when there is no torch
+  sass SITE CUOBJDUMP ARCH CORE_JSON
+                               every extension (.so) of the vllm package under SITE: the SASS its device
+                               code carries (cuobjdump --list-elf); which core extensions are missing and which
+                               extensions with device code lack ARCH (sm_121a), as JSON
+  run LOG WHAT CMD... [--progress-file P]
+                               run CMD, appending its output to LOG; with --progress-file (appended by the
+                               sparkspec_progress action) keep P updated with the time and the last ninja
+                               step ([123/456]) so the play prints the compile's progress; prints the last
+                               lines of the output and exits with CMD's status
+"""
+
+from __future__ import annotations
+
+import ast
+import glob
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+NINJA = re.compile(r"\[(\d+)/(\d+)\]")
+ELF = re.compile(r"\.(sm_\d+[a-z]?)\.cubin")
+TAIL = 40
+
+
+def facts(cuda_home: str, paths: list[str]) -> dict:
+    nvcc = os.path.join(cuda_home, "bin", "nvcc")
+    release = None
+    if os.access(nvcc, os.X_OK):
+        out = subprocess.run([nvcc, "--version"], check=False, capture_output=True, text=True).stdout
+        found = re.search(r"release (\d+\.\d+)", out)
+        release = found.group(1) if found else None
+    mem = None
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                mem = int(line.split()[1]) / 1024 / 1024
+    disk = {}
+    for path in paths:
+        probe = path
+        while not os.path.isdir(probe):
+            probe = os.path.dirname(probe) or "/"
+        disk[path] = shutil.disk_usage(probe).free / 1024 ** 3
+    return {"cuda": release, "nvcc": os.access(nvcc, os.X_OK),
+            "ptxas": os.access(os.path.join(cuda_home, "bin", "ptxas"), os.X_OK),
+            "cuobjdump": os.access(os.path.join(cuda_home, "bin", "cuobjdump"), os.X_OK),
+            "mem_available_gb": mem, "free_disk_gb": min(disk.values()) if disk else None}
+
+
+def torch(venv: str) -> dict:
+    found = sorted(glob.glob(os.path.join(venv, "lib", "python3*", "site-packages", "torch", "version.py")))
+    if not found:
+        raise SystemExit(f"no torch in {venv}")
+    scope: dict = {}
+    with open(found[0]) as f:  # torch's own version file: literal assignments only, read without running it
+        for node in ast.parse(f.read()).body:
+            if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
+                try:
+                    scope[node.targets[0].id] = ast.literal_eval(node.value)
+                except ValueError:
+                    pass
+    return {"torch": str(scope.get("__version__")), "cuda": scope.get("cuda")}
+
+
+def sass(site: str, cuobjdump: str, arch: str, core: list[str]) -> dict:
+    root = os.path.join(site, "vllm")
+    extensions = {}
+    for path in sorted(glob.glob(os.path.join(root, "**", "*.so"), recursive=True)):
+        rel = os.path.relpath(path, root)
+        proc = subprocess.run([cuobjdump, "--list-elf", path], check=False, capture_output=True, text=True)
+        text = proc.stdout + proc.stderr
+        if proc.returncode != 0 and "does not contain device code" not in text:
+            extensions[rel] = {"error": text.strip().splitlines()[-1] if text.strip() else f"rc {proc.returncode}"}
+            continue
+        extensions[rel] = {"sass": sorted(set(ELF.findall(proc.stdout)))}
+    names = {rel.split(".")[0].replace(os.sep, ".") for rel in extensions}
+    return {"extensions": extensions,
+            "missing_core": [name for name in core if name not in names],
+            "without_arch": [rel for rel, got in extensions.items()
+                             if "error" in got or (got["sass"] and arch not in got["sass"])]}
+
+
+def run(argv: list[str]) -> int:
+    progress = None
+    if len(argv) >= 2 and argv[-2] == "--progress-file":
+        progress, argv = os.path.expanduser(argv[-1]), argv[:-2]
+    log, what, cmd = argv[0], argv[1], argv[2:]
+    state = {"note": "starting", "start": time.monotonic()}
+    done = threading.Event()
+
+    def write() -> None:
+        doc = {"what": what, "elapsed_s": round(time.monotonic() - state["start"], 1), "note": state["note"],
+               "time": time.time()}
+        tmp = f"{progress}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(doc, f)
+        os.replace(tmp, progress)
+
+    def keep_writing() -> None:
+        while not done.wait(2.0):
+            try:
+                write()
+            except OSError:
+                pass
+
+    if progress:
+        write()
+        threading.Thread(target=keep_writing, daemon=True).start()
+    tail: list[str] = []
+    with open(log, "a") as out:
+        out.write(f"$ {' '.join(cmd)}\n")
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
+        assert proc.stdout is not None
+        for text in proc.stdout:
+            out.write(text)
+            out.flush()
+            step = NINJA.search(text)
+            if step:
+                state["note"] = f"ninja {step.group(1)}/{step.group(2)}"
+            elif text.strip() and not state["note"].startswith("ninja"):
+                state["note"] = text.strip()[:100]
+            tail = (tail + [text.rstrip()])[-TAIL:]
+        rc = proc.wait()
+    done.set()
+    if progress:
+        try:
+            os.unlink(progress)
+        except OSError:
+            pass
+    print("\n".join(tail))
+    return rc
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["facts"]:
+        print(json.dumps(facts(argv[1], argv[2:])))
+    elif argv[:1] == ["torch"]:
+        print(json.dumps(torch(argv[1])))
+    elif argv[:1] == ["sass"]:
+        print(json.dumps(sass(argv[1], argv[2], argv[3], json.loads(argv[4]))))
+    elif argv[:1] == ["run"]:
+        return run(argv[1:])
+    else:
+        raise SystemExit(__doc__)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

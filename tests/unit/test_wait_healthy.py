@@ -34,7 +34,8 @@ def server() -> Iterator[tuple[str, dict[str, int]]]:
     httpd.shutdown()
 
 
-def wait(tmp_path: Path, url: str, states: list[str], timeout: float = 30) -> subprocess.CompletedProcess[str]:
+def wait(tmp_path: Path, url: str, states: list[str], timeout: float = 30,
+         extra: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
     """Run the waiter; `systemctl show` answers the given states in turn (the last one repeats)."""
     bindir = tmp_path / "bin"
     bindir.mkdir(exist_ok=True)
@@ -47,7 +48,7 @@ def wait(tmp_path: Path, url: str, states: list[str], timeout: float = 30) -> su
         f'cat {tmp_path}/state$n\n')
     (bindir / "systemctl").chmod(0o755)
     env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}")
-    return subprocess.run([sys.executable, str(SCRIPT), url, "sparkspec-vllm.service", str(timeout), "0.2"],
+    return subprocess.run([sys.executable, str(SCRIPT), url, "sparkspec-vllm.service", str(timeout), "0.2", *extra],
                           capture_output=True, text=True, env=env, timeout=120)
 
 
@@ -78,3 +79,22 @@ def test_loading_unit_times_out(tmp_path: Path, server: tuple[str, dict[str, int
     url, _ = server
     run = wait(tmp_path, url, [RUNNING], timeout=1)
     assert run.returncode == 1 and "did not answer 200 within 1 s" in run.stdout, run.stdout + run.stderr
+
+
+def test_journal_lines_named_by_a_pattern_are_printed(tmp_path: Path, server: tuple[str, dict[str, int]]) -> None:
+    """--journal-fail: after /health answers, this invocation's journal lines that a pattern matches come out as
+    `journal: LINE` (secrets masked), the others not; the waiter still exits 0 (the role decides)."""
+    url, status = server
+    status["code"] = 200
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "journalctl").write_text(
+        "#!/bin/sh\n"
+        f'echo "$@" > {tmp_path}/journal-args\n'
+        "printf 'Loading weights\\nlayers.3.weight_scale_inv skipped (api_key=abc123)\\nReady\\n'\n")
+    (bindir / "journalctl").chmod(0o755)
+    run = wait(tmp_path, url, [RUNNING], extra=("--journal-fail", "weight_scale_inv.*skip", "--journal-fail", "^Nope"))
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.splitlines()[1:] == ["journal: layers.3.weight_scale_inv skipped (api_key=***)"], run.stdout
+    # the invocation's journal only (its id from systemctl show), not the unit's older starts
+    assert "_SYSTEMD_INVOCATION_ID=ActiveState=active" in (tmp_path / "journal-args").read_text()

@@ -1,7 +1,10 @@
 """Wait until a vLLM unit answers /health with 200, and stop early when the unit crashes (run by the deploy role).
 
-Usage: python3 wait_healthy.py URL UNIT TIMEOUT_S DELAY_S [--progress-file PATH]
-Exit 0 with "healthy after N s" once /health answers 200. Exit 1 with one line on stdout as soon as the unit
+Usage: python3 wait_healthy.py URL UNIT TIMEOUT_S DELAY_S [--journal-fail REGEX]... [--progress-file PATH]
+Exit 0 with "healthy after N s" once /health answers 200; with --journal-fail, then one "journal: LINE"
+(secrets masked) for each line of this start's journal of the unit (its systemd invocation) that a REGEX
+matches (re.search), for the deploy role to fail and roll back on: a healthy /health can serve a wrongly
+loaded model. Exit 1 with one line on stdout as soon as the unit
 has crashed (systemd restarted it, is about to, or marked it failed or inactive), or when TIMEOUT_S pass: a
 start that crashes at once (a wrong flag vLLM's parser lets through, a missing tokenizer, too little memory)
 is rolled back within a restart, not after the whole timeout. With --progress-file (given by the role's
@@ -70,14 +73,34 @@ def crashed(state, restarts_at_start):
     return None
 
 
+def journal_hits(unit, patterns):
+    """Lines of the unit's current invocation's journal that one of patterns matches."""
+    invocation = subprocess.run(["systemctl", "show", "--property=InvocationID", "--value", unit],
+                                capture_output=True, text=True, check=False).stdout.strip()
+    if not invocation:
+        return []
+    out = subprocess.run(["journalctl", "--no-pager", "--output=cat", f"_SYSTEMD_INVOCATION_ID={invocation}"],
+                         capture_output=True, text=True, check=False).stdout
+    return [ln for ln in out.splitlines() if any(re.search(p, ln) for p in patterns)]
+
+
 def main(argv):
     progress = None
+    patterns = []
+    while "--journal-fail" in argv:
+        at = argv.index("--journal-fail")
+        patterns.append(argv[at + 1])
+        argv = argv[:at] + argv[at + 2:]
     if "--progress-file" in argv:
         at = argv.index("--progress-file")
         progress, argv = os.path.expanduser(argv[at + 1]), argv[:at] + argv[at + 2:]
         os.makedirs(os.path.dirname(progress) or ".", exist_ok=True)
     try:
-        return wait(argv, progress)
+        rc = wait(argv, progress)
+        if rc == 0 and patterns:
+            for hit in journal_hits(argv[1], patterns):
+                print("journal: " + SECRET.sub(r"\1\2\3***", hit))
+        return rc
     finally:
         if progress:
             try:

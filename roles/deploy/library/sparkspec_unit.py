@@ -1,0 +1,308 @@
+#!/usr/bin/python
+"""Stage, compare and swap the vLLM unit's files in one module run per step (the deploy role's own module).
+
+A method switch used to be about fifteen tasks that each ran a module on the host (a round trip of 0.2-0.8 s
+each): write three staged files, create their folders, read checksums, keep the previous version per file,
+install per file, fix the env file's mode, daemon-reload, restart. This module does each step in one run:
+
+``state: staged``
+    writes the files under ``staged_root`` (at their live paths below it), and the ``assets`` (the helper
+    scripts the role runs on the host) and ``directories`` where they differ; compares each file's content with
+    the live one. Returns ``differs`` (a live file is missing or its content differs), ``differed`` (those
+    paths), ``has_live`` (the first file, the unit, is installed) and ``live_present``. The live unit is
+    untouched, so the staged unit can be checked before it replaces the live one. With ``analyze`` (not in
+    check mode) the same run rates the staged unit (``systemd-analyze security --offline``: ``security``, rc,
+    stdout, stderr) and, when it differs, verifies it (``systemd-analyze verify``: ``verify``).
+``state: live``
+    when ``differs``: keeps the live files under ``previous_root`` (for rollback), installs the new ones
+    (atomically, with their owner, group and mode) and reloads systemd; then fixes a live file's owner, group or
+    mode that drifted, stops and disables ``stop_units``, enables ``unit`` and restarts it when its files changed
+    (starts it when it is not running). Returns ``restarted`` and ``differed``.
+``state: files``
+    writes the ``assets`` where they differ and removes the ``absent`` paths (the method switch's record,
+    written once the unit is healthy).
+
+Check mode changes nothing and reports what would change; diff mode shows the files of ``files`` (never those
+of ``secret_files``, whose content is also kept out of the module's log and result).
+"""
+
+from __future__ import annotations
+
+import grp
+import os
+import pwd
+import tempfile
+from typing import Any
+
+from ansible.module_utils.basic import AnsibleModule  # type: ignore[import-untyped]
+
+DOCUMENTATION = r"""
+module: sparkspec_unit
+short_description: Stage, compare and swap a systemd unit's files, keep the previous version, restart
+description: The deploy role's unit swap in one module run per step (see the module's docstring).
+options:
+  state:
+    description: staged (write the staged copy, compare), live (keep previous, install, reload, restart) or
+      files (assets and absent only).
+    type: str
+    choices: [staged, live, files]
+    required: true
+  unit:
+    description: The systemd unit's name, without .service (staged, live).
+    type: str
+  staged_root:
+    description: Folder the staged files go under, at their live paths (staged, live).
+    type: path
+  previous_root:
+    description: Folder the previous live files are kept under, at their live paths (staged, live).
+    type: path
+  files:
+    description: The unit's files (the unit first); each path, content, mode, owner, group.
+    type: list
+    elements: dict
+    default: []
+  secret_files:
+    description: Like files, but the content is never logged, returned or shown in a diff.
+    type: list
+    elements: dict
+    default: []
+  assets:
+    description: Files installed as they are in the staged step (helper scripts); same keys as files.
+    type: list
+    elements: dict
+    default: []
+  directories:
+    description: Folders ensured in the staged step; each path, mode, owner, group.
+    type: list
+    elements: dict
+    default: []
+  stop_units:
+    description: Other units stopped and disabled in the live step, so only this one serves.
+    type: list
+    elements: str
+    default: []
+  analyze:
+    description: In the staged step, rate the staged unit with systemd-analyze security, and verify it when it differs.
+    type: bool
+    default: false
+  absent:
+    description: Paths removed in the files step.
+    type: list
+    elements: str
+    default: []
+author: sparkspec
+"""
+
+RETURN = r"""
+differs: {description: a live file is missing or differs from the new one, type: bool, returned: always}
+differed: {description: the paths that differ, type: list, returned: always}
+has_live: {description: the unit file is installed, type: bool, returned: always}
+live_present: {description: the live files that exist, type: list, returned: always}
+restarted: {description: the unit was (or, in check mode, would be) restarted or started, type: bool, returned: live}
+security: {description: systemd-analyze security of the staged unit (rc, stdout, stderr), type: dict, returned: analyze}
+verify: {description: systemd-analyze verify of the staged unit (rc, stdout, stderr), type: dict, returned: analyze}
+"""
+
+FILE_SPEC: dict[str, Any] = {
+    "path": {"type": "str", "required": True},
+    "content": {"type": "str", "required": True},
+    "mode": {"type": "str", "default": "0644"},
+    "owner": {"type": "str", "default": "root"},
+    "group": {"type": "str", "default": "root"},
+}
+SECRET_SPEC = FILE_SPEC | {"content": {"type": "str", "required": True, "no_log": True}}
+DIR_SPEC = {k: v for k, v in FILE_SPEC.items() if k != "content"} | {"mode": {"type": "str", "default": "0755"}}
+
+
+def _read(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read()
+    except FileNotFoundError:
+        return None
+
+
+def _ids(item: dict) -> tuple[int, int, int]:
+    if "uid" in item:   # numeric, as read from a file
+        return item["uid"], item["gid"], item["mode"]
+    return pwd.getpwnam(item["owner"]).pw_uid, grp.getgrnam(item["group"]).gr_gid, int(item["mode"], 8)
+
+
+def _meta_differs(path: str, item: dict) -> bool:
+    st = os.stat(path)
+    uid, gid, mode = _ids(item)
+    return (st.st_uid, st.st_gid, st.st_mode & 0o7777) != (uid, gid, mode)
+
+
+def _ensure_dir(path: str, item: dict | None = None) -> bool:
+    """Creates path (and its parents, root's 0755) or fixes its owner and mode; True if anything changed."""
+    spec = item or {"owner": "root", "group": "root", "mode": "0755"}
+    changed = False
+    if not os.path.isdir(path):
+        _ensure_dir(os.path.dirname(path))
+        os.mkdir(path)
+        changed = True
+    if _meta_differs(path, spec):
+        uid, gid, mode = _ids(spec)
+        os.chown(path, uid, gid)
+        os.chmod(path, mode)
+        changed = True
+    return changed
+
+
+def _write(path: str, data: bytes, item: dict) -> None:
+    """Atomically replaces path with data, owned and moded as item says (never readable by others before)."""
+    _ensure_dir(os.path.dirname(path))
+    uid, gid, mode = _ids(item)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".sparkspec-")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.chown(tmp, uid, gid)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _put(path: str, data: bytes, item: dict, check: bool) -> bool:
+    """Writes path when its content or metadata differ; True if it did (or would, in check mode)."""
+    if _read(path) == data and not _meta_differs(path, item):
+        return False
+    if not check:
+        _write(path, data, item)
+    return True
+
+
+def _systemctl(module: AnsibleModule, *args: str, check_rc: bool = True) -> tuple[int, str]:
+    rc, out, err = module.run_command(["systemctl", *args])
+    if check_rc and rc != 0:
+        module.fail_json(msg=f"systemctl {' '.join(args)} failed: {(err or out).strip()}")
+    return rc, out.strip()
+
+
+def _staged(module: AnsibleModule, files: list[dict], check: bool) -> dict:
+    p = module.params
+    changed = False
+    for d in p["directories"]:
+        if check:
+            changed |= not os.path.isdir(d["path"]) or _meta_differs(d["path"], d)
+        else:
+            changed |= _ensure_dir(d["path"], d)
+    for asset in p["assets"]:
+        changed |= _put(asset["path"], asset["content"].encode(), asset, check)
+    for f in files:
+        changed |= _put(p["staged_root"] + f["path"], f["content"].encode(), f, check)
+    differed = [f["path"] for f in files if _read(f["path"]) != f["content"].encode()]
+    present = [f["path"] for f in files if os.path.exists(f["path"])]
+    result = {"changed": changed, "differs": bool(differed), "differed": differed,
+              "has_live": bool(files) and files[0]["path"] in present, "live_present": present}
+    if p["analyze"] and not check:
+        unit_file = p["staged_root"] + files[0]["path"]
+        result["security"] = _run(module, ["systemd-analyze", "security", "--offline=true", "--no-pager", unit_file])
+        if differed:
+            result["verify"] = _run(module, ["systemd-analyze", "verify", unit_file])
+    return result
+
+
+def _run(module: AnsibleModule, argv: list[str]) -> dict:
+    rc, out, err = module.run_command(argv)
+    return {"rc": rc, "stdout": out, "stderr": err}
+
+
+def _files(module: AnsibleModule, files: list[dict], check: bool) -> dict:
+    p = module.params
+    changed = False
+    for asset in p["assets"]:
+        changed |= _put(asset["path"], asset["content"].encode(), asset, check)
+    for path in p["absent"]:
+        if os.path.lexists(path):
+            changed = True
+            if not check:
+                os.unlink(path)
+    return {"changed": changed}
+
+
+def _active(module: AnsibleModule, unit: str) -> bool:
+    return _systemctl(module, "is-active", unit, check_rc=False)[1] in ("active", "activating", "reloading")
+
+
+def _live(module: AnsibleModule, files: list[dict], check: bool) -> dict:
+    p = module.params
+    before = {f["path"]: _read(f["path"]) for f in files}
+    differed = [f["path"] for f in files if before[f["path"]] != f["content"].encode()]
+    present = [path for path, data in before.items() if data is not None]
+    has_live = bool(files) and files[0]["path"] in present
+    if differed and not check:
+        if has_live:    # the live version becomes the previous one, with its owner and mode (rollback.yml)
+            for path in present:
+                st = os.stat(path)
+                _write(p["previous_root"] + path, before[path] or b"",
+                       {"uid": st.st_uid, "gid": st.st_gid, "mode": st.st_mode & 0o7777})
+        for f in files:
+            _write(f["path"], f["content"].encode(), f)
+        _systemctl(module, "daemon-reload")
+    changed = bool(differed)
+    for f in files:     # metadata that drifted (e.g. the env file made world-readable by hand)
+        if f["path"] not in differed and f["path"] in present and _meta_differs(f["path"], f):
+            changed = True
+            if not check:
+                uid, gid, mode = _ids(f)
+                os.chown(f["path"], uid, gid)
+                os.chmod(f["path"], mode)
+    for other in p["stop_units"]:
+        enabled = _systemctl(module, "is-enabled", other, check_rc=False)[1] == "enabled"
+        if _active(module, other) or enabled:
+            changed = True
+            if not check:
+                _systemctl(module, "disable", "--now", other)
+    unit = p["unit"]
+    if _systemctl(module, "is-enabled", unit, check_rc=False)[1] != "enabled":
+        changed = True
+        if not check:
+            _systemctl(module, "enable", unit)
+    restarted = bool(differed) or not _active(module, unit)
+    if restarted:
+        changed = True
+        if not check:
+            _systemctl(module, "restart" if differed else "start", unit)
+    result: dict = {"changed": changed, "differs": bool(differed), "differed": differed, "has_live": has_live,
+                    "live_present": present, "restarted": restarted}
+    if module._diff:
+        result["diff"] = [{"before_header": f["path"], "after_header": f["path"],
+                           "before": (before[f["path"]] or b"").decode(errors="replace"), "after": f["content"]}
+                          for f in p["files"] if f["path"] in differed]
+    return result
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "state": {"type": "str", "choices": ["staged", "live", "files"], "required": True},
+            "unit": {"type": "str"},
+            "staged_root": {"type": "path"},
+            "previous_root": {"type": "path"},
+            "files": {"type": "list", "elements": "dict", "default": [], "options": FILE_SPEC},
+            "secret_files": {"type": "list", "elements": "dict", "default": [], "options": SECRET_SPEC},
+            "assets": {"type": "list", "elements": "dict", "default": [], "options": FILE_SPEC},
+            "directories": {"type": "list", "elements": "dict", "default": [], "options": DIR_SPEC},
+            "stop_units": {"type": "list", "elements": "str", "default": []},
+            "analyze": {"type": "bool", "default": False},
+            "absent": {"type": "list", "elements": "str", "default": []},
+        },
+        required_if=[("state", "staged", ("unit", "staged_root", "previous_root")),
+                     ("state", "live", ("unit", "staged_root", "previous_root"))],
+        supports_check_mode=True,
+    )
+    files = module.params["files"] + module.params["secret_files"]
+    step = {"staged": _staged, "live": _live, "files": _files}[module.params["state"]]
+    try:
+        module.exit_json(**step(module, files, module.check_mode))
+    except (OSError, KeyError) as exc:   # KeyError: an owner or group the host lacks
+        module.fail_json(msg=f"sparkspec_unit {module.params['state']} {module.params['unit'] or ''}: {exc}")
+
+
+if __name__ == "__main__":
+    main()

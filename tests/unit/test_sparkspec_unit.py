@@ -49,9 +49,20 @@ def params(host: dict[str, Path], state: str, unit_text: str = "[Service]\nExecS
             "previous_root": str(host["previous"]),
             "files": [{"path": f"{live}/etc/systemd/system/svc.service", "content": unit_text, "mode": "0644"},
                       {"path": f"{live}/etc/sparkspec/svc.json", "content": '{"method": "ngram"}\n'}],
-            "secret_files": [{"path": f"{live}/etc/sparkspec/svc.env", "content": f"VLLM_API_KEY={SECRET}\n",
-                              "mode": "0640"}],
+            "secret_files": [{"path": f"{live}/etc/sparkspec/svc.env", "mode": "0640"}],
+            "secret_contents": [f"# two lines, as the env template writes\nVLLM_API_KEY={SECRET}\n"],
             **extra}
+
+
+# Runs the module file as Ansible does, with AnsibleModule.log (the journal or syslog line "Invoked with <the
+# arguments>" that every module run writes on the host) printing to stderr instead, so the test sees that line.
+LOGGING_RUNNER = """
+import runpy, sys
+from ansible.module_utils import basic
+basic.AnsibleModule.log = lambda self, msg, log_args=None: print("LOGGED: " + msg, file=sys.stderr)
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
 
 
 def run(host: dict[str, Path], args: dict[str, object], check: bool = False,
@@ -59,8 +70,9 @@ def run(host: dict[str, Path], args: dict[str, object], check: bool = False,
     argfile = host["root"] / "args.json"
     argfile.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": {**args, "_ansible_check_mode": check,
                                                            "_ansible_diff": diff}}))
-    proc = subprocess.run([sys.executable, str(MODULE), str(argfile)], capture_output=True, text=True,
-                          env={**os.environ, "PATH": f"{host['bin']}:{os.environ['PATH']}"}, timeout=60)
+    proc = subprocess.run([sys.executable, "-c", LOGGING_RUNNER, str(MODULE), str(argfile)], capture_output=True,
+                          text=True, env={**os.environ, "PATH": f"{host['bin']}:{os.environ['PATH']}"}, timeout=60)
+    assert "LOGGED: Invoked with" in proc.stderr, proc.stderr   # the line the host's journal gets
     return json.loads(proc.stdout), proc.stdout + proc.stderr
 
 
@@ -81,7 +93,8 @@ def test_staged_writes_the_staged_copy_only(host: dict[str, Path]) -> None:
     assert any(c.startswith("systemd-analyze security --offline=true") for c in calls(host))
     assert any(c.startswith("systemd-analyze verify") for c in calls(host))
     assert "1.4" in result["security"]["stdout"]
-    assert SECRET not in out, "the env file's content must never be in the module's result"
+    assert SECRET not in out, "the env file's content must never be in the module's result or its journal line"
+    assert (unit.parents[2] / "sparkspec/svc.env").read_text().endswith(f"VLLM_API_KEY={SECRET}\n")
     # the same again: nothing to write
     again, _ = run(host, params(host, "staged"))
     assert again["changed"] is False and again["differs"] is True
@@ -151,6 +164,14 @@ def test_files_writes_assets_and_removes_absent(host: dict[str, Path]) -> None:
     removed, _ = run(host, {"state": "files", "absent": [str(record)]})
     assert removed["changed"] and not record.exists()
     assert run(host, {"state": "files", "absent": [str(record)]})[0]["changed"] is False
+
+
+def test_secret_files_and_contents_must_pair(host: dict[str, Path]) -> None:
+    args = params(host, "staged")
+    args["secret_contents"] = []
+    result, out = run(host, args)
+    assert result["failed"] and result["msg"] == "sparkspec_unit: 1 secret_files but 0 secret_contents", out
+    assert not host["staged"].exists()
 
 
 def test_unknown_group_fails_in_one_line(host: dict[str, Path]) -> None:

@@ -62,9 +62,16 @@ options:
     elements: dict
     default: []
   secret_files:
-    description: Like files, but the content is never logged, returned or shown in a diff.
+    description: Like files, without the content (path, mode, owner, group); their contents are secret_contents.
     type: list
     elements: dict
+    default: []
+  secret_contents:
+    description: The contents of secret_files, in their order. A parameter of its own so that Ansible never logs
+      it (the module's journal line of its arguments) and masks each value in the result; diff mode never shows
+      these files.
+    type: list
+    elements: str
     default: []
   assets:
     description: Files installed as they are in the staged step (helper scripts); same keys as files.
@@ -110,7 +117,9 @@ FILE_SPEC: dict[str, Any] = {
     "owner": {"type": "str", "default": "root"},
     "group": {"type": "str", "default": "root"},
 }
-SECRET_SPEC = FILE_SPEC | {"content": {"type": "str", "required": True, "no_log": True}}
+# A secret file's content is not a suboption: Ansible logs a list parameter as its Python repr, where the content's
+# newlines are escaped, so a no_log suboption's value would no longer match itself and reach the journal in clear.
+SECRET_SPEC = {k: v for k, v in FILE_SPEC.items() if k != "content"}
 DIR_SPEC = {k: v for k, v in FILE_SPEC.items() if k != "content"} | {"mode": {"type": "str", "default": "0755"}}
 
 
@@ -286,6 +295,7 @@ def main() -> None:
             "previous_root": {"type": "path"},
             "files": {"type": "list", "elements": "dict", "default": [], "options": FILE_SPEC},
             "secret_files": {"type": "list", "elements": "dict", "default": [], "options": SECRET_SPEC},
+            "secret_contents": {"type": "list", "elements": "str", "default": [], "no_log": True},
             "assets": {"type": "list", "elements": "dict", "default": [], "options": FILE_SPEC},
             "directories": {"type": "list", "elements": "dict", "default": [], "options": DIR_SPEC},
             "stop_units": {"type": "list", "elements": "str", "default": []},
@@ -296,7 +306,10 @@ def main() -> None:
                      ("state", "live", ("unit", "staged_root", "previous_root"))],
         supports_check_mode=True,
     )
-    files = module.params["files"] + module.params["secret_files"]
+    secret, contents = module.params["secret_files"], module.params["secret_contents"]
+    if len(secret) != len(contents):
+        module.fail_json(msg=f"sparkspec_unit: {len(secret)} secret_files but {len(contents)} secret_contents")
+    files = module.params["files"] + [f | {"content": c} for f, c in zip(secret, contents)]
     step = {"staged": _staged, "live": _live, "files": _files}[module.params["state"]]
     try:
         module.exit_json(**step(module, files, module.check_mode))

@@ -319,14 +319,20 @@ def lint(c, fix=False):
     c.run(f"{bindir}/ansible-lint --profile production {'--fix' if fix else ''}".strip())
 
 
-@task(positional=[], auto_shortflags=False, help={"k": "pytest -k expression", "x": "stop at the first failure"})
-def test(c, k="", x=False):
-    """Every test: lint, unit tests, then the simulated-Spark tests (podman, systemd, real vLLM)."""
+@task(positional=[], auto_shortflags=False, help={"k": "pytest -k expression", "x": "stop at the first failure",
+                                                  "workers": "pytest processes (1: one process, in file order)"})
+def test(c, k="", x=False, workers=2):
+    """Every test: lint, unit tests, then the simulated-Spark tests (podman, systemd, real vLLM).
+
+    With workers > 1 (pytest-xdist), every test of a file that touches the simulated Spark runs on one worker in
+    file order (there is one simulated Spark), and the other files run beside them on the other workers."""
     lint(c)
     bindir = Path(sys.executable).parent
     args = (f" -k {k!r}" if k else "") + (" -x" if x else "")
+    if int(workers) > 1:
+        args += f" -n {int(workers)} --dist loadgroup"
     # the slowest tests, printed every run, so the cost of the suite stays visible in CI
-    c.run(f"{bindir}/pytest --durations=15{args}", pty=False)
+    c.run(f"{bindir}/pytest --durations=25{args}", pty=False)
 
 
 @task(positional=[], auto_shortflags=False, help={"workdir": "folder on the disk to measure (needs ~2.5x size-gb free)", "size-gb": "shard bytes",

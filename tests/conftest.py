@@ -13,6 +13,24 @@ ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
 
+SIM_FIXTURES = {"sim", "provisioned", "api_key"}   # the one simulated Spark, sim01
+# Files whose tests run first on sim01: test_provision's no-change run follows the session's first provision.
+SIM_FIRST = ("test_provision.py",)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (`invoke test`, --dist loadgroup) the tests run on two workers side by side:
+    - group "sim": every test of a file that has a test on sim01 (there is one simulated Spark, and such a file's
+      tests share its state from test to test), in file order, test_provision.py first;
+    - group "host": every other test (molecule's scenarios too: their own containers, on podman's own network),
+      so each session fixture (a vLLM server, generated checkpoints) is made once."""
+    sim_files = {item.path for item in items if SIM_FIXTURES & set(getattr(item, "fixturenames", ()))}
+    first = [i for i in items if i.path in sim_files and i.path.name in SIM_FIRST]
+    items[:] = first + [i for i in items if i not in first]
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group("sim" if item.path in sim_files else "host"))
+
+
 @pytest.fixture(scope="session")
 def project_root() -> Path:
     return ROOT
@@ -30,6 +48,16 @@ def sim():
 
 # Output of the session's one provision (tests check it for secrets).
 PROVISION_OUTPUT: list[str] = []
+
+
+@pytest.fixture(scope="session")
+def sim_image():
+    """The simulated Spark's image and the files its containers mount, without starting sim01 (molecule)."""
+    from tests.support.sim import Sim
+
+    sim = Sim(ROOT)
+    sim.assets(log=lambda msg: print(msg, file=sys.stderr))
+    return sim
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,7 @@ import os
 import pytest
 
 from tests.conftest import BIN, ROOT, run_cli
+from tests.support.tinymodel import write_tiny_model
 
 pytestmark = [pytest.mark.sim, pytest.mark.slow]
 
@@ -14,8 +15,12 @@ SCENARIOS = sorted(p.parent for p in ROOT.glob("roles/*/molecule/*/molecule.yml"
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=[f"{p.parts[-3]}-{p.name}" for p in SCENARIOS])
-def test_molecule_scenario(sim, scenario):
-    env = {"SPARKSPEC_SIM_IMAGE": sim.image, "CONTAINERS_CONF": str(sim.state / "containers.conf"),
+def test_molecule_scenario(sim_image, scenario, tmp_path):
+    # the model the deploy scenario serves: sim01's sim-tiny (same generator and seed), made here so that the
+    # scenario never reads .sim/gen while sim01's hub writes it
+    model = write_tiny_model(tmp_path / "sim-tiny", seed=0).path
+    env = {"SPARKSPEC_SIM_IMAGE": sim_image.image, "CONTAINERS_CONF": str(sim_image.env()["CONTAINERS_CONF"]),
+           "SPARKSPEC_MOLECULE_MODEL": str(model),
            "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "ANSIBLE_FORCE_COLOR": "0", "NO_COLOR": "1"}
     result = run_cli("sh", "-c", f"cd {scenario.parent.parent} && {BIN}/molecule test -s {scenario.name}",
                      env=env, timeout=1200)

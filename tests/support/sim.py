@@ -8,6 +8,8 @@ never touched.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import shutil
@@ -93,9 +95,36 @@ class Sim:
     def env(self) -> dict[str, str]:
         conf = self.state / "containers.conf"
         self.state.mkdir(parents=True, exist_ok=True)
-        if not conf.exists() or conf.read_text() != CONTAINERS_CONF:
-            conf.write_text(CONTAINERS_CONF)
+        if not conf.exists() or conf.read_text() != CONTAINERS_CONF:   # atomic: another process may read it now
+            tmp = conf.with_name(f".{conf.name}.{os.getpid()}")
+            tmp.write_text(CONTAINERS_CONF)
+            tmp.replace(conf)
         return {**os.environ, "CONTAINERS_CONF": str(conf)}
+
+    @contextlib.contextmanager
+    def _locked(self):
+        """One process at a time builds the image, writes the keys and files, and starts the container: the
+        test workers (pytest-xdist) and a user's `invoke sim.up` share .sim/."""
+        self.state.mkdir(parents=True, exist_ok=True)
+        with open(self.state / ".lock", "w") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
+    def assets(self, log=print) -> bool:
+        """What a container of the image needs from the controller, without starting one (molecule's
+        scenarios): the image, the SSH key, the API key and the CA bundle. Returns True when it built the image."""
+        with self._locked():
+            return self._assets(log)
+
+    def _assets(self, log) -> bool:
+        built = self.build_image(log)
+        self.ensure_key()
+        self.ensure_api_key()
+        self.host_ca()
+        return built
 
     def podman(self, *args: str, check: bool = True, capture: bool = True) -> subprocess.CompletedProcess[str]:
         if not shutil.which("podman"):
@@ -171,12 +200,16 @@ class Sim:
     def host_ca(self) -> Path:
         """CA bundle for pip inside the container (the host's, which trusts any proxy it uses)."""
         dest = self.state / "host-ca.crt"
-        for candidate in (os.environ.get("SSL_CERT_FILE", ""), "/etc/ssl/certs/ca-certificates.crt"):
-            if candidate and Path(candidate).is_file():
-                shutil.copyfile(candidate, dest)
-                return dest
-        import certifi  # type: ignore[import-not-found]  # huggingface_hub's httpx brings it
-        shutil.copyfile(certifi.where(), dest)
+        source = next((c for c in (os.environ.get("SSL_CERT_FILE", ""), "/etc/ssl/certs/ca-certificates.crt")
+                       if c and Path(c).is_file()), "")
+        if not source:
+            import certifi  # type: ignore[import-not-found]  # huggingface_hub's httpx brings it
+            source = certifi.where()
+        data = Path(source).read_bytes()
+        if not dest.is_file() or dest.read_bytes() != data:   # a running container has it mounted: keep it
+            tmp = dest.with_name(f".{dest.name}.{os.getpid()}")
+            tmp.write_bytes(data)
+            tmp.replace(dest)
         return dest
 
     @property
@@ -205,10 +238,12 @@ class Sim:
 
     def up(self, log=print) -> str:
         """Start the hub and the container (building the image first if needed). Returns what it did."""
+        with self._locked():
+            return self._up(log)
+
+    def _up(self, log) -> str:
         log(f"hub: {self.hub.up(log)} on {self.hub.url}")
-        built = self.build_image(log)
-        self.ensure_key()
-        self.ensure_api_key()
+        built = self._assets(log)
         current = self.running_image()
         if current == f"{self.image}@{self.run_id}" and not built and self.ssh_ok():
             return "already running"

@@ -330,7 +330,7 @@ def test(c, k="", x=False, workers=2):
     bindir = Path(sys.executable).parent
     args = (f" -k {k!r}" if k else "") + (" -x" if x else "")
     if int(workers) > 1:
-        args += f" -n {int(workers)} --dist loadgroup"
+        args += f" -n {int(workers)}"   # two lanes: tests/conftest.py pytest_xdist_make_scheduler
     # the slowest tests, printed every run, so the cost of the suite stays visible in CI
     c.run(f"{bindir}/pytest --durations=25{args}", pty=False)
 

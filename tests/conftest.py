@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
@@ -18,17 +19,48 @@ SIM_FIXTURES = {"sim", "provisioned", "api_key"}   # the one simulated Spark, si
 SIM_FIRST = ("test_provision.py",)
 
 
+def _sim_lane() -> frozenset[str]:
+    """The test files with a test that takes a sim01 fixture (read from their source: xdist's scheduler runs in the
+    controller, which collects nothing). Every test of such a file runs in the sim lane."""
+    lane = set()
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("test") and \
+                    SIM_FIXTURES & {a.arg for a in node.args.args}:
+                lane.add(path.relative_to(ROOT).as_posix())
+                break
+    return frozenset(lane)
+
+
+SIM_LANE = _sim_lane()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """`invoke test` runs pytest-xdist with two workers in two lanes: "sim" (every test of a SIM_LANE file, in file
+    order, test_provision.py first: there is one simulated Spark, and such a file's tests share its state from test
+    to test) and "host" (every other test, molecule's scenarios too: their containers have podman's own
+    network), so each session fixture (a vLLM server, generated checkpoints) is made once. (xdist's own loadgroup
+    cannot do this with pytest 9: it renames nodeids through an attribute pytest 9 no longer reads.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Lanes(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "sim" if nodeid.split("::", 1)[0] in SIM_LANE else "host"
+
+    return Lanes(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (`invoke test`, --dist loadgroup) the tests run on two workers side by side:
-    - group "sim": every test of a file that has a test on sim01 (there is one simulated Spark, and such a file's
-      tests share its state from test to test), in file order, test_provision.py first;
-    - group "host": every other test (molecule's scenarios too: their own containers, on podman's own network),
-      so each session fixture (a vLLM server, generated checkpoints) is made once."""
-    sim_files = {item.path for item in items if SIM_FIXTURES & set(getattr(item, "fixturenames", ()))}
-    first = [i for i in items if i.path in sim_files and i.path.name in SIM_FIRST]
+    """sim01's files first, test_provision.py before them all; a test that reaches sim01 through another fixture
+    in a file outside SIM_LANE would run beside sim01's lane: refused at collection."""
+    stray = sorted({item.nodeid.split("::", 1)[0] for item in items
+                    if SIM_FIXTURES & set(getattr(item, "fixturenames", ()))} - SIM_LANE)
+    if stray:
+        raise pytest.UsageError(f"{', '.join(stray)}: tests use sim01 only through other fixtures; give one test "
+                                f"of the file a sim, provisioned or api_key argument (tests/conftest.py SIM_LANE)")
+    first = [i for i in items if i.path.name in SIM_FIRST]
     items[:] = first + [i for i in items if i not in first]
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group("sim" if item.path in sim_files else "host"))
 
 
 @pytest.fixture(scope="session")

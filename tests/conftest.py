@@ -37,6 +37,7 @@ def _sim_lane() -> frozenset[str]:
 
 
 SIM_LANE = _sim_lane()
+SIM_WORKER_FILES = SIM_LANE | set(SIM_LAST)   # what the sim worker runs
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -50,7 +51,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
 
     class Lanes(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return "sim" if nodeid.split("::", 1)[0] in SIM_LANE | set(SIM_LAST) else "host"
+            return "sim" if nodeid.split("::", 1)[0] in SIM_WORKER_FILES else "host"
 
     return Lanes(config, log)
 

@@ -95,10 +95,7 @@ class Sim:
     def env(self) -> dict[str, str]:
         conf = self.state / "containers.conf"
         self.state.mkdir(parents=True, exist_ok=True)
-        if not conf.exists() or conf.read_text() != CONTAINERS_CONF:   # atomic: another process may read it now
-            tmp = conf.with_name(f".{conf.name}.{os.getpid()}")
-            tmp.write_text(CONTAINERS_CONF)
-            tmp.replace(conf)
+        _keep(conf, CONTAINERS_CONF.encode())
         return {**os.environ, "CONTAINERS_CONF": str(conf)}
 
     @contextlib.contextmanager
@@ -205,11 +202,7 @@ class Sim:
         if not source:
             import certifi  # type: ignore[import-not-found]  # huggingface_hub's httpx brings it
             source = certifi.where()
-        data = Path(source).read_bytes()
-        if not dest.is_file() or dest.read_bytes() != data:   # a running container has it mounted: keep it
-            tmp = dest.with_name(f".{dest.name}.{os.getpid()}")
-            tmp.write_bytes(data)
-            tmp.replace(dest)
+        _keep(dest, Path(source).read_bytes())   # a running container has it mounted: rewritten only on a change
         return dest
 
     @property
@@ -292,6 +285,16 @@ class Sim:
         """Restart the container as a power cycle of the Spark would: systemd boots again."""
         self.podman("restart", "-t", "10", self.container)
         self.wait_ready()
+
+
+def _keep(path: Path, data: bytes) -> None:
+    """``path`` holds ``data``: left alone when it already does, else replaced atomically (another process, a
+    test worker or podman, may be reading it)."""
+    if path.is_file() and path.read_bytes() == data:
+        return
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_bytes(data)
+    tmp.replace(path)
 
 
 def _run(argv: list[str], what: str) -> None:

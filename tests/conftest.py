@@ -17,10 +17,6 @@ BIN = Path(sys.executable).parent
 SIM_FIXTURES = {"sim", "provisioned", "api_key"}   # the one simulated Spark, sim01
 # Files whose tests run first on sim01: test_provision's no-change run follows the session's first provision.
 SIM_FIRST = ("test_provision.py",)
-# Files that run last in the sim lane, when the host lane is done and the machine is quieter: the signal tests
-# lose their signal on a machine under full CPU load (two busy loops beside them: 3 failures in 4 runs; an open
-# bug, see the stop note), so they do not run beside the host lane's CPU-bound tests.
-SIM_LAST = ("tests/unit/test_signals.py",)
 
 
 def _sim_lane() -> frozenset[str]:
@@ -37,7 +33,6 @@ def _sim_lane() -> frozenset[str]:
 
 
 SIM_LANE = _sim_lane()
-SIM_WORKER_FILES = SIM_LANE | set(SIM_LAST)   # what the sim worker runs
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -51,7 +46,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
 
     class Lanes(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return "sim" if nodeid.split("::", 1)[0] in SIM_WORKER_FILES else "host"
+            return "sim" if nodeid.split("::", 1)[0] in SIM_LANE else "host"
 
     return Lanes(config, log)
 
@@ -65,8 +60,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         raise pytest.UsageError(f"{', '.join(stray)}: tests use sim01 only through other fixtures; give one test "
                                 f"of the file a sim, provisioned or api_key argument (tests/conftest.py SIM_LANE)")
     first = [i for i in items if i.path.name in SIM_FIRST]
-    last = [i for i in items if i.nodeid.split("::", 1)[0] in SIM_LAST]
-    items[:] = first + [i for i in items if i not in first and i not in last] + last
+    items[:] = first + [i for i in items if i not in first]
 
 
 @pytest.fixture(scope="session")

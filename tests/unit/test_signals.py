@@ -38,3 +38,51 @@ def test_generate_killed_mid_write_leaves_nothing(tmp_path: Path, sig: signal.Si
     lines = [ln for ln in stderr.splitlines() if ln.strip()]
     assert lines == [f"sparkspec: interrupted by {sig.name}; nothing half-written was left"], stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+SWALLOWED = r"""
+import os, signal, sys
+from pathlib import Path
+from sparkspec.checkpoint.out import replacing
+from sparkspec.cli import run
+from sparkspec.cli.common import Parser
+
+out = Path(sys.argv[1])
+
+def swallow_the_signal():  # what numpy's Cython module init did to the KeyboardInterrupt of a SIGHUP
+    try:
+        os.kill(os.getpid(), signal.SIGHUP)
+        for _ in range(1000):
+            pass
+    except KeyboardInterrupt:
+        pass
+
+def generate(_args):
+    with replacing(out, flag="--out", tool="test", owned=lambda p: False, stage="t-tmp") as tmp:
+        (tmp / "config.json").write_text("{}")
+        swallow_the_signal()
+    return 0
+
+def finish_then_swallow(_args):
+    swallow_the_signal()
+    return 0
+
+parser = Parser(prog="t")
+sub = parser.add_subparsers()
+sub.add_parser("generate").set_defaults(func=generate)
+sub.add_parser("late").set_defaults(func=finish_then_swallow)
+sys.exit(run(parser, [sys.argv[2]]))
+"""
+
+
+@pytest.mark.parametrize("command", ["generate", "late"])
+def test_a_swallowed_interrupt_still_stops_the_command(tmp_path: Path, command: str) -> None:
+    """A stop signal whose KeyboardInterrupt third-party code swallowed still refuses the swap-in and still
+    exits 130 with the line (under load, numpy's lazily imported Cython modules swallowed it and generate exited
+    0 with a complete output)."""
+    out = tmp_path / "gen"
+    proc = subprocess.run([sys.executable, "-c", SWALLOWED, str(out), command], cwd=REPO, capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    assert proc.returncode == 130, proc.stderr
+    assert proc.stderr.splitlines() == ["sparkspec: interrupted by SIGHUP; nothing half-written was left"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

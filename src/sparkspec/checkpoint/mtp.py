@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sparkspec import stops
 from sparkspec.checkpoint.manifest import TOOL, owned
 from sparkspec.checkpoint.safetensors_io import (
     INDEX_NAME,
@@ -143,6 +144,7 @@ def _commit(src: Path, dst: Path, target: Path, new_map: dict[str, str], total: 
         if index_changed:
             tmp_index = stage_index(target, new_map, total, {k: v for k, v in metadata.items()
                                                              if k != "total_size"})
+        stops.check()
         if place:
             os.replace(tmp_file, dst)
             placed = True

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
+from sparkspec import stops
 from sparkspec.errors import UserError, os_error
 from sparkspec.validate import check_disjoint, check_not_symlink
 
@@ -165,6 +166,7 @@ def replacing(out: Path, *, flag: str, tool: str, owned: Callable[[Path], bool],
             claim(out, flag, tool, owned, inputs)  # again, under the lock
             tmp = _fresh_stage(out, stage)
             yield tmp
+            stops.check()  # a stop swallowed by third-party code still stops here, before the swap
             (tmp / STAGE_MARKER).unlink()
             _swap_in(tmp, out)
             tmp = None

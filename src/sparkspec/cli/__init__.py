@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 from types import ModuleType
 
-from sparkspec import __version__
+from sparkspec import __version__, stops
 from sparkspec.cli import bench, checkpoint, hub
 from sparkspec.cli.common import Parser
 from sparkspec.errors import UserError, os_error
@@ -30,27 +29,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _stop(signum: int, _frame: object) -> None:
-    """SIGTERM and SIGHUP unwind like Ctrl-C, so every command's cleanup (temp siblings, locks) runs."""
-    raise KeyboardInterrupt(signal.Signals(signum).name)
-
-
 def main(argv: list[str] | None = None) -> int:
     return run(build_parser(), argv)
 
 
 def run(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> int:
     """Parse ``argv`` with ``parser`` and run the chosen subcommand with the project's error handling."""
-    stops = (signal.SIGTERM, signal.SIGHUP)
-    try:
-        before = {sig: signal.signal(sig, _stop) for sig in stops}
-    except ValueError:  # not the main thread: leave the handlers alone
-        before = {}
-    try:
-        return _main(parser, argv)
-    finally:
-        for sig, handler in before.items():
-            signal.signal(sig, handler)
+    with stops.handled():
+        code = _main(parser, argv)
+        sig = stops.requested()
+        if sig is not None and code != 130:  # the interrupt was swallowed where it was raised; the output was not
+            print(f"sparkspec: interrupted by {sig.name}; nothing half-written was left", file=sys.stderr)
+            return 130
+        return code
 
 
 def _main(parser: argparse.ArgumentParser, argv: list[str] | None) -> int:

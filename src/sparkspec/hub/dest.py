@@ -22,7 +22,7 @@ from typing import Any
 
 from huggingface_hub.utils import tqdm as hf_tqdm
 
-from sparkspec import validate
+from sparkspec import stops, validate
 from sparkspec.errors import UserError, os_error
 from sparkspec.hub.repo import FETCH_STATE_DIR, REVISION_FILE
 from sparkspec.jsonfile import loads_bounded
@@ -211,6 +211,7 @@ def write_file(dest: Path, rel: str, parts: Iterable[bytes], sync: bool = True) 
             fh.flush()
             if sync:
                 os.fsync(fh.fileno())
+        stops.check()
         os.replace(tmp, target)
     except BaseException as exc:
         with contextlib.suppress(OSError):

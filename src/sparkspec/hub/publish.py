@@ -18,7 +18,7 @@ import shutil
 import uuid
 from pathlib import Path
 
-from sparkspec import validate
+from sparkspec import stops, validate
 from sparkspec.errors import UserError, os_error
 from sparkspec.hub.repo import (
     CHUNK,
@@ -156,6 +156,7 @@ def _replace(folder: Path, target: Path, repo_id: str, src: Path, wanted: Listin
         for rel, version in staged.items():
             store.record(rel, version, digests[rel])
         store.save(staged)
+        stops.check()
         if target.exists():
             old = _fresh(folder, f".{target.name}.old")
             os.replace(target, old)  # a folder onto the fresh empty one: the former repo, ours by its marker

@@ -1,0 +1,52 @@
+"""SIGTERM and SIGHUP (a closed SSH session, `systemctl stop`, a CI time-out) unwind like Ctrl-C.
+
+The handler raises KeyboardInterrupt where the main thread stands, so every command's cleanup (temp siblings,
+locks) runs. Third-party C code can swallow that exception: numpy's Cython modules, imported lazily on first use,
+clear an exception raised while they initialise, and the command then ran to the end and exited 0. So the
+signal is also recorded, and every point that makes an output visible calls :func:`check` first: a stop that
+was swallowed still stops there, before anything is swapped in, and the command still exits 130.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+STOPS = (signal.SIGTERM, signal.SIGHUP)
+
+_requested: list[signal.Signals] = []
+
+
+def _stop(signum: int, _frame: object) -> None:
+    sig = signal.Signals(signum)
+    _requested.append(sig)
+    raise KeyboardInterrupt(sig.name)
+
+
+def requested() -> signal.Signals | None:
+    """The first stop signal received while :func:`handled` was active, or None."""
+    return _requested[0] if _requested else None
+
+
+def check() -> None:
+    """Raise KeyboardInterrupt again when a stop signal came in, even if its first exception was swallowed.
+    Call it right before an output becomes visible (a rename, an exchange)."""
+    if _requested:
+        raise KeyboardInterrupt(_requested[0].name)
+
+
+@contextmanager
+def handled() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise KeyboardInterrupt inside the block (main thread only; elsewhere the handlers
+    are left alone); the previous handlers come back after it."""
+    _requested.clear()
+    try:
+        before = {sig: signal.signal(sig, _stop) for sig in STOPS}
+    except ValueError:  # not the main thread
+        before = {}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)

@@ -1,6 +1,8 @@
 """Long steps show progress in the play: the real ``sparkspec fetch repo`` run by the ``sparkspec_progress``
 action plugin in a tiny local playbook, against the real local hub behind a throttling proxy (24 MiB at
-4 MiB/s, so the fetch takes about 6 s), read back from ansible-runner's structured events. No simulated Spark."""
+4 MiB/s, so the fetch takes about 6 s), read back from ansible-runner's structured events; and vllm_build's
+compile step (its helper's ``run`` around a command that prints ninja's ``[done/total]`` lines, as vLLM's
+``pip wheel -v`` does) the same way. No simulated Spark."""
 
 from __future__ import annotations
 
@@ -38,7 +40,7 @@ PLAYBOOK = f"""\
         interval: 1
         timeout: 300
       register: fetched
-      changed_when: (fetched.stdout_lines | last | from_json).changed
+      changed_when: {{changed_when}}
 """
 UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
 
@@ -61,9 +63,10 @@ def _address(url: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def play(tmp_path: Path, argv: list[str]) -> tuple[Any, list[dict[str, Any]]]:
+def play(tmp_path: Path, argv: list[str], changed_when: str = "(fetched.stdout_lines | last | from_json).changed"
+         ) -> tuple[Any, list[dict[str, Any]]]:
     events: list[dict[str, Any]] = []
-    (tmp_path / "play.yml").write_text(PLAYBOOK)
+    (tmp_path / "play.yml").write_text(PLAYBOOK.replace("{changed_when}", changed_when))
     (tmp_path / "runner").mkdir()
     runner = ansible_runner.run(
         private_data_dir=str(tmp_path / "runner"), playbook=str(tmp_path / "play.yml"), inventory="localhost,",
@@ -116,3 +119,37 @@ def test_failing_fetch_fails_the_task_with_the_commands_one_line(tmp_path: Path,
     assert len(failed) == 1 and failed[0]["rc"] == 2 and failed[0]["msg"] == "non-zero return code", failed
     stderr = failed[0]["stderr"].splitlines()
     assert len(stderr) == 1 and stderr[0].startswith("sparkspec: error: ") and "no-such-repo" in stderr[0], stderr
+
+
+# A compile of 6 ninja steps, one every 0.8 s, among the other lines pip and CMake print.
+COMPILE = """\
+import sys, time
+print("Building wheel for vllm (pyproject.toml): started", flush=True)
+for i in range(1, 7):
+    print(f"[{i}/6] Building CUDA object CMakeFiles/_C.dir/csrc/k{i}.cu.o", flush=True)
+    print("  nvcc warning : a line between the steps", flush=True)
+    time.sleep(0.8)
+print("Successfully built vllm", flush=True)
+"""
+
+
+def test_vllm_build_compile_prints_ninja_progress_in_the_play(tmp_path: Path) -> None:
+    """The compile step as roles/vllm_build/tasks/build.yml runs it: the play prints ninja's [done/total] while
+    the compile runs, growing; the whole output goes to the build log and the task's result ends with its tail."""
+    helper = ROOT / "roles/vllm_build/files/vllm_build_helper.py"
+    log = tmp_path / "build.log"
+    argv = [sys.executable, str(helper), "run", str(log), "build vLLM 0123456789ab", sys.executable, "-c", COMPILE]
+    runner, events = play(tmp_path, argv, changed_when="true")
+    assert runner.rc == 0, [e.get("stdout") for e in events]
+    lines = progress_lines(events)
+    steps = []
+    for line in lines:
+        m = re.fullmatch(r"localhost: build vLLM 0123456789ab: \d+ s; ninja (\d)/6", line)
+        if m:
+            steps.append(int(m[1]))
+    assert len(steps) >= 2 and steps == sorted(steps) and steps[-1] > steps[0], lines
+    ok = next(e for e in events if e.get("event") == "runner_on_ok")["event_data"]["res"]
+    assert ok["rc"] == 0 and ok["stdout_lines"][-1] == "Successfully built vllm", ok
+    logged = log.read_text().splitlines()
+    assert logged[0].startswith(f"$ {sys.executable} -c ") and logged[-1] == "Successfully built vllm"
+    assert sum(ln.startswith("[") for ln in logged) == 6

@@ -176,3 +176,24 @@ def test_the_standin_carries_vllms_cmake_lines_verbatim(cmake_tree: Path) -> Non
     copied = "\n".join("".join(real_utils[a - 1:b]) for a, b in zip(bounds[::2], bounds[1::2], strict=True))
     assert utils.endswith(copied)
     assert os.path.getsize(STANDIN / "cmake" / "utils.cmake") < 2 * len(copied)
+
+
+def test_every_dependency_cmake_fetches_has_a_mirror_folder_in_the_role(tarball: Path, tmp_path: Path) -> None:
+    """An air-gapped build turns CMake's downloads off; every dependency the release's CUDA build fetches must then
+    come from a *_SRC_DIR variable the role sets. Read from the release: each CMake file that fetches from git
+    (the CPU-only cpu_extension.cmake aside) reads its `$ENV{..._SRC_DIR}`, and that set of variables is the
+    role's vllm_build_mirror_src_dirs."""
+    import yaml
+
+    tree = extract(tarball, tmp_path, "CMakeLists.txt", "cmake")
+    read: set[str] = set()
+    for path in [tree / "CMakeLists.txt", *sorted((tree / "cmake").rglob("*.cmake"))]:
+        text = path.read_text()
+        if path.name == "cpu_extension.cmake" or "GIT_REPOSITORY" not in text:
+            continue
+        names = set(re.findall(r"\$ENV\{(\w+_SRC_DIR)\}", text))
+        assert names, f"{path.relative_to(tree)} fetches from git with no *_SRC_DIR override"
+        read |= names
+    defaults = yaml.safe_load((ROOT / "roles/vllm_build/defaults/main.yml").read_text())
+    assert set(defaults["vllm_build_mirror_src_dirs"]) == read
+    assert len(read) == 10, sorted(read)

@@ -91,9 +91,14 @@ def unchanged(site: dict[str, Path]) -> None:
     ({"vllm_build_tarball_sha256": "d2c957d5"},
      'vllm_build_tarball_sha256 "d2c957d5" is not a sha256 (64 hex digits)'),
     ({"vllm_build_torch": "torch>=2.13"}, 'vllm_build_torch "torch>=2.13" is not a pin (name==version)'),
+    ({"vllm_build_flashinfer": ["flashinfer-python==0.7.0.post1", "/opt/w/flashinfer_cubin-0.7.0-py3-none-any.whl",
+                                "--index-url=http://elsewhere/simple"]},
+     'vllm_build_flashinfer entry "--index-url=http://elsewhere/simple" is neither a pin (name==version) nor an '
+     'absolute path to a wheel on the host; give e.g. flashinfer-python==0.7.0.post1'),
     ({"vllm_build_max_jobs": 100000}, "100000 build jobs (vllm_build_max_jobs) need about 800000 GB, MemAvailable is"),
     ({"vllm_build_min_free_disk_gb": 10 ** 9}, "vllm_build_min_free_disk_gb is 1000000000; free disk space there"),
-], ids=["arch-without-12.1", "digest-not-a-sha256", "torch-not-a-pin", "memory-for-jobs", "disk"])
+], ids=["arch-without-12.1", "digest-not-a-sha256", "torch-not-a-pin", "flashinfer-option", "memory-for-jobs",
+        "disk"])
 def test_knobs_and_resources_are_refused_before_any_change(site, extra, expected):
     line = refused(build(site, **extra))
     assert expected in line, line

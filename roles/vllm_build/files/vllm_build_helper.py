@@ -99,24 +99,33 @@ def run(argv: list[str]) -> int:
     log, what, cmd = argv[0], argv[1], argv[2:]
     state = {"note": "starting", "start": time.monotonic()}
     done = threading.Event()
+    writing = threading.Lock()
 
-    def write() -> None:
-        doc = {"what": what, "elapsed_s": round(time.monotonic() - state["start"], 1), "note": state["note"],
-               "time": time.time()}
-        tmp = f"{progress}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(doc, f)
-        os.replace(tmp, progress)
+    written = [0.0]
 
-    def keep_writing() -> None:
-        while not done.wait(2.0):
+    def dump() -> None:
+        with writing:   # the 2 s ticker and a new ninja step may write at once; one temp file
+            doc = {"what": what, "elapsed_s": round(time.monotonic() - state["start"], 1), "note": state["note"],
+                   "time": time.time()}
+            tmp = f"{progress}.tmp"
+            with open(tmp, "w") as f:
+                json.dump(doc, f)
+            os.replace(tmp, progress)
+            written[0] = time.monotonic()
+
+    def write(at_most_every: float = 0.0) -> None:
+        if progress and time.monotonic() - written[0] >= at_most_every:
             try:
-                write()
+                dump()
             except OSError:
                 pass
 
+    def keep_writing() -> None:
+        while not done.wait(2.0):
+            write()
+
     if progress:
-        write()
+        dump()
         threading.Thread(target=keep_writing, daemon=True).start()
     tail: list[str] = []
     with open(log, "a") as out:
@@ -129,6 +138,7 @@ def run(argv: list[str]) -> int:
             step = NINJA.search(text)
             if step:
                 state["note"] = f"ninja {step.group(1)}/{step.group(2)}"
+                write(at_most_every=0.5)   # a new step soon, not at the next 2 s tick
             elif text.strip() and not state["note"].startswith("ninja"):
                 state["note"] = text.strip()[:100]
             tail = (tail + [text.rstrip()])[-TAIL:]

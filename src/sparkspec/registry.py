@@ -290,3 +290,24 @@ def vllm_command(resolved: Mapping[str, Any], knobs: Mapping[str, Any], service:
     env: dict[str, Any] = {name: 1 for name in BASE_ENV}
     env.update(HF_HOME=f"/var/lib/{service['user']}/.cache/huggingface", SPARKSPEC_PROFILE=profile["name"])
     return {"args": args, "env": env, "record": record}
+
+
+def downloads(resolved: Mapping[str, Any], heads: str = "all") -> list[dict[str, Any]]:
+    """What a host fetches, in order, for every staged profile of a resolved host: the model (plain) or the
+    INT4 source and then the FP8 subset that reads it (hybrid), then the heads: all of them (``heads='all'``)
+    or only the head of the method served (``'method'``)."""
+    out: list[dict[str, Any]] = []
+    for profile in resolved["staged"]:
+        sources = profile["sources"]
+        def item(mode: str, src: Mapping[str, str], **extra: str) -> dict[str, Any]:
+            return {"profile": profile["name"], "mode": mode, "repo": src["repo"], "revision": src["revision"],
+                    "dest": src["folder"], "repo_folder": src["repo_folder"], **extra}
+        if profile["kind"] == "hybrid":
+            out.append(item("repo", sources["int4"]))
+            if "fp8" in sources:
+                out.append(item("fp8-subset", sources["fp8"], int4=sources["int4"]["folder"]))
+        else:
+            out.append(item("repo", sources["model"]))
+        out += [item("repo", src) for name, src in profile["heads"].items()
+                if heads == "all" or name == resolved["head"]]
+    return out

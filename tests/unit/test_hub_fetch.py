@@ -260,3 +260,48 @@ def test_cli_401_and_404(ckpts: dict[str, Path], tmp_path: Path, capsys: pytest.
         code, err, _ = _cli(capsys, "fetch", "fp8-subset", "org/no-index", "--revision", "main", "--int4",
                             str(ckpts["int4"]), "--dest", str(tmp_path / "y"), "--endpoint", srv.url)
         assert code == 2 and len(err) == 1 and "model.safetensors.index.json not found (404)" in err[0]
+
+
+def test_cli_batch_fetches_in_order_in_one_run(ckpts: dict[str, Path], server: HubServer, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """`fetch batch`: the INT4 repo, then the FP8 subset that reads it, in one process; one JSON line with each
+    item's result; a re-run changes nothing."""
+    publish(ckpts["root"], "Qwen/tiny-int4", ckpts["int4"])
+    int4, sub = str(tmp_path / "int4"), str(tmp_path / "sub")
+    items = [["repo", "Qwen/tiny-int4", "--revision", "main", "--dest", int4, "--endpoint", server.url],
+             ["fp8-subset", FP8_REPO, "--revision", "main", "--int4", int4, "--dest", sub, "--endpoint", server.url]]
+    for changed in (True, False):
+        code, err, out = _cli(capsys, "fetch", "batch", "--json", "--items", json.dumps(items))
+        doc = json.loads(out.strip().splitlines()[-1])
+        assert code == 0 and doc["changed"] is changed, err
+        assert [r["repo"] for r in doc["results"]] == ["Qwen/tiny-int4", FP8_REPO]
+        assert [r["changed"] for r in doc["results"]] == [changed, changed]
+        assert doc["results"][1]["tensors"] == 6 * SPEC.layers
+        assert [line.split(":")[1].split("@")[0].strip() for line in err if line.startswith("fetch: ")] == \
+            ["Qwen/tiny-int4", "24 FP8 tensors of Qwen/tiny-FP8"]
+    assert sorted(_shards(tmp_path / "int4")) == sorted(_shards(ckpts["int4"]))
+
+
+@pytest.mark.parametrize(("items", "message"), [
+    ("[]", "--items: not a JSON list of 1-256 argument lists"),
+    ('[["repo"], "x"]', "--items: not a JSON list of 1-256 argument lists"),
+    ('{"repo": 1}', "--items: not a JSON list of 1-256 argument lists"),
+    ('[["plan", "a/b", "--revision", "main"]]', "--items: item 1 is 'plan'; each item is a `fetch repo`"),
+    ('[["repo", "Qwen/tiny-FP8", "--revision", "main", "--dest", "/tmp/ok", "--endpoint", "EP"], ["repo", "a/../b", '
+     '"--revision", "main", "--dest", "/tmp/x"]]', "fetch batch item 2 repo: argument repo: "),
+    ('[["repo", "a/b", "--revision", "main", "--dest", "/tmp/x", "--progress-file=/etc/passwd"]]',
+     "--items: item 1 sets --progress-file, which is the batch's own"),
+    ('[["fp8-subset", "a/b", "--revision", "main", "--int4", "/x", "--dest", "/y", "--fp8-pattern", "("]]',
+     "--fp8-pattern"),
+], ids=["empty", "not-lists", "object", "other-command", "bad-repo-second", "own-option", "bad-pattern"])
+def test_cli_batch_refuses_bad_items_before_any_fetch(server: HubServer, tmp_path: Path, items: str, message: str,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    server.stats.reset()
+    items = items.replace("/tmp/", f"{tmp_path}/").replace('"EP"', json.dumps(server.url))
+    try:
+        code, err, out = _cli(capsys, "fetch", "batch", "--json", "--items", items)
+    except SystemExit as exc:   # argparse's own refusal of --items, with the project's one line
+        code, captured = exc.code, capsys.readouterr()
+        err, out = captured.err.strip().splitlines(), captured.out
+    assert code == 2 and len(err) == 1 and message in err[0] and not out, err
+    assert server.stats.requests == [] and not list(tmp_path.iterdir())   # refused before the first item ran

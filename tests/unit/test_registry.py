@@ -125,6 +125,26 @@ def test_resolved_profile_and_staged_profiles():
     assert resolved["disk_gb"] == 3
 
 
+def test_downloads_in_order_per_staged_profile():
+    """What the fetch role downloads: per staged profile the model, or INT4 then the FP8 subset reading it; then
+    all heads, or only the served method's head."""
+    v = _vars("sim01")
+    resolved = registry.resolve(_contract(v), None, NOW)
+    got = [(d["profile"], d["mode"], d["repo"]) for d in registry.downloads(resolved)]
+    heads = [(("sim-tiny", "repo", h["repo"])) for h in v["sparkspec_profiles"]["sim-tiny"]["heads"].values()]
+    assert got == [("sim-tiny", "repo", v["sparkspec_profiles"]["sim-tiny"]["model"]["repo"]), *heads,
+                   ("sim-hybrid", "repo", "sparkspec/sim-qwen3.5-moe-int4-AutoRound"),
+                   ("sim-hybrid", "fp8-subset", "sparkspec/sim-qwen3.5-moe-FP8"),
+                   ("sim-mtp", "repo", v["sparkspec_profiles"]["sim-mtp"]["int4"]["repo"])]
+    subset = registry.downloads(resolved)[len(heads) + 2]
+    assert subset["int4"] == resolved["staged"][1]["sources"]["int4"]["folder"]
+    assert subset["dest"] == resolved["staged"][1]["sources"]["fp8"]["folder"]
+    assert [d["repo"] for d in registry.downloads(resolved, "method")] == [got[0][2], *[g[2] for g in got[-3:]]]
+    switched = registry.resolve(_contract(_vars("sim01", sparkspec_method_switch="eagle3")), None, NOW)
+    only = [d for d in registry.downloads(switched, "method") if d["profile"] == "sim-tiny"]
+    assert [d["dest"] for d in only][1:] == [switched["speculative_config"]["model"]]
+
+
 def test_venv_method_over_profile_over_contract():
     v = _vars("sim01")
     v["sparkspec_profiles"]["sim-tiny"]["vllm_venv"] = "/p"

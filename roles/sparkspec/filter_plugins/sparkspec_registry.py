@@ -1,7 +1,8 @@
 """Ansible filters over sparkspec's registry of methods and profiles (sparkspec.registry), for the roles.
 
 The contract role resolves each host once (``sparkspec_resolve``) into the fact ``sparkspec_resolved``; the deploy
-role turns that into vLLM's command line (``sparkspec_vllm_command``). Errors come back as one line in
+role turns that into vLLM's command line (``sparkspec_vllm_command``), the fetch role into what to download
+(``sparkspec_downloads``). Errors come back as one line in
 ``problems``, which the role asserts on, so the play stops with the line and not a traceback.
 """
 
@@ -47,6 +48,13 @@ def vllm_command(resolved: Mapping[str, Any], knobs: Mapping[str, Any], service:
     return registry.vllm_command(resolved, knobs, service)
 
 
+def downloads(resolved: Mapping[str, Any], heads: str = "all") -> list[dict[str, Any]]:
+    if resolved.get("problems"):
+        raise AnsibleFilterError(resolved["problems"][0])
+    return registry.downloads(resolved, heads)
+
+
 class FilterModule:
     def filters(self) -> dict[str, Callable[..., Any]]:
-        return {"sparkspec_resolve": resolve, "sparkspec_vllm_command": vllm_command}
+        return {"sparkspec_resolve": resolve, "sparkspec_vllm_command": vllm_command,
+                "sparkspec_downloads": downloads}

@@ -1,4 +1,4 @@
-"""``sparkspec fetch repo|fp8-subset|plan`` and ``sparkspec hub serve|publish``.
+"""``sparkspec fetch repo|fp8-subset|batch|plan`` and ``sparkspec hub serve|publish``.
 
 Only argparse registration happens at import; each handler imports what it runs (huggingface_hub and the
 HTTP client load only for ``fetch``). Every value is checked where argparse reads it (repo ids and revisions
@@ -83,10 +83,8 @@ def _command(sub: Any, name: str, help: str) -> argparse.ArgumentParser:
     return parser
 
 
-def register(sub: Any) -> None:
-    fetch = sub.add_parser("fetch", help="download checkpoints with pinned revisions")
-    fsub = fetch.add_subparsers(dest="fetch_command", metavar="SUBCOMMAND", required=True)
-
+def _fetch_commands(fsub: Any) -> None:
+    """``fetch repo`` and ``fetch fp8-subset``: registered under ``fetch``, and again for each item of a batch."""
     p = _command(fsub, "repo", "snapshot a repo (or the files matching --include) into --dest")
     _source_args(p)
     p.add_argument("--dest", required=True, type=text)
@@ -107,6 +105,21 @@ def register(sub: Any) -> None:
     p.add_argument("--retries", type=retries, default=5, help="retries per HTTP request, 1-100 (default 5)")
     p.add_argument("--progress-file", type=text, metavar="PATH", help=progress.HELP)
     p.set_defaults(func=_fetch_subset)
+
+
+def register(sub: Any) -> None:
+    fetch = sub.add_parser("fetch", help="download checkpoints with pinned revisions")
+    fsub = fetch.add_subparsers(dest="fetch_command", metavar="SUBCOMMAND", required=True)
+    _fetch_commands(fsub)
+
+    p = _command(fsub, "batch", "run several repo / fp8-subset fetches in order, in one process")
+    p.add_argument("--items", required=True, type=_items, metavar="JSON",
+                   help="a JSON list of argument lists, each what follows `sparkspec fetch` for one repo or "
+                        "fp8-subset fetch, without --json and --progress-file (the batch's own)")
+    p.add_argument("--progress-file", type=text, metavar="PATH", help=progress.HELP)
+    p.add_argument("--json", action="store_true",
+                   help='print a final JSON line: {"changed": any item changed, "results": [each item\'s line]}')
+    p.set_defaults(func=_fetch_batch)
 
     p = _command(fsub, "plan", "resolve the revision and sum the file sizes; --dest checks free space")
     _source_args(p)
@@ -155,32 +168,95 @@ def _finish(args: argparse.Namespace, doc: dict[str, Any], line: str) -> int:
     return 0
 
 
-def _fetch_repo(args: argparse.Namespace) -> int:
+def _repo(args: argparse.Namespace, note: str = "") -> tuple[dict[str, Any], str]:
     from sparkspec.hub import fetch as hub
 
     token = _token(args)
-    with progress.optional(args.progress_file, f"fetch {args.repo}") as counter:
+    with progress.optional(args.progress_file, f"fetch {args.repo}{note}") as counter:
         result = hub.fetch_repo(args.repo, args.revision, args.dest, args.include, token=token,
                                 endpoint=args.endpoint, local_path=args.local_path, progress=counter)
-    return _finish(args, result.as_json(), f"fetch: {args.repo}@{result.commit[:12]} -> {args.dest}: "
-                                           f"{len(result.files)} files, {result.bytes_fetched} bytes fetched")
+    return result.as_json(), (f"fetch: {args.repo}@{result.commit[:12]} -> {args.dest}: {len(result.files)} files, "
+                              f"{result.bytes_fetched} bytes fetched")
 
 
-def _fetch_subset(args: argparse.Namespace) -> int:
-    from sparkspec.checkpoint.selection import compile_patterns
+def _subset(args: argparse.Namespace, note: str = "") -> tuple[dict[str, Any], str]:
     from sparkspec.hub import fetch as hub
 
-    compile_patterns(args.fp8_pattern)  # a bad --fp8-pattern is refused before anything is fetched
     token = _token(args)
-    with progress.optional(args.progress_file, f"fetch FP8 tensors of {args.repo}") as counter:
+    with progress.optional(args.progress_file, f"fetch FP8 tensors of {args.repo}{note}") as counter:
         result = hub.fetch_fp8_subset(args.repo, args.revision, args.int4, args.dest, args.fp8_pattern,
                                       token=token, endpoint=args.endpoint, local_path=args.local_path,
                                       mode=args.mode, retries=args.retries, progress=counter)
     ratio = result.tensor_bytes_fetched / result.tensor_bytes_used if result.tensor_bytes_used else 0.0
-    return _finish(args, result.as_json(),
-                   f"fetch: {result.tensors} FP8 tensors of {args.repo}@{result.commit[:12]} -> {args.dest}: "
-                   f"tensor bytes fetched {result.tensor_bytes_fetched} / used {result.tensor_bytes_used} "
-                   f"({ratio:.3f}x), headers {result.header_bytes}")
+    return result.as_json(), (f"fetch: {result.tensors} FP8 tensors of {args.repo}@{result.commit[:12]} -> "
+                              f"{args.dest}: tensor bytes fetched {result.tensor_bytes_fetched} / used "
+                              f"{result.tensor_bytes_used} ({ratio:.3f}x), headers {result.header_bytes}")
+
+
+def _fetch_repo(args: argparse.Namespace) -> int:
+    return _finish(args, *_repo(args))
+
+
+def _fetch_subset(args: argparse.Namespace) -> int:
+    from sparkspec.checkpoint.selection import compile_patterns
+
+    compile_patterns(args.fp8_pattern)  # a bad --fp8-pattern is refused before anything is fetched
+    return _finish(args, *_subset(args))
+
+
+MAX_ITEMS = 256
+
+
+def _items(text: str) -> list[list[str]]:
+    """--items: a JSON list of argument lists (strings), at most MAX_ITEMS."""
+    from sparkspec.jsonfile import JsonShapeError, loads_bounded
+
+    try:
+        value = loads_bounded(text, max_bytes=1 << 20)
+    except (JsonShapeError, ValueError):
+        value = None
+    if (not isinstance(value, list) or not value or len(value) > MAX_ITEMS
+            or not all(isinstance(a, list) and a and all(isinstance(w, str) for w in a) for a in value)):
+        raise argparse.ArgumentTypeError(f"not a JSON list of 1-{MAX_ITEMS} argument lists of strings, e.g. "
+                                         '[["repo", "org/name", "--revision", "main", "--dest", "/srv/x"]]')
+    return value
+
+
+def _fetch_batch(args: argparse.Namespace) -> int:
+    """Each item is parsed by the same ``fetch repo`` / ``fetch fp8-subset`` parser first (all refused in one
+    line before anything is fetched), then fetched in order: an item may read what one before it fetched (the
+    FP8 subset reads the INT4 folder). One process, so the CLI starts once for a host's whole plan."""
+    from sparkspec.checkpoint.selection import compile_patterns
+    from sparkspec.cli.common import Parser
+
+    items = []
+    for number, argv in enumerate(args.items, 1):
+        where = f"sparkspec fetch batch item {number}"
+        if argv[0] not in ("repo", "fp8-subset"):
+            raise UserError(f"--items: item {number} is {argv[0][:40]!r}; each item is a `fetch repo` or "
+                            "`fetch fp8-subset` command line")
+        own = [w.split("=", 1)[0] for w in argv if w.split("=", 1)[0] in ("--json", "--progress-file", "-h", "--help")]
+        if own:
+            raise UserError(f"--items: item {number} sets {own[0]}, which is the batch's own; drop it from the item")
+        parser = Parser(prog=where)
+        _fetch_commands(parser.add_subparsers(dest="fetch_command", metavar="SUBCOMMAND", required=True))
+        try:
+            item = parser.parse_args(argv)
+        except SystemExit as exc:  # the parser printed its one line
+            return int(exc.code or 2)
+        if item.fetch_command == "fp8-subset":
+            compile_patterns(item.fp8_pattern)
+        items.append(item)
+    docs = []
+    for number, item in enumerate(items, 1):
+        item.progress_file = args.progress_file
+        run = _subset if item.fetch_command == "fp8-subset" else _repo
+        doc, line = run(item, f" ({number} of {len(items)})" if len(items) > 1 else "")
+        print(line, file=sys.stderr, flush=True)
+        docs.append(doc)
+    if args.json:
+        emit_json({"changed": any(d.get("changed") for d in docs), "results": docs})
+    return 0
 
 
 def _plan(args: argparse.Namespace) -> int:

@@ -71,7 +71,8 @@ def play(tmp_path: Path, argv: list[str], changed_when: str = "(fetched.stdout_l
     runner = ansible_runner.run(
         private_data_dir=str(tmp_path / "runner"), playbook=str(tmp_path / "play.yml"), inventory="localhost,",
         extravars={"fetch_argv": argv, "ansible_python_interpreter": sys.executable},
-        envvars={"ANSIBLE_ACTION_PLUGINS": str(ROOT / "roles/sparkspec/action_plugins"), "ANSIBLE_NOCOLOR": "1",
+        envvars={"ANSIBLE_ACTION_PLUGINS": str(ROOT / "roles/sparkspec/action_plugins"),
+                 "ANSIBLE_LIBRARY": str(ROOT / "roles/sparkspec/library"), "ANSIBLE_NOCOLOR": "1",
                  "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}", "HF_HOME": str(tmp_path / "hf"),
                  "HF_HUB_DISABLE_TELEMETRY": "1", "PYTHONUNBUFFERED": "1"},
         event_handler=lambda event: bool(events.append(event)), quiet=True, suppress_env_files=True,

@@ -13,8 +13,12 @@ verify --full, the health wait of a model load)::
 
 The command runs as an Ansible async job (the task's ``become``, ``environment`` and connection apply as
 for ``command``) and is given ``--progress-file PATH``, a file in the async folder of the user it runs as,
-which it replaces with its counters as it goes (:mod:`sparkspec.progress`) and removes when it ends. Every
-``interval`` seconds one line goes through Ansible's Display (``sim01: fetch org/name: 1.2 GiB of 77.0 GiB,
+which it replaces with its counters as it goes (:mod:`sparkspec.progress`) and removes when it ends. The job is
+followed by long polls: each is one run of this role's ``sparkspec_job_wait`` module, which waits on the host
+until the job ends (seen within 0.1 s; the results file is removed in the same run) or the next line is due
+(then it returns the progress file's text). So a short command costs two round trips (start, end), and a long
+one a round trip per line, not one every second. Every ``interval`` seconds one line goes through Ansible's
+Display (``sim01: fetch org/name: 1.2 GiB of 77.0 GiB,
 90.6 MiB/s, 13 min left``); a command that wrote no progress yet still gets ``running for N s``. When the
 job ends the task returns the command's own result (rc, stdout, stderr, failed with ``non-zero return code``
 when rc != 0), exactly what ``command`` would have returned, so ``register``, ``changed_when`` and
@@ -28,7 +32,6 @@ item at once.
 
 from __future__ import annotations
 
-import base64
 import secrets
 import time
 from typing import Any
@@ -47,10 +50,6 @@ ARGS = {
     "interval": {"type": "int", "default": 30},
     "timeout": {"type": "int", "required": True},
 }
-# polls of the job: a short command's end is seen within a second; after FAST_S every SLOW_S (a 15-minute load
-# or an hour's fetch need no second-by-second round trips to the host)
-POLL_S = (0.2, 0.3, 0.5)
-FAST_S, SLOW_S = 120.0, 2.0
 ASYNC_KEYS = ("ansible_job_id", "started", "finished", "results_file", "_ansible_parsed")
 
 
@@ -77,10 +76,13 @@ class ActionModule(ActionBase):  # type: ignore[misc]
         async_dir = self.get_shell_option("async_dir", default="~/.ansible_async")
         progress = self._connection._shell.join_path(async_dir, f"sparkspec-progress-{secrets.token_hex(8)}.json")
         jid = self._start([*args["argv"], "--progress-file", progress], args["timeout"], task_vars)
+        done: dict[str, Any] = {}
         try:
             done = self._follow(jid, async_dir, progress, host, args, task_vars)
         finally:
-            self._status(jid, async_dir, task_vars, mode="cleanup")
+            if not done.get("finished"):   # the wait module removed the results file of a job that ended
+                self._execute_module("ansible.legacy.async_status", task_vars=task_vars,
+                                     module_args={"jid": jid, "mode": "cleanup", "_async_dir": async_dir})
         for key in ASYNC_KEYS:
             done.pop(key, None)
         result.update(done)
@@ -97,21 +99,17 @@ class ActionModule(ActionBase):  # type: ignore[misc]
             raise AnsibleActionFail(f"could not start {argv[0]}: {started.get('msg', started)}")
         return str(started["ansible_job_id"])
 
-    def _status(self, jid: str, async_dir: str, task_vars: dict[str, Any], mode: str = "status") -> dict[str, Any]:
-        out: dict[str, Any] = self._execute_module(
-            "ansible.legacy.async_status", module_args={"jid": jid, "mode": mode, "_async_dir": async_dir},
-            task_vars=task_vars)
-        return out
-
     def _follow(self, jid: str, async_dir: str, progress: str, host: str, args: dict[str, Any],
                 task_vars: dict[str, Any]) -> dict[str, Any]:
         what = self._task.get_name()
         start = time.monotonic()
         seen: list[Any] = [None, start]  # the document's stamp, and when it was first read (host clock unused)
         next_line = start + args["interval"]
-        polls = 0
         while True:
-            status = self._status(jid, async_dir, task_vars)
+            status: dict[str, Any] = self._execute_module(
+                "sparkspec_job_wait", task_vars=task_vars,
+                module_args={"jid": jid, "async_dir": async_dir, "progress": progress,
+                             "wait": round(max(0.0, next_line - time.monotonic()), 3)})
             if status.get("finished"):
                 return status
             if status.get("failed"):  # the job's file is gone or unreadable
@@ -120,23 +118,20 @@ class ActionModule(ActionBase):  # type: ignore[misc]
             if now - start > args["timeout"] + 60:
                 raise AnsibleActionFail(f"{what}: no result {args['timeout']} s after the start (timeout)")
             if now >= next_line:
-                doc = self._read(progress, task_vars)
+                doc = _progress(status.get("progress"))
                 stamp = doc.get("time") if doc else None
                 if stamp != seen[0]:
                     seen[:] = [stamp, now]
                 display.display(line(host, doc, what, now - start, now - seen[1] if doc else 0.0))
                 next_line = now + args["interval"]
-            wait = POLL_S[polls] if polls < len(POLL_S) else 1.0 if now - start < FAST_S else SLOW_S
-            polls += 1
-            time.sleep(max(0.0, min(wait, next_line - time.monotonic())))
 
-    def _read(self, path: str, task_vars: dict[str, Any]) -> dict[str, Any] | None:
-        """The progress document; None while the command wrote none."""
-        got = self._execute_module("ansible.legacy.slurp", module_args={"src": path}, task_vars=task_vars)
-        if got.get("failed") or "content" not in got:
-            return None
-        try:
-            doc = loads_bounded(base64.b64decode(got["content"]), max_bytes=1 << 16)
-        except (ValueError, JsonShapeError):
-            return None
-        return doc if isinstance(doc, dict) else None
+
+def _progress(text: Any) -> dict[str, Any] | None:
+    """The progress document the wait module read; None while the command wrote none."""
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        doc = loads_bounded(text, max_bytes=1 << 16)
+    except (ValueError, JsonShapeError):
+        return None
+    return doc if isinstance(doc, dict) else None

@@ -238,7 +238,9 @@ def resolve(contract: Mapping[str, Any], record: Mapping[str, Any] | None = None
         if spec is not None:
             spec = {**spec, "model": profile["heads"][method["head"]]["folder"]}
     return {"method": name, "method_source": chosen["source"], "method_note": chosen["note"],
-            "inventory_method": inventory, "desired": {"action": chosen["action"], "record": chosen["record"]},
+            "inventory_method": inventory,
+            "desired": {"action": chosen["action"], "record": chosen["record"],
+                        "previous": dict(record) if isinstance(record, Mapping) else None},
             "methods": list(methods), "head": method["head"], "serve": method["serve"], "speculative_config": spec,
             "venv": method["vllm_venv"] or profile["vllm_venv"] or contract["vllm_venv"],
             "profile": profile, "staged": staged, "disk_gb": sum(p["disk_gb"] for p in staged)}

@@ -126,6 +126,7 @@ def test_wrong_flag_is_refused_before_restart(provisioned):
 
 def test_unhealthy_unit_is_rolled_back(provisioned):
     # The parser accepts the flag; vLLM crashes at start. The wait must stop at the crash, long before 600 s.
+    desired = ssh(provisioned, f"cat /etc/sparkspec/{UNIT}.desired.json 2>/dev/null || echo absent")
     result = deploy("baseline", expect_ok=False, deploy_extra_args=["--tokenizer", "/nonexistent/tokenizer"],
                     deploy_health_timeout=600)
     message = failure_summary(result, "sim01")
@@ -133,6 +134,8 @@ def test_unhealthy_unit_is_rolled_back(provisioned):
     assert re.search(r"did not become healthy: the unit crashed .* \d+ s after the start", message), message
     assert "restored the previous unit (method ngram, serving again)" in message, message
     assert record(provisioned)["method"] == "ngram"
+    # the switch's record (removed with the failed unit: baseline is the inventory's method) is back as it was
+    assert ssh(provisioned, f"cat /etc/sparkspec/{UNIT}.desired.json 2>/dev/null || echo absent") == desired
     assert "/nonexistent/tokenizer" not in ssh(provisioned, f"cat /etc/systemd/system/{UNIT}.service")
     wait_healthy()
 

@@ -268,6 +268,8 @@ def test_resolve_passes_the_record_through():
     v = _vars("sim01")
     resolved = registry.resolve(_contract(v), _rec("ngram", "baseline"), NOW)
     assert (resolved["method"], resolved["method_source"], resolved["inventory_method"]) == ("ngram", "recorded", "baseline")
+    assert resolved["desired"]["previous"] == _rec("ngram", "baseline")   # what a rollback puts back
+    assert registry.resolve(_contract(v), None, NOW)["desired"]["previous"] is None
     args = _command(v, _rec("ngram", "baseline"))["args"]
     assert json.loads(args[args.index("--speculative-config") + 1])["method"] == "ngram"
 

@@ -8,8 +8,10 @@ from __future__ import annotations
 import json
 import os
 import stat
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -180,3 +182,35 @@ def test_unknown_group_fails_in_one_line(host: dict[str, Path]) -> None:
     result, out = run(host, args)
     assert result["failed"] and result["msg"].startswith("sparkspec_unit staged svc:"), out
     assert "\n" not in result["msg"] and SECRET not in out
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="running a command as another user needs root, as on the host")
+def test_staged_checks_the_command_line_as_the_user_and_keeps_an_accepted_one(host: dict[str, Path]) -> None:
+    """check_argv runs only when the staged unit differs, as check_user (not root); its "checked KEY" answer is
+    recorded in check_cache_dir by the module, as root; a refusal comes back with its rc and stderr."""
+    shared = Path(tempfile.mkdtemp(prefix="sparkspec-unit-check-"))   # pytest's own folders are root-only
+    shared.chmod(0o755)
+    checker = shared / "checker.sh"
+    key = "a" * 64
+    checker.write_text('#!/bin/sh\nid -un > "$1"\n[ "$2" = ok ] && { echo "checked ' + key + '"; exit 0; }\n'
+                       'echo "vllm: error: unrecognized arguments: --bad" >&2; exit 2\n')
+    checker.chmod(0o755)
+    who = shared / "who"
+    who.touch()
+    who.chmod(0o666)
+    cache = host["root"] / "accepted"
+    check = {"check_user": "nobody", "check_cache_dir": str(cache)}
+    result, out = run(host, params(host, "staged", analyze=True, check_argv=[str(checker), str(who), "bad"], **check))
+    assert result["args_check"]["rc"] == 2 and "unrecognized arguments" in result["args_check"]["stderr"], out
+    assert who.read_text().strip() == "nobody" and not cache.exists()
+    result, out = run(host, params(host, "staged", analyze=True, check_argv=[str(checker), str(who), "ok"], **check))
+    assert result["args_check"]["rc"] == 0 and (cache / key).is_file(), out
+    assert ((cache / key).stat().st_uid, stat.S_IMODE((cache / key).stat().st_mode)) == (0, 0o644)
+    live = host["live"]   # the same unit installed: nothing differs, so nothing is checked
+    for f in params(host, "staged")["files"]:
+        Path(f["path"]).parent.mkdir(parents=True, exist_ok=True)
+        Path(f["path"]).write_text(f["content"])
+    (live / "etc/sparkspec/svc.env").write_text(params(host, "staged")["secret_contents"][0])
+    result, out = run(host, params(host, "staged", analyze=True, check_argv=[str(checker), str(who), "bad"], **check))
+    assert not result["differs"] and "args_check" not in result, out
+    shutil.rmtree(shared)

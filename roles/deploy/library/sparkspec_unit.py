@@ -12,15 +12,21 @@ install per file, fix the env file's mode, daemon-reload, restart. This module d
     paths), ``has_live`` (the first file, the unit, is installed) and ``live_present``. The live unit is
     untouched, so the staged unit can be checked before it replaces the live one. With ``analyze`` (not in
     check mode) the same run rates the staged unit (``systemd-analyze security --offline``: ``security``, rc,
-    stdout, stderr) and, when it differs, verifies it (``systemd-analyze verify``: ``verify``).
+    stdout, stderr) and, when it differs, verifies it (``systemd-analyze verify``: ``verify``) and runs
+    ``check_argv`` as ``check_user`` (vLLM's parser on the command line: ``args_check``, rc, stdout, stderr);
+    when the checker printed ``checked KEY`` (it parsed and accepted the line), ``check_cache_dir``/KEY is
+    written as root, so the next switch to the same line and vLLM finds it (the checker, run as the service
+    user, only reads that folder).
 ``state: live``
     when ``differs``: keeps the live files under ``previous_root`` (for rollback), installs the new ones
     (atomically, with their owner, group and mode) and reloads systemd; then fixes a live file's owner, group or
     mode that drifted, stops and disables ``stop_units``, enables ``unit`` and restarts it when its files changed
-    (starts it when it is not running). Returns ``restarted`` and ``differed``.
+    (starts it when it is not running); writes ``assets`` and removes ``absent`` as the files step does (the
+    method switch's record goes with the unit it names; rollback.yml puts the record back with the unit). Returns
+    ``restarted`` and ``differed``.
 ``state: files``
-    writes the ``assets`` where they differ and removes the ``absent`` paths (the method switch's record,
-    written once the unit is healthy).
+    writes the ``assets`` where they differ and removes the ``absent`` paths (rollback.yml: the method switch's
+    record as it was before the deploy).
 
 Check mode changes nothing and reports what would change; diff mode shows the files of ``files`` (never those
 of ``secret_files``, whose content is also kept out of the module's log and result).
@@ -31,6 +37,8 @@ from __future__ import annotations
 import grp
 import os
 import pwd
+import re
+import subprocess
 import tempfile
 from typing import Any
 
@@ -74,7 +82,8 @@ options:
     elements: str
     default: []
   assets:
-    description: Files installed as they are in the staged step (helper scripts); same keys as files.
+    description: Files installed as they are in the staged step (helper scripts), the live step and the files step
+      (the method switch's record); same keys as files.
     type: list
     elements: dict
     default: []
@@ -92,8 +101,20 @@ options:
     description: In the staged step, rate the staged unit with systemd-analyze security, and verify it when it differs.
     type: bool
     default: false
+  check_argv:
+    description: In the staged step, when the staged unit differs, a command to run as check_user (the deploy
+      role's check of the command line with the installed vLLM's parser, check_vllm_args.py --cache DIR).
+    type: list
+    elements: str
+    default: []
+  check_user:
+    description: The user check_argv runs as (the unit's user, so a venv it cannot read fails before the restart).
+    type: str
+  check_cache_dir:
+    description: Folder of accepted command lines; a "checked KEY" line of check_argv writes KEY here (root only).
+    type: path
   absent:
-    description: Paths removed in the files step.
+    description: Paths removed in the files and live steps.
     type: list
     elements: str
     default: []
@@ -108,6 +129,7 @@ live_present: {description: the live files that exist, type: list, returned: alw
 restarted: {description: the unit was (or, in check mode, would be) restarted or started, type: bool, returned: live}
 security: {description: systemd-analyze security of the staged unit (rc, stdout, stderr), type: dict, returned: analyze}
 verify: {description: systemd-analyze verify of the staged unit (rc, stdout, stderr), type: dict, returned: analyze}
+args_check: {description: check_argv's rc, stdout and stderr, type: dict, returned: when it ran}
 """
 
 FILE_SPEC: dict[str, Any] = {
@@ -213,7 +235,25 @@ def _staged(module: AnsibleModule, files: list[dict], check: bool) -> dict:
         result["security"] = _run(module, ["systemd-analyze", "security", "--offline=true", "--no-pager", unit_file])
         if differed:
             result["verify"] = _run(module, ["systemd-analyze", "verify", unit_file])
+            if p["check_argv"]:
+                result["args_check"] = _check_args(module)
     return result
+
+
+def _check_args(module: AnsibleModule) -> dict:
+    """check_argv as check_user (its own groups, its home, a plain PATH); a "checked KEY" answer is kept."""
+    p = module.params
+    user = pwd.getpwnam(p["check_user"])
+    proc = subprocess.run(p["check_argv"], user=user.pw_uid, group=user.pw_gid,
+                          extra_groups=os.getgrouplist(user.pw_name, user.pw_gid), cwd="/", capture_output=True,
+                          text=True, check=False,
+                          env={"HOME": user.pw_dir, "USER": user.pw_name, "LOGNAME": user.pw_name,
+                               "PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"})
+    answer = proc.stdout.split()
+    if proc.returncode == 0 and len(answer) == 2 and answer[0] == "checked" and re.fullmatch(r"[0-9a-f]{64}", answer[1]):
+        _put(os.path.join(p["check_cache_dir"], answer[1]), b"", {"owner": "root", "group": "root", "mode": "0644"},
+             False)
+    return {"rc": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr}
 
 
 def _run(module: AnsibleModule, argv: list[str]) -> dict:
@@ -267,6 +307,7 @@ def _live(module: AnsibleModule, files: list[dict], check: bool) -> dict:
             changed = True
             if not check:
                 _systemctl(module, "disable", "--now", other)
+    changed |= _files(module, files, check)["changed"]   # the method switch's record, with the unit it names
     unit = p["unit"]
     if _systemctl(module, "is-enabled", unit, check_rc=False)[1] != "enabled":
         changed = True
@@ -300,6 +341,9 @@ def main() -> None:
             "directories": {"type": "list", "elements": "dict", "default": [], "options": DIR_SPEC},
             "stop_units": {"type": "list", "elements": "str", "default": []},
             "analyze": {"type": "bool", "default": False},
+            "check_argv": {"type": "list", "elements": "str", "default": []},
+            "check_user": {"type": "str"},
+            "check_cache_dir": {"type": "path"},
             "absent": {"type": "list", "elements": "str", "default": []},
         },
         required_if=[("state", "staged", ("unit", "staged_root", "previous_root")),
@@ -309,6 +353,8 @@ def main() -> None:
     secret, contents = module.params["secret_files"], module.params["secret_contents"]
     if len(secret) != len(contents):
         module.fail_json(msg=f"sparkspec_unit: {len(secret)} secret_files but {len(contents)} secret_contents")
+    if module.params["check_argv"] and not (module.params["check_user"] and module.params["check_cache_dir"]):
+        module.fail_json(msg="sparkspec_unit: check_argv needs check_user and check_cache_dir")
     files = module.params["files"] + [f | {"content": c} for f, c in zip(secret, contents)]
     step = {"staged": _staged, "live": _live, "files": _files}[module.params["state"]]
     try:

@@ -58,3 +58,29 @@ def test_copies_across_filesystems_and_stays_idempotent(ckpt_pair: CkptPair,
     assert run_cli("checkpoint", "add-mtp", "--source", p.int4, "--target", p.out, "--json").json["changed"] is False
     assert tree_digest(p.out) == state
     assert run_cli("checkpoint", "verify", p.out).rc == 0
+
+
+def test_build_runs_assemble_add_mtp_and_verify_in_one_process(ckpt_pair: CkptPair) -> None:
+    """`checkpoint build` (what a provision runs per hybrid profile) leaves the tree the three commands leave, run
+    one by one; verify re-hashes every file after an assemble that wrote, and a re-run changes nothing."""
+    p = ckpt_pair
+    built = run_cli("checkpoint", "build", "--int4", p.int4, "--fp8", p.fp8, "--out", p.out, "--json",
+                    "--expect-mtp", str(p.spec.expected_mtp_tensors))
+    assert built.rc == 0, built.stderr
+    doc = built.json
+    assert doc["changed"] is True and doc["assemble"]["changed"] is True and doc["mtp"]["changed"] is True
+    assert doc["mtp"]["mtp_tensors"] == doc["verify"]["mtp_tensors"] == p.spec.expected_mtp_tensors
+    full = run_cli("checkpoint", "verify", p.out, "--full", "--json").json["rehashed"]
+    assert doc["verify"]["rehashed"] == full > 0, "after a write, verify is --full"
+    by_hand = p.out.parent / "by-hand"
+    assert run_cli("checkpoint", "assemble", "--int4", p.int4, "--fp8", p.fp8, "--out", by_hand).rc == 0
+    assert run_cli("checkpoint", "add-mtp", "--source", p.int4, "--target", by_hand).rc == 0
+    own = (".", "sparkspec-manifest")   # assemble's manifest names the folder, inodes and times: its own per tree
+    assert {k: v[0] for k, v in tree_digest(p.out).items() if not k.startswith(own)} == \
+        {k: v[0] for k, v in tree_digest(by_hand).items() if not k.startswith(own)}
+    state = tree_digest(p.out)
+    again = run_cli("checkpoint", "build", "--int4", p.int4, "--fp8", p.fp8, "--out", p.out, "--json")
+    assert again.rc == 0 and again.json["changed"] is False and again.json["verify"]["rehashed"] == 0, again.stderr
+    assert tree_digest(p.out) == state
+    wrong = run_cli("checkpoint", "build", "--int4", p.int4, "--fp8", p.fp8, "--out", p.out, "--expect-mtp", "1")
+    assert wrong.rc == 2 and wrong.stderr.strip().splitlines()[-1].startswith("sparkspec: error: "), wrong.stderr

@@ -1,7 +1,7 @@
-"""``sparkspec checkpoint assemble|add-mtp|verify|check-head``.
+"""``sparkspec checkpoint assemble|add-mtp|verify|build|check-head``.
 
 Run on the host, in this order: assemble (INT4 shards with the shared-expert layers in FP8), add-mtp
-(register the MTP head), verify. The generator of tiny checkpoints in the real formats lives with the tests
+(register the MTP head), verify; ``build`` runs the three in one process (what a provision runs). The generator of tiny checkpoints in the real formats lives with the tests
 (``python -m tests.support checkpoint generate``).
 """
 
@@ -92,7 +92,7 @@ def _bar(enabled: bool, label: str) -> Iterator[Start | None]:
         yield start
 
 
-def _assemble(args: argparse.Namespace) -> int:
+def _run_assemble(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     from sparkspec.checkpoint.assemble import assemble
 
     label = f"assemble {Path(args.out).name}"
@@ -102,41 +102,73 @@ def _assemble(args: argparse.Namespace) -> int:
     for warning in result.warnings:
         _warn(warning)
     verb = "assembled" if result.changed else "up to date (no-op)"
-    line = (f"{result.out}: {verb}; {result.tensors} tensors, {result.fp8_layers} layers in FP8"
+    return (f"{result.out}: {verb}; {result.tensors} tensors, {result.fp8_layers} layers in FP8"
             f"{'' if result.expected_fp8 is None else f' (expected {result.expected_fp8})'}, "
-            f"{result.total_size / 1e9:.3f} GB; next: sparkspec checkpoint add-mtp")
-    return summary(args, line, result.as_dict())
+            f"{result.total_size / 1e9:.3f} GB; next: sparkspec checkpoint add-mtp"), result.as_dict()
 
 
-def _add_mtp(args: argparse.Namespace) -> int:
+def _assemble(args: argparse.Namespace) -> int:
+    return summary(args, *_run_assemble(args))
+
+
+def _run_add_mtp(source: str, target: str) -> tuple[str, dict[str, Any]]:
     from sparkspec.checkpoint.mtp import add_mtp
 
     with os_errors("check the path and its permissions, then re-run add-mtp"):
-        result = add_mtp(Path(args.source), Path(args.target))
+        result = add_mtp(Path(source), Path(target))
     state = "changed" if result.changed else "already registered, no-op"
-    return summary(args, f"{result.target}: {result.mtp_tensors} MTP tensors registered ({state}; file "
-                       f"{result.file_action})", result.as_dict())
+    return (f"{result.target}: {result.mtp_tensors} MTP tensors registered ({state}; file "
+            f"{result.file_action})"), result.as_dict()
 
 
-def _verify(args: argparse.Namespace) -> int:
+def _add_mtp(args: argparse.Namespace) -> int:
+    return summary(args, *_run_add_mtp(args.source, args.target))
+
+
+def _run_verify(directory: str, expect_mtp: int | None, load: bool, full: bool, out: Any,
+                emit: Callable[[dict[str, Any]], None] | None) -> tuple[str, dict[str, Any]]:
+    """verify's notes and loader line to ``out``; its report to ``emit`` (before a problem is raised)."""
     from sparkspec.checkpoint.verify import verify
 
     with os_errors("check the checkpoint folder and the disk"):
-        report = verify(Path(args.dir), args.expect_mtp, load_sample=not args.no_load, full=args.full)
-    out = sys.stderr if args.json else sys.stdout
+        report = verify(Path(directory), expect_mtp, load_sample=load, full=full)
     for note in report.notes:
         print(f"note: {note}", file=out)
     print(report.loader, file=out)
-    if args.json:
-        emit_json(report.as_dict())
+    if emit:
+        emit(report.as_dict())
     if report.problems:
         for problem in report.problems[1:]:
             print(f"problem: {problem}", file=out)
         more = f" (+{len(report.problems) - 1} more above)" if len(report.problems) > 1 else ""
         raise UserError(f"{report.problems[0]}{more}")
-    print(f"{report.directory}: OK; {report.files} files, {report.tensors} tensors, "
-          f"{report.mtp} MTP, {report.fp8_weights} FP8 weights, total_size {report.total_size}"
-          f"{f', {report.rehashed} files re-hashed against the manifest' if report.rehashed else ''}", file=out)
+    return (f"{report.directory}: OK; {report.files} files, {report.tensors} tensors, "
+            f"{report.mtp} MTP, {report.fp8_weights} FP8 weights, total_size {report.total_size}"
+            f"{f', {report.rehashed} files re-hashed against the manifest' if report.rehashed else ''}"), \
+        report.as_dict()
+
+
+def _verify(args: argparse.Namespace) -> int:
+    out = sys.stderr if args.json else sys.stdout
+    line, _ = _run_verify(args.dir, args.expect_mtp, not args.no_load, args.full, out,
+                          emit_json if args.json else None)
+    print(line, file=out)
+    return 0
+
+
+def _build(args: argparse.Namespace) -> int:
+    """assemble, add-mtp (from the INT4 folder) and verify in one process (a provision runs this per hybrid
+    profile): verify re-hashes every file (--full) after an assemble that wrote something."""
+    out = sys.stderr if args.json else sys.stdout
+    line, assembled = _run_assemble(args)
+    print(line, file=out)
+    line, mtp = _run_add_mtp(args.int4, args.out)
+    print(line, file=out)
+    line, verified = _run_verify(args.out, args.expect_mtp, not args.no_load, bool(assembled["changed"]), out, None)
+    print(line, file=out)
+    if args.json:
+        emit_json({"changed": bool(assembled["changed"] or mtp["changed"]), "assemble": assembled, "mtp": mtp,
+                   "verify": verified})
     return 0
 
 
@@ -156,16 +188,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     ckpt.set_defaults(func=lambda args: (ckpt.print_help(), 2)[1])
 
     p = cmds.add_parser("assemble", help="INT4 shards with the layers the FP8 checkpoint has in FP8")
-    p.add_argument("--int4", required=True, help="AutoRound INT4 checkpoint directory (source, read only)")
-    p.add_argument("--fp8", help="FP8 checkpoint directory, whole or the ranged-fetch subset (without it: the INT4 "
-                   "checkpoint alone, no layer in FP8, for add-mtp to register its MTP head)")
-    p.add_argument("--out", required=True, help="output directory (built in a temp sibling, renamed at the end)")
-    p.add_argument("--fp8-pattern", action="append", metavar="REGEX", help=FP8_PATTERN_HELP)
-    p.add_argument("--expect-fp8", type=non_negative_int, metavar="N",
-                   help="warn unless N layers are taken in FP8 (default 3 x num_hidden_layers: 144 for the 122B)")
-    p.add_argument("--json", action="store_true", help="print a final JSON line")
-    p.add_argument("--progress-file", metavar="PATH", help=progress.HELP)
+    _assemble_options(p)
     p.set_defaults(func=_assemble)
+
+    p = cmds.add_parser("build", help="assemble, then add-mtp from --int4, then verify (--full after an assemble "
+                                      "that wrote), in one run")
+    _assemble_options(p)
+    _verify_options(p)
+    p.set_defaults(func=_build)
 
     p = cmds.add_parser("add-mtp", help="register model_extra_tensors.safetensors' MTP head in the index")
     p.add_argument("--source", required=True, help="directory holding model_extra_tensors.safetensors")
@@ -175,9 +205,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
     p = cmds.add_parser("verify", help="index, headers, total_size, MTP count and a loader sample")
     p.add_argument("dir", help="checkpoint directory")
-    p.add_argument("--expect-mtp", type=non_negative_int, metavar="N",
-                   help="mtp.* tensors the index must map (default: 4 + L x (3 x experts + 13) from config.json)")
-    p.add_argument("--no-load", action="store_true", help="skip the fastsafetensors sample load")
+    _verify_options(p)
     p.add_argument("--full", action="store_true",
                    help="re-hash every file assemble wrote against its manifest's digests (reads all data); "
                         "without it, only files whose size, times or inode changed since are re-hashed")
@@ -190,3 +218,21 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--target", required=True, help="the target model's folder (its config.json)")
     p.add_argument("--json", action="store_true", help="print a final JSON line")
     p.set_defaults(func=_check_head)
+
+
+def _verify_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--expect-mtp", type=non_negative_int, metavar="N",
+                   help="mtp.* tensors the index must map (default: 4 + L x (3 x experts + 13) from config.json)")
+    p.add_argument("--no-load", action="store_true", help="skip the fastsafetensors sample load")
+
+
+def _assemble_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--int4", required=True, help="AutoRound INT4 checkpoint directory (source, read only)")
+    p.add_argument("--fp8", help="FP8 checkpoint directory, whole or the ranged-fetch subset (without it: the INT4 "
+                   "checkpoint alone, no layer in FP8, for add-mtp to register its MTP head)")
+    p.add_argument("--out", required=True, help="output directory (built in a temp sibling, renamed at the end)")
+    p.add_argument("--fp8-pattern", action="append", metavar="REGEX", help=FP8_PATTERN_HELP)
+    p.add_argument("--expect-fp8", type=non_negative_int, metavar="N",
+                   help="warn unless N layers are taken in FP8 (default 3 x num_hidden_layers: 144 for the 122B)")
+    p.add_argument("--json", action="store_true", help="print a final JSON line")
+    p.add_argument("--progress-file", metavar="PATH", help=progress.HELP)

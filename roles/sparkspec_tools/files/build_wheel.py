@@ -1,0 +1,78 @@
+"""Build the sparkspec wheel on the controller, or reuse the one built from this very source (the sparkspec_tools
+role runs this with the controller's Python; every provision does, so an unchanged tree must not cost a build).
+
+argv: the project folder, the wheel folder. Reuses the wheel when the record beside it (sparkspec-source.json)
+names the sha256 of the source (pyproject.toml, README.md and every file under src/ but caches) and of the
+wheel, and the wheel still has those bytes; otherwise clears setuptools' build tree (stale modules would ship
+in the wheel), runs `pip wheel --no-deps --no-build-isolation` (SOURCE_DATE_EPOCH from the environment makes the
+bytes reproducible) and writes the record. Prints one JSON line {wheel, sha256, built}; a failure is one line on
+stderr and exit 1.
+"""
+
+import hashlib
+import json
+import pathlib
+import shutil
+import subprocess
+import sys
+
+PROJECT_FILES = ("pyproject.toml", "README.md", "MANIFEST.in", "setup.cfg", "setup.py")
+
+
+def file_sha256(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def source_sha256(source):
+    files = [source / name for name in PROJECT_FILES if (source / name).is_file()]
+    files += sorted(p for p in (source / "src").rglob("*")
+                    if p.is_file() and p.suffix != ".pyc"
+                    and not any(part == "__pycache__" or part.endswith(".egg-info") for part in p.parts))
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(str(path.relative_to(source)).encode() + b"\0")
+        digest.update(file_sha256(path).encode() + b"\0")
+    return digest.hexdigest()
+
+
+def reusable(record, source_digest, wheel_dir):
+    try:
+        doc = json.loads(record.read_text())
+        wheel = wheel_dir / doc["wheel"]
+        return doc if doc["source"] == source_digest and wheel.is_file() and file_sha256(wheel) == doc["sha256"] \
+            else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def main():
+    source, wheel_dir = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+    if not (source / "pyproject.toml").is_file():
+        sys.exit(f"sparkspec_tools: {source} holds no pyproject.toml; point sparkspec_tools_source at the project")
+    digest = source_sha256(source)
+    record = wheel_dir / "sparkspec-source.json"
+    doc = reusable(record, digest, wheel_dir)
+    built = doc is None
+    if built:
+        shutil.rmtree(source / "build" / "lib", ignore_errors=True)
+        proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                               "--wheel-dir", str(wheel_dir), str(source)], capture_output=True, text=True,
+                              check=False)
+        if proc.returncode != 0:
+            sys.exit(f"sparkspec_tools: pip wheel {source} failed: "
+                     f"{(proc.stderr.strip() or proc.stdout.strip()).splitlines()[-1:] or ['no output']}")
+        wheels = sorted(wheel_dir.glob("sparkspec-*-py3-none-any.whl"), key=lambda p: p.stat().st_mtime)
+        if not wheels:
+            sys.exit(f"sparkspec_tools: no sparkspec wheel in {wheel_dir}; check that {source} is the project")
+        doc = {"source": digest, "wheel": wheels[-1].name, "sha256": file_sha256(wheels[-1])}
+        tmp = record.with_suffix(".tmp")
+        tmp.write_text(json.dumps(doc) + "\n")
+        tmp.replace(record)
+    print(json.dumps({"wheel": str(wheel_dir / doc["wheel"]), "sha256": doc["sha256"], "built": built}))
+
+
+main()

@@ -10,6 +10,12 @@
                                every extension (.so) of the vllm package under SITE: the SASS its device
                                code carries (cuobjdump --list-elf); which core extensions are missing and which
                                extensions with device code lack ARCH (sm_121a), as JSON
+  fa-archs FA_SRC ARCH         edit FA_SRC/CMakeLists.txt (vllm-project/flash-attention) in place so that ARCH
+                               (12.1a or 12.1) survives FA's own arch selection: add its base (12.1) to each
+                               CUDA_SUPPORTED_ARCHS list ending at 12.0 and ARCH to the FA2 list of
+                               cuda_archs_loose_intersection(FA2_ARCHS ...); idempotent; prints
+                               {"changed", "file", "edits"} as JSON; exits 1 with one line on stderr when a
+                               line it needs is not there (a symlinked CMakeLists.txt is refused)
   run LOG WHAT CMD... [--progress-file P]
                                run CMD, appending its output to LOG; with --progress-file (appended by the
                                sparkspec_progress action) keep P updated with the time and the last ninja
@@ -25,8 +31,10 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -90,6 +98,67 @@ def sass(site: str, cuobjdump: str, arch: str, core: list[str]) -> dict:
             "missing_core": [name for name in core if name not in names],
             "without_arch": [rel for rel, got in extensions.items()
                              if "error" in got or (got["sass"] and arch not in got["sass"])]}
+
+
+FA_SUPPORTED = re.compile(r'^([ \t]*(?:set|list)\((?:APPEND )?CUDA_SUPPORTED_ARCHS )("[^)\n]*")\)',
+                          re.MULTILINE)
+FA2_LIST = re.compile(r'(cuda_archs_loose_intersection\(FA2_ARCHS ")([^"]*)(" "\$\{CUDA_ARCHS\}"\))')
+FA_FIX = ("set vllm_build_fa_arch_patch: false, or use a flash-attention source whose CMakeLists.txt "
+          "has that line (as vllm-project/flash-attention 6d21ae21 to 617264c1 do)")
+
+
+def _ver(item: str) -> tuple[int, int]:
+    major, minor = re.match(r"(\d+)\.(\d+)", item).groups()  # type: ignore[union-attr]
+    return int(major), int(minor)
+
+
+def fa_archs(src: str, arch: str) -> dict:
+    """FA_SRC/CMakeLists.txt edited in place so that ARCH survives FA's own arch selection (usage above)."""
+    path = os.path.join(os.path.abspath(src), "CMakeLists.txt")
+    if not re.fullmatch(r"\d+\.\d+a?", arch):
+        raise SystemExit(f"fa-archs: ARCH {arch!r} is not of the form 12.1a or 12.1")
+    if os.path.islink(path):
+        raise SystemExit(f"{path}: a symlink, refused (give fa-archs a real copy of the FA source)")
+    if not os.path.isfile(path):
+        raise SystemExit(f"{path}: not found (FA_SRC must be a flash-attention source tree); {FA_FIX}")
+    with open(path, newline="") as f:
+        old = f.read()
+    base = arch.rstrip("a")
+    edits: list[dict] = []
+
+    def supported(m: re.Match) -> str:   # a list ending below ARCH in ARCH's major version gains ARCH's base
+        items = re.findall(r"\d+\.\d+", m.group(2))
+        if not items or base in items or _ver(items[-1])[0] != _ver(base)[0] or _ver(items[-1]) > _ver(base):
+            return m.group(0)
+        body = f'{m.group(2)[:-1]};{base}"' if m.group(2).count('"') == 2 else f'{m.group(2)} "{base}"'
+        edits.append({"line": old.count("\n", 0, m.start()) + 1, "old": m.group(0).strip(),
+                      "new": f"{m.group(1)}{body})".strip()})
+        return f"{m.group(1)}{body})"
+
+    text = FA_SUPPORTED.sub(supported, old)
+    if not any(base in re.findall(r"\d+\.\d+", m.group(2)) for m in FA_SUPPORTED.finditer(text)):
+        raise SystemExit(f"{path}: no CUDA_SUPPORTED_ARCHS list ending at a {_ver(base)[0]}.x below {base} "
+                         f"(nor one holding {base}); {FA_FIX}")
+    found = list(FA2_LIST.finditer(text))
+    if len(found) != 1:
+        raise SystemExit(f'{path}: {len(found)} lines cuda_archs_loose_intersection(FA2_ARCHS "<list>" '
+                         f'"${{CUDA_ARCHS}}") where exactly one is expected; {FA_FIX}')
+    m = found[0]
+    if arch not in m.group(2).split(";"):
+        new = f"{m.group(1)}{m.group(2)};{arch}{m.group(3)}"
+        edits.append({"line": text.count("\n", 0, m.start()) + 1, "old": m.group(0), "new": new})
+        text = text[:m.start()] + new + text[m.end():]
+    if text != old:   # atomic: a temp file next to it, the mode kept, then os.replace
+        fd, tmp = tempfile.mkstemp(prefix=".CMakeLists.txt.", suffix=".tmp", dir=os.path.dirname(path))
+        try:
+            with os.fdopen(fd, "w", newline="") as f:
+                f.write(text)
+            os.chmod(tmp, stat.S_IMODE(os.stat(path).st_mode))
+            os.replace(tmp, path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+    return {"changed": text != old, "file": path, "edits": edits}
 
 
 def run(argv: list[str]) -> int:
@@ -160,6 +229,8 @@ def main(argv: list[str]) -> int:
         print(json.dumps(torch(argv[1])))
     elif argv[:1] == ["sass"]:
         print(json.dumps(sass(argv[1], argv[2], argv[3], json.loads(argv[4]))))
+    elif argv[:1] == ["fa-archs"] and len(argv) == 3:
+        print(json.dumps(fa_archs(argv[1], argv[2])))
     elif argv[:1] == ["run"]:
         return run(argv[1:])
     else:

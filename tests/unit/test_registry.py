@@ -213,6 +213,50 @@ def test_schema_errors_are_one_line_naming_the_key(key, value, expected):
     assert "\n" not in message and "Traceback" not in message
 
 
+DFLASH = {"head": "dflash", "speculative_config": {"method": "dflash", "num_speculative_tokens": 15}}
+SPEC_REFUSALS = [
+    ({**DFLASH, "serve": {"attention_backend": "FLASH_ATTN"}},
+     "sparkspec_methods.x.serve.attention_backend: is engine-wide (the target's backend too); drop it and set "
+     "sparkspec_methods.x.speculative_config.attention_backend (the drafter's only) instead"),
+    ({**DFLASH, "serve": {"attention_backend": ""}},     # leaving the flag out changes the target's backend too
+     "sparkspec_methods.x.serve.attention_backend: is engine-wide (the target's backend too); drop it and set "
+     "sparkspec_methods.x.speculative_config.attention_backend (the drafter's only) instead"),
+    ({"speculative_config": {"method": "ngram", "num_speculative_token": 4}},
+     "sparkspec_methods.x.speculative_config.num_speculative_token: not a key vLLM 0.32.0's SpeculativeConfig "
+     "takes (vllm/config/speculative.py); use num_speculative_tokens, or drop it"),
+    ({"speculative_config": {"method": "eagle3", "num_speculative_tokens": 1, "tensor_parallel_size": 1}},
+     "sparkspec_methods.x.speculative_config.tensor_parallel_size: not a key vLLM 0.32.0's SpeculativeConfig "
+     "takes (vllm/config/speculative.py); use draft_tensor_parallel_size, or drop it"),
+    ({"speculative_config": {"method": "mtp", "num_speculative_tokens": 2, "warp": 9}},
+     "sparkspec_methods.x.speculative_config.warp: not a key vLLM 0.32.0's SpeculativeConfig takes "
+     "(vllm/config/speculative.py); drop it"),
+]
+
+
+@pytest.mark.parametrize(("method", "expected"), SPEC_REFUSALS, ids=["dflash-engine-wide", "dflash-engine-wide-empty",
+                                                                    "typo", "internal-field", "no-close-field"])
+def test_speculative_config_refusals_are_one_line(method, expected):
+    v = _vars("sim01", sparkspec_methods_extra={"x": method}, sparkspec_method="x")
+    with pytest.raises(UserError) as err:
+        registry.resolve(_contract(v), None, NOW)
+    assert str(err.value) == expected and err.value.exit_code == 2
+
+
+def test_dflash_sets_the_drafters_backend_not_the_engines():
+    """The built-in dflash keeps the target's backend (the deploy's FLASHINFER): the drafter's non-causal backend
+    is vLLM's draft-only speculative_config.attention_backend, FLASHINFER too (vllm/config/speculative.py:424)."""
+    built_in = CONTRACT["sparkspec_methods"]["dflash"]
+    assert "attention_backend" not in built_in.get("serve", {})
+    assert built_in["speculative_config"]["attention_backend"] == "FLASHINFER"
+    args = _command(_vars("spark01", sparkspec_method_switch="dflash"))["args"]
+    assert args[args.index("--attention-backend") + 1] == DEPLOY["deploy_attention_backend"] == "FLASHINFER"
+    assert json.loads(args[args.index("--speculative-config") + 1])["attention_backend"] == "FLASHINFER"
+    # a dflash method of the inventory's with the drafter's backend set is accepted
+    mine = {**DFLASH, "speculative_config": {**DFLASH["speculative_config"], "attention_backend": "TRITON_ATTN"}}
+    resolved = registry.resolve(_contract(_vars("sim01", sparkspec_methods_extra={"x": mine}, sparkspec_method="x")))
+    assert resolved["speculative_config"]["attention_backend"] == "TRITON_ATTN" and resolved["serve"] == {}
+
+
 @pytest.mark.parametrize(("repo", "ok"), [("Qwen/Qwen3.5-122B-A10B-FP8", "Qwen--Qwen3.5-122B-A10B-FP8"),
                                           ("a/b/c", None), ("../x", None), ("a--b/c", None), (None, None)])
 def test_repo_folder_rule(repo, ok):

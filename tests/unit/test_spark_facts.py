@@ -1,0 +1,182 @@
+"""Every default of the real Spark path against its fact (docs/spark-facts.md): a default that drifts from the
+fact it cites fails here, and so does a fact that lost its source. What no test here can prove (that the 122B
+loads, the tok/s) is said in docs/simulation.md."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.support import facts as facts_file
+from tests.support import index_answers
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "inventories" / "example"
+
+
+def _yaml(path: str) -> Any:
+    return yaml.safe_load((ROOT / path).read_text())
+
+
+@pytest.fixture(scope="module")
+def facts() -> dict[str, Any]:
+    return {name: fact["value"] for name, fact in facts_file.load().items()}
+
+
+def test_every_fact_has_a_value_and_a_source(tmp_path: Path) -> None:
+    assert len(facts_file.load()) >= 30
+    bad = tmp_path / "facts.md"
+    bad.write_text("```yaml\nx:\n  value: 1\n```\n")
+    with pytest.raises(ValueError, match="exactly a value and a non-empty source"):
+        facts_file.load(bad)
+    bad.write_text("```yaml\nx: {value: 1, source: a}\n```\n\n```yaml\nx: {value: 2, source: b}\n```\n")
+    with pytest.raises(ValueError, match="given twice"):
+        facts_file.load(bad)
+
+
+def test_vllm_build_defaults(facts: dict[str, Any]) -> None:
+    d = _yaml("roles/vllm_build/defaults/main.yml")
+    assert d["vllm_build_tarball_url"].rsplit("/", 1)[1] == f"vllm-{facts['vllm_version']}.tar.gz"
+    assert d["vllm_build_tarball_sha256"] == facts["vllm_sdist_sha256"]
+    assert d["vllm_build_git_ref"] == f"v{facts['vllm_version']}"
+    assert d["vllm_build_torch"] == facts["torch_pin"]
+    assert d["vllm_build_torch_index_url"] == facts["torch_index_url"]
+    assert d["vllm_build_flashinfer"] == [facts["flashinfer_pin"]]
+    assert d["vllm_build_fa_commit"] == facts["flash_attention_commit"] and d["vllm_build_fa_arch_patch"] is True
+    assert d["vllm_build_arch_list"] == facts["arch_list"]
+    assert d["vllm_build_min_cuda"] == facts["min_cuda"]
+    # the SASS the check requires for that arch list (roles/vllm_build/vars/main.yml)
+    assert "'sm_121a' if '12.1a' in _vllm_build_arch_items" in (ROOT / "roles/vllm_build/vars/main.yml").read_text()
+    assert facts["sass"] == "sm_" + facts["arch_list"].replace(".", "")
+    # the real-tarball tests pin the same release
+    source_test = (ROOT / "tests/integration/test_vllm_source.py").read_text()
+    assert f'SHA256 = "{facts["vllm_sdist_sha256"]}"' in source_test
+
+
+def test_vllm_install_defaults(facts: dict[str, Any]) -> None:
+    d = _yaml("roles/vllm_install/defaults/main.yml")
+    v = _yaml("roles/vllm_install/vars/main.yml")
+    assert d["vllm_install_package"] == facts["vllm_wheel_pin"] == f"vllm=={facts['vllm_version']}"
+    assert v["_vllm_install_inc_patch_fits"] == facts["inc_patch_fits"]
+    assert facts["vllm_version"] in facts["inc_patch_fits"]
+    # a fresh Spark has no venv: the default only checks one and stops before any download (test_install_modes)
+    assert d["vllm_install_mode"] == "existing"
+    # the INC patch's name says the release it was written against
+    assert v["_vllm_install_inc_patch_name"].startswith(f"vllm-{facts['vllm_version']}-")
+
+
+def test_preflight_defaults(facts: dict[str, Any]) -> None:
+    d = _yaml("roles/preflight/defaults/main.yml")
+    assert d["preflight_gpu_compute_capability"] == facts["compute_capability"]
+    assert d["preflight_min_cuda_version"] == facts["min_cuda"]
+    assert d["preflight_driver_recommended_branch"] == facts["driver_recommended_branch"]
+    assert d["preflight_driver_warn_branches"] == facts["driver_warn_branches"]
+    assert d["preflight_supported_platforms"] == [facts["platform"]]
+    assert d["preflight_min_memory_gb"] == facts["min_memory_gb"]
+
+
+def test_deploy_defaults(facts: dict[str, Any]) -> None:
+    d = _yaml("roles/deploy/defaults/main.yml")
+    assert d["deploy_max_model_len"] == facts["max_model_len"]
+    assert d["deploy_gpu_memory_utilization"] == facts["gpu_memory_utilization"]
+    assert d["deploy_attention_backend"] == facts["attention_backend"]
+    assert d["deploy_reasoning_parser"] == facts["reasoning_parser"]
+    assert d["deploy_load_format"] == facts["load_format"]
+    assert d["deploy_health_timeout"] == facts["health_timeout_s"] >= 2 * 60 * facts["first_start_minutes"]
+
+
+def test_method_k_are_the_facts(facts: dict[str, Any]) -> None:
+    methods = _yaml("roles/sparkspec/defaults/main.yml")["sparkspec_methods"]
+    k = {name: m["speculative_config"]["num_speculative_tokens"]
+         for name, m in methods.items() if m["speculative_config"]}
+    assert k == facts["k"]
+
+
+def test_floors_sit_below_the_lowest_public_figure(facts: dict[str, Any]) -> None:
+    floors = _yaml("roles/verify/defaults/main.yml")["verify_min_tok_s"]
+    spec = _yaml("roles/verify/meta/argument_specs.yml")["argument_specs"]["main"]["options"]["verify_min_tok_s"]
+    assert spec["default"] == floors
+    lowest, margin = facts["lowest_public_tok_s"], facts["floor_margin"]
+    for method, floor in floors.items():
+        if floor is None:
+            assert method not in lowest, f"{method} has a public figure ({lowest.get(method)}) but no floor"
+            continue
+        assert method in lowest, f"the floor of {method} ({floor}) has no public figure in docs/spark-facts.md"
+        assert floor <= lowest[method] * (1 - margin), (method, floor, lowest[method])
+
+
+def test_example_inventory_profiles(facts: dict[str, Any]) -> None:
+    profiles = _yaml("inventories/example/group_vars/all/main.yml")["sparkspec_profiles"]
+    hybrid, plain = profiles["qwen35-122b-hybrid"], profiles["qwen3-30b-a3b"]
+    assert hybrid["int4"]["repo"] == facts["int4_repo"] and hybrid["fp8"]["repo"] == facts["fp8_repo"]
+    assert hybrid["expect_fp8_layers"] == facts["fp8_layers"] and hybrid["expect_mtp_tensors"] == facts["mtp_tensors"]
+    assert hybrid["heads"]["dflash"]["repo"] == facts["dflash_repo"]
+    assert hybrid["disk_gb"] == facts["hybrid_disk_gb"] >= facts["int4_download_gb"] + facts["hybrid_size_gb"]
+    assert plain["model"]["repo"] == facts["plain_repo"] and plain["heads"]["eagle3"]["repo"] == facts["eagle3_repo"]
+    assert _yaml("inventories/example/host_vars/spark02.yml")["deploy_max_model_len"] == facts["plain_max_model_len"]
+
+
+def test_figures_in_the_docs_are_the_facts(facts: dict[str, Any]) -> None:
+    """Every 'NN GB' said of the assembled hybrid, or of the INT4 download, in the README, docs/ and the example
+    inventory is the fact's figure (the old 82 GB and 77 GB were not)."""
+    said: list[tuple[str, str, int]] = []
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted(EXAMPLE.rglob("*.yml"))]:
+        for line in path.read_text().splitlines():
+            said += [(path.name, "hybrid", int(n)) for n in re.findall(r"(?:assembled )?hybrid ~?(\d+) GB", line)]
+            said += [(path.name, "int4", int(n)) for n in re.findall(r"INT4 ~?(\d+) GB", line)]
+    assert said, "no figure found: the pattern no longer matches the docs"
+    want = {"hybrid": facts["hybrid_size_gb"], "int4": facts["int4_download_gb"]}
+    assert [s for s in said if s[2] != want[s[1]]] == []
+
+
+def _pin(requirement: str) -> tuple[str, str]:
+    name, _, version = requirement.partition("==")
+    return name, version
+
+
+def pip_requirements(vllm_install: dict[str, Any], vllm_build: dict[str, Any]) -> dict[str, list[str]]:
+    """What each install mode's pip steps ask an index for, from the roles' task files and the given values: wheel
+    mode installs vllm_install_package (tasks/wheel.yml), source mode the torch pin from its index, then
+    FlashInfer (roles/vllm_build/tasks/build.yml); existing mode runs no pip step."""
+    wheel_tasks = (ROOT / "roles/vllm_install/tasks/wheel.yml").read_text()
+    build_tasks = (ROOT / "roles/vllm_build/tasks/build.yml").read_text()
+    assert 'name: "{{ vllm_install_package }}"' in wheel_tasks
+    assert '_vllm_build_pip_args: [install, "{{ vllm_build_torch }}"]' in build_tasks
+    assert "'PIP_INDEX_URL': vllm_build_torch_index_url" in build_tasks
+    assert "['wheel', '--no-deps', '--wheel-dir', _vllm_build_wheels] + vllm_build_flashinfer" in build_tasks
+    assert "ansible.builtin.pip" not in (ROOT / "roles/vllm_install/tasks/fit.yml").read_text()   # checks only
+    return {"wheel": [vllm_install["vllm_install_package"]],
+            "source": [vllm_build["vllm_build_torch"], *vllm_build["vllm_build_flashinfer"]],
+            "existing": []}
+
+
+def unserved(requirements: list[str]) -> list[str]:
+    """The requirements that no recorded index answer serves (for aarch64, Python 3.12)."""
+    return [r for r in requirements if not index_answers.served(*_pin(r))]
+
+
+def test_every_pip_step_names_a_version_the_index_serves(facts: dict[str, Any]) -> None:
+    install, build = _yaml("roles/vllm_install/defaults/main.yml"), _yaml("roles/vllm_build/defaults/main.yml")
+    steps = pip_requirements(install, build)
+    assert {mode: unserved(reqs) for mode, reqs in steps.items()} == {"wheel": [], "source": [], "existing": []}
+    # the answers were recorded from the index the torch step names
+    assert build["vllm_build_torch_index_url"] == facts["torch_index_url"]
+    # what the served vLLM wheel requires is what the build pins
+    vllm_requires = index_answers.requires(*_pin(install["vllm_install_package"]))
+    assert build["vllm_build_torch"] in vllm_requires and facts["flashinfer_pin"] in vllm_requires
+    assert f"fastsafetensors{facts['fastsafetensors_floor']}" in vllm_requires
+    torch_requires = index_answers.requires(*_pin(build["vllm_build_torch"]))
+    assert any(r.startswith("nvidia-nccl-cu13") for r in torch_requires)   # the CUDA 13 build, no local label
+
+
+@pytest.mark.parametrize(("knob", "value"), [("vllm_build_torch", "torch==2.13.0+cu130"),
+                                             ("vllm_install_package", "vllm==0.20.1")])
+def test_a_pin_no_index_serves_is_found(knob: str, value: str) -> None:
+    install, build = _yaml("roles/vllm_install/defaults/main.yml"), _yaml("roles/vllm_build/defaults/main.yml")
+    (install if knob in install else build)[knob] = value
+    steps = pip_requirements(install, build)
+    assert [r for reqs in steps.values() for r in unserved(reqs)] == [value]

@@ -2,6 +2,9 @@
 
 Usage: <vllm venv>/bin/python check_vllm_args.py ARG... ; exit 0 when vLLM's parser accepts the
 arguments, else exit 2 with the parser's message as one line on stderr. Nothing is started.
+The parser takes --speculative-config (-sc) as any JSON object; vLLM builds its SpeculativeConfig, which forbids
+unknown keys, only at engine start. So every key of the parsed speculative config (hyphens read as underscores,
+as vLLM does) must also be a field of the installed vLLM's SpeculativeConfig, else one line names the key.
 With --records, reads a JSON list of argument lists on stdin and prints one line per list ("ok" or the
 parser's message), exiting 2 if any was refused (one import of vLLM for many command lines).
 
@@ -14,6 +17,8 @@ user it runs as cannot vouch for a command line.
 """
 
 import contextlib
+import dataclasses
+import difflib
 import hashlib
 import io
 import json
@@ -34,16 +39,29 @@ def make_parser():
     return make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
 
 
-def refusal(parser, argv: list[str]) -> str:
-    """Empty when the parser accepts argv, else its message."""
+def spec_fields() -> frozenset:
+    """The installed vLLM's SpeculativeConfig fields (a pydantic dataclass; imported with the parser already)."""
+    from vllm.config import SpeculativeConfig
+    return frozenset(f.name for f in dataclasses.fields(SpeculativeConfig))
+
+
+def refusal(parser, fields: frozenset, argv: list[str]) -> str:
+    """Empty when the parser accepts argv and every speculative config key is a field, else the message."""
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err):
-            parser.parse_args(argv)
+            namespace = parser.parse_args(argv)
     except SystemExit as exc:
         if exc.code:
             lines = [ln for ln in err.getvalue().splitlines() if ln.strip()]
             return f"vLLM refused the command line: {lines[-1] if lines else exc.code}"
+        return ""
+    spec = getattr(namespace, "speculative_config", None)
+    for key in spec if isinstance(spec, dict) else ():
+        if str(key).replace("-", "_") not in fields:
+            close = difflib.get_close_matches(str(key).replace("-", "_"), sorted(fields), 1, 0.5)
+            return (f"vLLM refused the command line: --speculative-config key {key!r} is not a field of this vLLM's "
+                    f"SpeculativeConfig (its engine would refuse it at start){'; use ' + close[0] if close else ''}")
     return ""
 
 
@@ -75,13 +93,13 @@ def main(argv: list[str]) -> int:
         if code == 0:
             print(f"checked {key}")
         return code
-    parser = make_parser()
+    parser, fields = make_parser(), spec_fields()
     if argv[:1] == ["--records"]:
-        messages = [refusal(parser, args) for args in json.load(sys.stdin)]
+        messages = [refusal(parser, fields, args) for args in json.load(sys.stdin)]
         for message in messages:
             print(message or "ok")
         return 2 if any(messages) else 0
-    message = refusal(parser, argv)
+    message = refusal(parser, fields, argv)
     if message:
         print(message, file=sys.stderr)
         return 2

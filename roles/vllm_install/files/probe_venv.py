@@ -3,7 +3,7 @@ text with the venv's ``python -c``, as the service user who runs the unit, so a 
 here and not after a restart). A method switch runs the role, so nothing here imports torch or vLLM (seconds).
 
 argv: the pinned package's name (empty: none), the packages to remove (JSON list), the system packages (JSON
-list), the INC patch's record file. stdin: the INC patch's text (empty: none).
+list), the INC patch's record file, the modules to look for (JSON list). stdin: the INC patch's text (empty: none).
 
 Prints one JSON document:
   pinned     the installed version of the pinned package, or null
@@ -12,6 +12,7 @@ Prints one JSON document:
   record     the INC patch's record (the role's JSON), or null when absent or unreadable
   versions   {torch, cuda, vllm, site} from the distributions' metadata and torch/version.py, or null
   error      why versions is null
+  modules    {module: whether the venv can find it} (found, not imported), for each module asked for
   patch      {applied, fits, output}: `patch --dry-run` of the INC patch at site, reversed (applied) and
              forward (fits), or null without a patch text, without versions, or without the patch program
 """
@@ -56,6 +57,7 @@ def dry_run(site, text, *flags):
 
 def main():
     name, removals, system, record = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[4]
+    modules = json.loads(sys.argv[5]) if len(sys.argv) > 5 else []
     text = sys.stdin.read()
     query = subprocess.run(["dpkg-query", "-W", "-f=${Package} ${db:Status-Status}\\n", *system],
                            capture_output=True, text=True, check=False) \
@@ -64,7 +66,8 @@ def main():
     pinned = installed(name) if name else None
     doc = {"pinned": pinned.version if pinned else None, "removals": [n for n in removals if installed(n)],
            "missing": [p for p in system if p not in ok], "record": read_record(record),
-           "versions": None, "error": None, "patch": None}
+           "versions": None, "error": None, "patch": None,
+           "modules": {mod: u.find_spec(mod) is not None for mod in modules}}
     try:
         doc["versions"] = versions()
     except (LookupError, OSError, AttributeError, SyntaxError) as exc:

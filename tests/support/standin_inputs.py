@@ -1,7 +1,7 @@
 """What the vllm_build molecule scenario gets from the controller (roles/vllm_build/molecule/default): the
 stand-in vLLM tree packed as a release tarball, the same tree as a bare git repository with two tagged commits
 that differ by a file (a changed ref), both stand-in torch wheels (cu130 and cpu), a stand-in flashinfer-python
-wheel, and a patch that does not apply to the tree. Written to one folder, which
+wheel, flash-attention's real CMake files as a one-commit repository, and a patch that does not apply to the tree. Written to one folder, which
 the scenario's prepare copies to /opt/standin on the host; the tarballs' sha256 go to it through the
 environment, as a site's pinned digests would."""
 
@@ -63,11 +63,38 @@ def flashinfer_wheel(out: Path, version: str = "0.7.0.post1+standin") -> Path:
     return wheel
 
 
+# flash-attention's real CMake files (tests/data/flash-attention/SOURCES.md), the FA source the role edits.
+FA_FILES = Path(__file__).resolve().parents[1] / "data" / "flash-attention" / "617264c1"
+
+
+def _git_env() -> dict[str, str]:
+    return {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+            "GIT_COMMITTER_EMAIL": "t@t", "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1",
+            "GIT_AUTHOR_DATE": "2026-08-06T00:00:00Z", "GIT_COMMITTER_DATE": "2026-08-06T00:00:00Z"}
+
+
+def _fa_repo(bare: Path) -> str:
+    """flash-attention's CMakeLists.txt and cmake/utils.cmake at 617264c1 as a bare repository of one commit
+    (fixed dates: the same commit id every time); returns that id, the scenario's vllm_build_fa_commit."""
+    env = _git_env()
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp) / "fa"
+        shutil.copytree(FA_FILES, work)
+        for args in (("init", "-q", "-b", "main"), ("add", "-A"), ("commit", "-q", "-m", "flash-attention 617264c1")):
+            subprocess.run(["git", "-C", str(work), *args], check=True, capture_output=True, env=env)
+        shutil.rmtree(bare, ignore_errors=True)
+        subprocess.run(["git", "clone", "-q", "--bare", "--no-local", str(work), str(bare)], check=True,
+                       capture_output=True, env=env)
+        commit = subprocess.run(["git", "-C", str(work), "rev-parse", "HEAD"], check=True, capture_output=True,
+                                text=True, env=env).stdout.strip()
+    (bare / "refs" / "heads" / "main").write_text(f"{commit}\n")   # a loose ref: copying skips empty folders
+    return commit
+
+
 def _git_repo(bare: Path) -> None:
     """The stand-in tree as a bare repository: tag v0.32.0-b, then a commit that changes RELEASE only, tagged
     v0.32.0-c (its kernel source is the same, so its build can reuse the first one's ccache)."""
-    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@t", "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}
+    env = _git_env()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp) / "vllm"
         shutil.copytree(STANDIN, work, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "*.pyc"))
@@ -99,5 +126,5 @@ def write(out: Path) -> dict[str, str]:
     flashinfer_wheel(out / "wheels")
     (out / "broken.patch").write_text(BROKEN_PATCH)
     _git_repo(out / "vllm.git")
-    return {"SPARKSPEC_STANDIN_DIR": str(out),
+    return {"SPARKSPEC_STANDIN_DIR": str(out), "SPARKSPEC_STANDIN_FA_COMMIT": _fa_repo(out / "flash-attention.git"),
             "SPARKSPEC_STANDIN_SHA256": _tarball(out / "vllm-0.32.0.tar.gz")}

@@ -94,6 +94,9 @@ def test_method_k_are_the_facts(facts: dict[str, Any]) -> None:
     k = {name: m["speculative_config"]["num_speculative_tokens"]
          for name, m in methods.items() if m["speculative_config"]}
     assert k == facts["k"]
+    # DFlash's drafter gets its own backend; the target keeps the deploy's (no engine-wide backend in `serve`)
+    assert methods["dflash"]["speculative_config"]["attention_backend"] == facts["dflash_draft_backend"]
+    assert "attention_backend" not in methods["dflash"].get("serve", {})
 
 
 def test_floors_sit_below_the_lowest_public_figure(facts: dict[str, Any]) -> None:

@@ -118,9 +118,10 @@ def test_existing_mode_on_a_built_venv_fits_a_plain_profile(tmp_path: Path) -> N
 # --- bad input ----------------------------------------------------------------------------------------------
 def test_a_hybrid_profile_on_a_vllm_the_inc_patch_does_not_fit(tmp_path: Path) -> None:
     line = refused(fit(tmp_path, vllm_install_mode="wheel", vllm_install_package="vllm==0.20.1"))
-    assert line.endswith("the profile(s) qwen35-122b-hybrid need the INC patch (FP8 layers, vLLM #46311), which fits "
-                         "vLLM 0.32.0, not vLLM 0.20.1 (vllm_install_mode wheel); set vllm_install_package to "
-                         "vllm==0.32.0, or set vllm_install_inc_patch: false if that vLLM has its own fix")
+    assert line.endswith("the INC patch vllm-0.32.0-inc-mixed-fp8.patch fits vLLM 0.32.0, not vLLM 0.20.1 "
+                         "(vllm_install_mode wheel), and the profile(s) qwen35-122b-hybrid need it (FP8 layers, vLLM "
+                         "#46311); set vllm_install_package to vllm==0.32.0, or set vllm_install_inc_patch: false if "
+                         "that vLLM has its own fix")
 
 
 def test_a_plain_profile_does_not_need_the_inc_patch(tmp_path: Path) -> None:
@@ -130,7 +131,8 @@ def test_a_plain_profile_does_not_need_the_inc_patch(tmp_path: Path) -> None:
 def test_a_source_build_of_another_release(tmp_path: Path) -> None:
     url = "https://files.pythonhosted.org/packages/x/vllm-0.31.0.tar.gz"
     line = refused(fit(tmp_path, **source_knobs(tmp_path), vllm_build_tarball_url=url))
-    assert "not vLLM 0.31.0 (vllm_install_mode source); build vLLM 0.32.0" in line
+    assert "not vLLM 0.31.0 (vllm_install_mode source), and the profile(s) qwen35-122b-hybrid need it" in line
+    assert "; build vLLM 0.32.0 (the vllm_build role" in line
 
 
 @pytest.mark.parametrize(("package", "why"), [

@@ -154,3 +154,93 @@ def test_vllm_build_compile_prints_ninja_progress_in_the_play(tmp_path: Path) ->
     logged = log.read_text().splitlines()
     assert logged[0].startswith(f"$ {sys.executable} -c ") and logged[-1] == "Successfully built vllm"
     assert sum(ln.startswith("[") for ln in logged) == 8
+
+
+# The download started in one task and followed in a later one, with other work between (provision.yml's fetch
+# beside vLLM's install): the start returns at once, the work runs while the fetch does, the follow prints
+# progress and returns the command's result; a stop in between ends the command (its progress file's token).
+SPLIT_PLAYBOOK = """\
+- name: Fetch beside other work
+  hosts: localhost
+  connection: local
+  gather_facts: false
+  tasks:
+    - name: Start the fetch
+      sparkspec_progress:
+        argv: "{{ fetch_argv }}"
+        timeout: 300
+        start: true
+      register: started
+    - name: Other work while the fetch runs
+      ansible.builtin.command: sleep 2
+      changed_when: false
+      when: not stop | bool
+    - name: Stop it
+      ansible.builtin.command:
+        argv: [pkill, -TERM, -f, "{{ started.job.progress | basename | regex_escape }}"]
+      changed_when: true
+      when: stop | bool
+    - name: FOLLOW
+      sparkspec_progress:
+        job: "{{ job | default(started.job) }}"
+        interval: 1
+        timeout: 300
+      register: fetched
+"""
+
+
+def split_play(tmp_path: Path, argv: list[str], **extra: Any) -> tuple[Any, list[dict[str, Any]]]:
+    events: list[dict[str, Any]] = []
+    (tmp_path / "play.yml").write_text(SPLIT_PLAYBOOK)
+    (tmp_path / "runner").mkdir()
+    runner = ansible_runner.run(
+        private_data_dir=str(tmp_path / "runner"), playbook=str(tmp_path / "play.yml"), inventory="localhost,",
+        extravars={"fetch_argv": argv, "ansible_python_interpreter": sys.executable, "stop": False, **extra},
+        envvars={"ANSIBLE_ACTION_PLUGINS": str(ROOT / "roles/sparkspec/action_plugins"),
+                 "ANSIBLE_LIBRARY": str(ROOT / "roles/sparkspec/library"), "ANSIBLE_NOCOLOR": "1",
+                 "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}", "HF_HOME": str(tmp_path / "hf"),
+                 "HF_HUB_DISABLE_TELEMETRY": "1", "PYTHONUNBUFFERED": "1"},
+        event_handler=lambda event: bool(events.append(event)), quiet=True, suppress_env_files=True,
+        timeout=600)
+    return runner, events
+
+
+
+def test_a_fetch_started_in_one_task_is_followed_in_a_later_one(tmp_path: Path, hub: tuple[str, Path]) -> None:
+    url, source = hub
+    dest = tmp_path / "dest"
+    runner, events = split_play(tmp_path, fetch_argv(REPO, url, dest))
+    assert runner.rc == 0, [e.get("stdout") for e in events]
+    by_task = {e["event_data"]["task"]: e["event_data"] for e in events if e.get("event") == "runner_on_ok"}
+    started = by_task["Start the fetch"]["res"]
+    assert started["changed"] is True and set(started["job"]) == {"jid", "progress"}
+    # the start returned while the fetch (about 6 s through the proxy) still ran: the follow still had to wait
+    assert by_task["Start the fetch"]["duration"] < 5, by_task["Start the fetch"]["duration"]
+    assert by_task["FOLLOW"]["duration"] > 1, by_task["FOLLOW"]["duration"]
+    done = by_task["FOLLOW"]["res"]
+    assert done["rc"] == 0 and (done["stdout_lines"][-1]).startswith("{") and "ansible_job_id" not in done
+    lines = [line for e in events if e.get("event") == "verbose" and (e.get("event_data") or {}).get("task") == "FOLLOW"
+             for line in str(e.get("stdout", "")).splitlines() if line.startswith("localhost: ")]
+    assert any(" of 24.0 MiB, " in line for line in lines), lines
+    for f in source.iterdir():
+        assert (dest / f.name).read_bytes() == f.read_bytes(), f.name
+
+
+def test_a_stopped_fetch_ends_and_the_follow_says_so(tmp_path: Path, hub: tuple[str, Path]) -> None:
+    url, _ = hub
+    runner, events = split_play(tmp_path, fetch_argv(REPO, url, tmp_path / "dest"), stop=True)
+    assert runner.rc != 0
+    failed = [e["event_data"]["res"] for e in events if e.get("event") == "runner_on_failed"]
+    # the fetch's own exit on SIGTERM (130), or the signal's (143) when it lands before Python set its handler
+    assert len(failed) == 1 and failed[0]["rc"] in (130, 143, -15), failed
+    weights = tmp_path / "dest" / "weights.bin"   # stopped half-way: no whole file
+    assert not weights.exists() or weights.stat().st_size < SIZE, weights.stat().st_size
+
+
+def test_a_job_that_was_not_started_here_is_refused(tmp_path: Path, hub: tuple[str, Path]) -> None:
+    url, _ = hub
+    runner, events = split_play(tmp_path, fetch_argv(REPO, url, tmp_path / "dest"),
+                                job={"jid": "../../etc/passwd", "progress": "/tmp/x.json"})
+    assert runner.rc != 0
+    failed = [e["event_data"]["res"] for e in events if e.get("event") == "runner_on_failed"]
+    assert "is not one that sparkspec_progress started (start: true)" in failed[0]["msg"], failed

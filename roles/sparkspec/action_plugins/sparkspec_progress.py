@@ -25,6 +25,11 @@ when rc != 0), exactly what ``command`` would have returned, so ``register``, ``
 ``failed_when`` work unchanged; the job's status file is removed. In check mode the command module runs as
 it would in a plain ``command`` task (it skips).
 
+To run something else meanwhile (the checkpoint download while vLLM is installed or built), a task starts the
+command with ``start: true`` and returns at once with ``job: {jid, progress}``; a later task of the same play
+follows that job to its end with ``job: <that map>`` (no argv), printing progress and returning the command's
+result as above. The job runs as the starting task's user: the following task must use the same ``become``.
+
 One task, not ``async``/``poll: 0`` plus a watcher task: the fetch loops over sources that depend on one
 another (the FP8 subset reads the INT4 folder fetched before it), and ``poll: 0`` in a loop starts every
 item at once.
@@ -32,6 +37,7 @@ item at once.
 
 from __future__ import annotations
 
+import re
 import secrets
 import time
 from typing import Any
@@ -46,9 +52,12 @@ from sparkspec.progress import line
 display = Display()
 
 ARGS = {
-    "argv": {"type": "list", "elements": "str", "required": True},
+    "argv": {"type": "list", "elements": "str"},
     "interval": {"type": "int", "default": 30},
     "timeout": {"type": "int", "required": True},
+    "start": {"type": "bool", "default": False},
+    "job": {"type": "dict", "options": {"jid": {"type": "str", "required": True},
+                                        "progress": {"type": "str", "required": True}}},
 }
 ASYNC_KEYS = ("ansible_job_id", "started", "finished", "results_file", "_ansible_parsed")
 
@@ -67,15 +76,25 @@ class ActionModule(ActionBase):  # type: ignore[misc]
         if args["timeout"] < 1:
             raise AnsibleActionFail(f"timeout {args['timeout']}: give the seconds after which the command "
                                     "is stopped (>= 1)")
+        if (args["argv"] is None) == (args["job"] is None) or (args["start"] and args["job"] is not None):
+            raise AnsibleActionFail("give argv (a command to run, optionally start: true) or job (the job a task "
+                                    "started with start: true), not both")
         if self._task.check_mode:  # as command would: it skips without running anything
+            if args["job"] is not None:
+                return {**result, "skipped": True, "msg": "check mode: no job was started"}
             result.update(self._execute_module("ansible.legacy.command", module_args={"argv": args["argv"]},
                                                task_vars=task_vars))
             return result
         host = str(task_vars.get("inventory_hostname", "host"))
         # not expanded here (a round trip): the command, async_status and slurp expand ~ as the user they run as
         async_dir = self.get_shell_option("async_dir", default="~/.ansible_async")
-        progress = self._connection._shell.join_path(async_dir, f"sparkspec-progress-{secrets.token_hex(8)}.json")
-        jid = self._start([*args["argv"], "--progress-file", progress], args["timeout"], task_vars)
+        if args["job"] is not None:
+            jid, progress = _job(args["job"])
+        else:
+            progress = self._connection._shell.join_path(async_dir, f"sparkspec-progress-{secrets.token_hex(8)}.json")
+            jid = self._start([*args["argv"], "--progress-file", progress], args["timeout"], task_vars)
+            if args["start"]:
+                return {**result, "changed": True, "job": {"jid": jid, "progress": progress}}
         done: dict[str, Any] = {}
         try:
             done = self._follow(jid, async_dir, progress, host, args, task_vars)
@@ -124,6 +143,15 @@ class ActionModule(ActionBase):  # type: ignore[misc]
                     seen[:] = [stamp, now]
                 display.display(line(host, doc, what, now - start, now - seen[1] if doc else 0.0))
                 next_line = now + args["interval"]
+
+
+def _job(job: dict[str, Any]) -> tuple[str, str]:
+    """The job a start: true task returned: async_wrapper's id (j<digits>.<pid>) and a progress file of ours."""
+    jid, progress = str(job["jid"]), str(job["progress"])
+    if not re.fullmatch(r"j\d+\.\d+", jid) or not re.fullmatch(r"sparkspec-progress-[0-9a-f]{16}\.json",
+                                                                 progress.rsplit("/", 1)[-1]):
+        raise AnsibleActionFail(f"job {job!r} is not one that sparkspec_progress started (start: true)")
+    return jid, progress
 
 
 def _progress(text: Any) -> dict[str, Any] | None:

@@ -11,6 +11,7 @@ with the distribution metadata and torch/version.py the probe reads (it never im
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -63,12 +64,17 @@ def passed(result: PlayResult) -> None:
     assert result.rc == 0, failure_summary(result, HOST)
 
 
+# The models on another filesystem than the build (tmpfs): the example's profiles need 180 GB, more than this
+# machine's disk has, and the fit counts the build and the models together only where they share one.
+OTHER_FS = "/dev/shm/sparkspec-fit-test-models"
+
+
 def source_knobs(tmp_path: Path) -> dict[str, Any]:
     """vllm_build's folders under tmp_path and a stand-in CUDA 13.0 toolkit; every other knob its default."""
     return {"vllm_install_mode": "source", "vllm_build_work_dir": str(tmp_path / "work"),
             "vllm_build_root": str(tmp_path / "builds"), "vllm_build_python": sys.executable,
             "vllm_build_cuda_home": str(toolkit(tmp_path, "13.0")), "vllm_build_max_jobs": 1,
-            "vllm_build_min_free_disk_gb": 0}
+            "vllm_build_min_free_disk_gb": 0, "sparkspec_models_dir": OTHER_FS}
 
 
 def fake_venv(tmp_path: Path, vllm: str = "0.32.0", cuda: str | None = "13.0") -> Path:
@@ -133,6 +139,18 @@ def test_a_source_build_of_another_release(tmp_path: Path) -> None:
     line = refused(fit(tmp_path, **source_knobs(tmp_path), vllm_build_tarball_url=url))
     assert "not vLLM 0.31.0 (vllm_install_mode source), and the profile(s) qwen35-122b-hybrid need it" in line
     assert "; build vLLM 0.32.0 (the vllm_build role" in line
+
+
+def test_the_build_and_the_models_on_one_disk(tmp_path: Path) -> None:
+    """Each fits alone (the build's guard: free >= its floor); together they do not."""
+    free_gb = shutil.disk_usage(tmp_path).free / 1e9
+    knobs = {**source_knobs(tmp_path), "sparkspec_models_dir": str(tmp_path / "models"),
+             "vllm_build_min_free_disk_gb": int(free_gb) - 1}
+    line = refused(fit(tmp_path, **knobs))
+    assert f"{tmp_path}/work and {tmp_path}/models share a filesystem with" in line
+    assert (f"the build needs {int(free_gb) - 1} GB (vllm_build_min_free_disk_gb) and the staged profiles "
+            "180.0 GB more") in line
+    assert not (tmp_path / "work").exists() and not (tmp_path / "models").exists()
 
 
 @pytest.mark.parametrize(("package", "why"), [

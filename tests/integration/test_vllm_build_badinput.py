@@ -173,7 +173,8 @@ def test_a_torch_that_is_not_a_cuda_build_is_refused(site, monkeypatch):
     cpu = buildenv.torch_wheel(wheels, "cpu")
     result = build(site, vllm_build_tarball_url=tarball.as_uri(),
                    vllm_build_tarball_sha256=hashlib.sha256(tarball.read_bytes()).hexdigest(),
-                   vllm_build_patches=[], vllm_build_torch="torch==2.13.0+cpu",
+                   vllm_build_patches=[], vllm_build_torch="torch==2.13.0+cpu", vllm_build_torch_index_url="",
+                   vllm_build_fa_arch_patch=False,   # the stand-in tree builds no FA2 (and nothing reaches GitHub)
                    sparkspec_pip_env={"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheels)})
     line = refused(result)
     venvs = sorted(site["builds"].glob("vllm-*"))

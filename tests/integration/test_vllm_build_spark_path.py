@@ -37,7 +37,7 @@ def render(tmp_path: Path, **extra: object) -> dict[str, Any]:
     facts = {"mem_available_gb": SPARK_MEM_AVAILABLE_GB, "cuda": "13.0", "disk_free_gb": 400}
     tasks = [
         _task(ROOT / "roles/sparkspec/tasks/pip_config.yml", "Point pip at its options file"),
-        _task(ROLE / "tasks/preflight.yml", "Set what the guards read"),
+        _task(ROLE / "tasks/guards.yml", "Set what the guards read"),
         {"name": "Write what the role would use", "ansible.builtin.copy": {
             "dest": str(out), "mode": "0600",
             "content": "{{ {'env': _vllm_build_env, 'pip_env': _vllm_build_pip_env, 'sass': _vllm_build_sass,"
@@ -77,8 +77,11 @@ def test_the_compile_environment_on_a_spark(spark: dict[str, Any]) -> None:
     assert spark["jobs"] == int(SPARK_MEM_AVAILABLE_GB // 8) == 14 and env["MAX_JOBS"] == "14"
     assert env["NVCC_THREADS"] == "2"
     assert env["CCACHE_DIR"] == defaults["vllm_build_ccache_dir"]
-    # downloads stay on without a mirror, and no source folder is forced
-    assert "FETCHCONTENT" not in env["CMAKE_ARGS"] and not [k for k in env if k.endswith("_SRC_DIR")]
+    # downloads stay on without a mirror; the one source folder forced is the stamp's flash-attention copy, whose
+    # arch lists the role edited (vLLM's own fetch would build FA2 without sm_121a)
+    assert "FETCHCONTENT" not in env["CMAKE_ARGS"]
+    assert {k: v for k, v in env.items() if k.endswith("_SRC_DIR")} == \
+        {"VLLM_FLASH_ATTN_SRC_DIR": "/var/tmp/sparkspec-vllm-build/fa-0123456789ab"}
 
 
 def test_torch_is_pinned_on_every_pip_call(spark: dict[str, Any]) -> None:
@@ -93,8 +96,10 @@ def test_an_air_gapped_spark_builds_every_dependency_from_the_mirror(tmp_path: P
     env = render(tmp_path, vllm_build_mirror_dir="/srv/vllm-mirror")["env"]
     assert "-DFETCHCONTENT_FULLY_DISCONNECTED=ON" in env["CMAKE_ARGS"].split()
     wanted = yaml.safe_load((ROLE / "defaults/main.yml").read_text())["vllm_build_mirror_src_dirs"]
+    # every one from the mirror, but flash-attention: the stamp's copy of the mirror's, edited (tasks/patch.yml)
     assert {k: v for k, v in env.items() if k.endswith("_SRC_DIR")} == \
-        {k: f"/srv/vllm-mirror/{sub}" for k, sub in wanted.items()}
+        {**{k: f"/srv/vllm-mirror/{sub}" for k, sub in wanted.items()},
+         "VLLM_FLASH_ATTN_SRC_DIR": "/var/tmp/sparkspec-vllm-build/fa-0123456789ab"}
 
 
 # --- the sequence ---------------------------------------------------------------------------------------------
@@ -142,8 +147,12 @@ def test_the_stages_run_in_the_recipes_order(sequence: list[dict[str, Any]]) -> 
         ("the guards", lambda s: s.get("name") == "Check CUDA"),
         ("the system packages", lambda s: "ansible.builtin.apt" in s),
         ("the download", lambda s: "ansible.builtin.get_url" in s),
+        ("flash-attention's clone", lambda s: "ansible.builtin.git" in s
+         and s["ansible.builtin.git"]["version"] == "{{ vllm_build_fa_commit }}"),
         ("the unpack", lambda s: "ansible.builtin.unarchive" in s),
         ("the patch series", lambda s: _argv(s)[:1] == ["patch"]),
+        ("flash-attention's copy", lambda s: "_vllm_build_fa_src" in str(s.get("ansible.builtin.shell", {}))),
+        ("flash-attention's arch edit", lambda s: "fa-archs" in _argv(s)),
         ("use_existing_torch.py", lambda s: "{{ vllm_build_use_existing_torch }}" in _argv(s)),
         ("dropping FlashInfer", lambda s: "ansible.builtin.lineinfile" in s),
         ("the venv", lambda s: _argv(s)[1:3] == ["-m", "venv"]),
@@ -186,7 +195,12 @@ def test_every_pip_call_is_a_guarded_step(sequence: list[dict[str, Any]]) -> Non
     steps = yaml.safe_load((ROLE / "tasks/pip_step.yml").read_text())
     assert [list(k for k in s if k.startswith(("ansible.", "sparkspec_")))[0] for s in steps] == \
         ["sparkspec_progress", "ansible.builtin.assert", "ansible.builtin.command", "ansible.builtin.assert"]
-    assert steps[0]["environment"] == "{{ _vllm_build_pip_env }}"
+    assert steps[0]["environment"] == "{{ _vllm_build_pip_env | combine(_vllm_build_step_env | default({})) }}"
     assert _argv(steps[2])[2] == "torch" and "_vllm_build_torch_pin[1]" in steps[3]["ansible.builtin.assert"]["that"]
     included = [s for s in sequence if s["_file"] == "pip_step.yml" and "sparkspec_progress" in s]
     assert len(included) == 5   # torch, the build requirements, FlashInfer's wheels, vLLM's wheel, FlashInfer
+    # the torch index reaches the torch step alone (no other step gains an index: dependency confusion)
+    with_index = [s["_vars"]["_vllm_build_pip_args"] for s in included if "_vllm_build_step_env" in s["_vars"]]
+    assert with_index == [["install", "{{ vllm_build_torch }}"]]
+    assert "'PIP_INDEX_URL': vllm_build_torch_index_url" in next(
+        s["_vars"]["_vllm_build_step_env"] for s in included if "_vllm_build_step_env" in s["_vars"])

@@ -188,6 +188,9 @@ def test_an_existing_venv_with_a_cpu_torch_on_a_spark(tmp_path: Path) -> None:
     ({"vllm_build_torch_index_url": "mirror.example/simple"}, "is not an http(s) or file URL of a package index"),
     ({"vllm_build_torch": "torch"}, 'vllm_build_torch "torch" is not a pin'),
     ({"vllm_build_fa_commit": "main"}, 'vllm_build_fa_commit "main" is not a commit id'),
+    ({"vllm_build_torch_index_url": "https://mirror.example/simple\n--trusted-host x"}, "is not an http(s) or file URL"),
+    ({"vllm_build_fa_git_url": "--upload-pack=touch /tmp/owned"}, 'the repository URL "--upload-pack=touch /tmp/owned"'),
+    ({"vllm_build_source": "git", "vllm_build_git_url": "-oProxyCommand=x"}, 'the repository URL "-oProxyCommand=x"'),
 ])
 def test_source_knobs_refused_before_any_download(tmp_path: Path, knobs: dict[str, Any], why: str) -> None:
     line = refused(fit(tmp_path, **source_knobs(tmp_path), **knobs))

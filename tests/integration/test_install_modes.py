@@ -145,10 +145,10 @@ def test_the_build_and_the_models_on_one_disk(tmp_path: Path) -> None:
     """Each fits alone (the build's guard: free >= its floor); together they do not."""
     free_gb = shutil.disk_usage(tmp_path).free / 1e9
     knobs = {**source_knobs(tmp_path), "sparkspec_models_dir": str(tmp_path / "models"),
-             "vllm_build_min_free_disk_gb": int(free_gb) - 1}
+             "vllm_build_min_free_disk_gb": int(free_gb) - 10}   # room for other tests' writes meanwhile
     line = refused(fit(tmp_path, **knobs))
     assert f"{tmp_path}/work and {tmp_path}/models share a filesystem with" in line
-    assert (f"the build needs {int(free_gb) - 1} GB (vllm_build_min_free_disk_gb) and the staged profiles "
+    assert (f"the build needs {int(free_gb) - 10} GB (vllm_build_min_free_disk_gb) and the staged profiles "
             "180.0 GB more") in line
     assert not (tmp_path / "work").exists() and not (tmp_path / "models").exists()
 
@@ -204,7 +204,7 @@ def test_source_knobs_refused_before_any_download(tmp_path: Path, knobs: dict[st
 def test_the_fit_runs_right_after_preflight(play: str) -> None:
     tasks = yaml.safe_load((ROOT / "playbooks" / play).read_text())[0]["tasks"]
     roles = [(t["ansible.builtin.import_role"]["name"], t["ansible.builtin.import_role"].get("tasks_from"),
-              t.get("tags")) for t in tasks]
+              t.get("tags")) for t in tasks if "ansible.builtin.import_role" in t]
     assert roles[:2] == [("preflight", None, ["preflight", "always"]), ("vllm_install", "fit", ["preflight", "always"])]
     names = [r[0] for r in roles]
     assert "checkpoint_fetch" not in names or names.index("checkpoint_fetch") > 1

@@ -63,14 +63,14 @@ def _address(url: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def play(tmp_path: Path, argv: list[str], changed_when: str = "(fetched.stdout_lines | last | from_json).changed"
-         ) -> tuple[Any, list[dict[str, Any]]]:
+def _run(tmp_path: Path, playbook: str, extravars: dict[str, Any]) -> tuple[Any, list[dict[str, Any]]]:
+    """``playbook`` on localhost through ansible-runner with the sparkspec role's plugins; its events."""
     events: list[dict[str, Any]] = []
-    (tmp_path / "play.yml").write_text(PLAYBOOK.replace("{changed_when}", changed_when))
+    (tmp_path / "play.yml").write_text(playbook)
     (tmp_path / "runner").mkdir()
     runner = ansible_runner.run(
         private_data_dir=str(tmp_path / "runner"), playbook=str(tmp_path / "play.yml"), inventory="localhost,",
-        extravars={"fetch_argv": argv, "ansible_python_interpreter": sys.executable},
+        extravars={"ansible_python_interpreter": sys.executable, **extravars},
         envvars={"ANSIBLE_ACTION_PLUGINS": str(ROOT / "roles/sparkspec/action_plugins"),
                  "ANSIBLE_LIBRARY": str(ROOT / "roles/sparkspec/library"), "ANSIBLE_NOCOLOR": "1",
                  "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}", "HF_HOME": str(tmp_path / "hf"),
@@ -78,6 +78,11 @@ def play(tmp_path: Path, argv: list[str], changed_when: str = "(fetched.stdout_l
         event_handler=lambda event: bool(events.append(event)), quiet=True, suppress_env_files=True,
         timeout=600)
     return runner, events
+
+
+def play(tmp_path: Path, argv: list[str], changed_when: str = "(fetched.stdout_lines | last | from_json).changed"
+         ) -> tuple[Any, list[dict[str, Any]]]:
+    return _run(tmp_path, PLAYBOOK.replace("{changed_when}", changed_when), {"fetch_argv": argv})
 
 
 def fetch_argv(repo: str, url: str, dest: Path) -> list[str]:
@@ -190,20 +195,7 @@ SPLIT_PLAYBOOK = """\
 
 
 def split_play(tmp_path: Path, argv: list[str], **extra: Any) -> tuple[Any, list[dict[str, Any]]]:
-    events: list[dict[str, Any]] = []
-    (tmp_path / "play.yml").write_text(SPLIT_PLAYBOOK)
-    (tmp_path / "runner").mkdir()
-    runner = ansible_runner.run(
-        private_data_dir=str(tmp_path / "runner"), playbook=str(tmp_path / "play.yml"), inventory="localhost,",
-        extravars={"fetch_argv": argv, "ansible_python_interpreter": sys.executable, "stop": False, **extra},
-        envvars={"ANSIBLE_ACTION_PLUGINS": str(ROOT / "roles/sparkspec/action_plugins"),
-                 "ANSIBLE_LIBRARY": str(ROOT / "roles/sparkspec/library"), "ANSIBLE_NOCOLOR": "1",
-                 "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}", "HF_HOME": str(tmp_path / "hf"),
-                 "HF_HUB_DISABLE_TELEMETRY": "1", "PYTHONUNBUFFERED": "1"},
-        event_handler=lambda event: bool(events.append(event)), quiet=True, suppress_env_files=True,
-        timeout=600)
-    return runner, events
-
+    return _run(tmp_path, SPLIT_PLAYBOOK, {"fetch_argv": argv, "stop": False, **extra})
 
 
 def test_a_fetch_started_in_one_task_is_followed_in_a_later_one(tmp_path: Path, hub: tuple[str, Path]) -> None:

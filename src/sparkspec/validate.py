@@ -3,8 +3,8 @@
 Every path that sparkspec builds from a string it did not write (a URL segment, a repo id, a revision, a file
 name from an index, a manifest or a mirror) goes through this module: the string must match a strict pattern,
 and the joined path must stay under its root once resolved. Outputs are checked against inputs by resolved real
-paths (symlinks included) before anything is touched, and files that must be regular are opened so that a FIFO
-or a device cannot hang or feed a command.
+paths (symlinks included) before anything is touched (:mod:`sparkspec.outputs`, re-exported here), and files
+that must be regular are opened so that a FIFO or a device cannot hang or feed a command.
 """
 
 from __future__ import annotations
@@ -13,10 +13,11 @@ import errno
 import os
 import re
 import stat
-from collections.abc import Mapping
 from pathlib import Path
 
 from sparkspec.errors import UserError
+from sparkspec.outputs import check_disjoint as check_disjoint
+from sparkspec.outputs import check_not_symlink as check_not_symlink
 
 # Hugging Face's own rule for each half of a repo id: letters, digits, '-', '_', '.'; neither '--' nor '..';
 # '-' and '.' neither first nor last; at most 96 characters. '--' is also our folder separator
@@ -108,33 +109,6 @@ def source_file(root: Path, path: Path, flag: str) -> Path:
 def real(path: str | os.PathLike[str]) -> Path:
     """The resolved real path (symlinks followed; a missing tail is kept as written)."""
     return Path(os.path.realpath(path))
-
-
-def check_disjoint(output: str | os.PathLike[str], inputs: Mapping[str, str | os.PathLike[str] | None],
-                   out_flag: str = "--out") -> None:
-    """Refuse an output that equals, contains or sits inside an input (resolved real paths), before anything
-    is touched. ``inputs`` maps each input's flag (e.g. ``--int4``) to its path."""
-    out = real(output)
-    for flag, value in inputs.items():
-        if value is None:
-            continue
-        src = real(value)
-        if out == src:
-            how = "is"
-        elif out.is_relative_to(src):
-            how = "is inside"
-        elif src.is_relative_to(out):
-            how = "contains"
-        else:
-            continue
-        raise UserError(f"{out_flag} {output} {how} the input {flag} {value}; choose an output folder apart "
-                        "from every input")
-
-
-def check_not_symlink(path: str | os.PathLike[str], flag: str) -> None:
-    """An output path must not be a symbolic link: replacing it would act on whatever it points at."""
-    if os.path.islink(path):
-        raise UserError(f"{flag} {path} is a symbolic link; give the real folder path")
 
 
 def require_regular(path: str | os.PathLike[str], what: str = "file") -> os.stat_result:

@@ -153,9 +153,10 @@ def test_report_rows_stay_rows_whatever_the_strings(fake: FakeVllm, work: Path) 
     assert "\x1b" not in lines[2] and lines[2].count(" | ") == 11  # 12 columns: no cell split or added
 
 
-def test_report_replaces_its_own_older_plot_but_not_another_png(fake: FakeVllm, work: Path) -> None:
-    """A plot written before the marker existed (matplotlib's default metadata) is replaced after an upgrade;
-    a PNG from elsewhere is not."""
+def test_report_replaces_its_own_plot_but_no_other_png(fake: FakeVllm, work: Path) -> None:
+    """A plot the report wrote (Description "sparkspec report") is replaced; any other PNG is refused and left
+    as it was: another matplotlib figure (no marker: the legacy "Matplotlib version" rule is gone), a picture
+    from elsewhere, and one that holds the marker's words outside its Description."""
     import io
 
     import matplotlib
@@ -163,17 +164,22 @@ def test_report_replaces_its_own_older_plot_but_not_another_png(fake: FakeVllm, 
     import matplotlib.pyplot as plt
 
     (work / "result.json").write_text(json.dumps(bench_result()))
-    fig = plt.figure()
-    old = io.BytesIO()
-    fig.savefig(old, format="png")  # what the report wrote before it marked its plots
-    plt.close(fig)
-    (work / "out.png").write_bytes(old.getvalue())
     out = run(*argv("report", fake, work))
     assert out.rc == 0, out.stderr
-    assert (work / "out.png").read_bytes() != old.getvalue()
-    (work / "out.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 64)  # somebody else's picture
+    ours = (work / "out.png").read_bytes()
     (work / "out.md").unlink()
-    refused_untouched(argv("report", fake, work), [work], 2, match=r"out\.png")
+    os.utime(work / "out.png", (0, 0))
+    out = run(*argv("report", fake, work))
+    assert out.rc == 0, out.stderr
+    assert (work / "out.png").stat().st_mtime > 0 and (work / "out.png").read_bytes()[:8] == ours[:8]
+    fig = plt.figure()
+    other = io.BytesIO()
+    fig.savefig(other, format="png", metadata={"Title": "sparkspec report"})  # matplotlib's default tags
+    plt.close(fig)
+    for foreign in (other.getvalue(), b"\x89PNG\r\n\x1a\n" + b"\0" * 64):
+        (work / "out.png").write_bytes(foreign)
+        (work / "out.md").unlink(missing_ok=True)
+        refused_untouched(argv("report", fake, work), [work], 2, match=r"out\.png")
 
 
 def _reference(**changes: Any) -> dict[str, Any]:

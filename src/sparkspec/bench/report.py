@@ -1,39 +1,29 @@
-"""The article's Results Summary table (markdown) and a bar plot (PNG) from bench result JSON files; and the
-outputs of the verify-side commands (bench results, references, lossless reports, the table, the plot).
+"""The article's Results Summary table (markdown) and a bar plot (PNG) from bench result JSON files.
 
 Bench results are read as untrusted files: bounded JSON, every field the table uses checked for its type (numbers
-finite and non-negative), strings made safe for one table cell.
-
-An output may not be a symbolic link, a folder, an input, or an existing file that the command did not write (it
-must carry the command's format marker, or be empty); that is checked before the run and again just before the
-write. Outputs are written only after everything succeeded: each to a fresh sibling, then all renamed over
-their targets; a failure removes every sibling and every folder made for them.
+finite and non-negative), strings made safe for one table cell. The table and the plot are written through
+:mod:`sparkspec.outputs` (the table is ours by its header line, the plot by its Description).
 """
 
 from __future__ import annotations
 
-import contextlib
 import io
 import math
 import os
-import stat
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sparkspec.errors import UserError
-from sparkspec.jsonfile import expect, loads_bounded, read_json
-from sparkspec.validate import check_disjoint, check_not_symlink, open_regular
+from sparkspec.jsonfile import expect, read_json
+from sparkspec.outputs import PNG_MARKER, Marker, starts_with
 
 COLUMNS = ("Method", "Model", "Avg tok/s", "Peak tok/s", "Drafts", "Draft tokens", "Accepted", "Acceptance Rate",
            "Acceptance per position", "Mean acceptance length", "Lossless", "Notes")
 HEADER = "| " + " | ".join(COLUMNS) + " |"
-OLD_HEADER = "| Method | Model | Avg tok/s | Peak tok/s | Acceptance Rate | Notes |"  # tables written before the counters'
 COUNT = (int, type(None))
-PNG_MARKER = "sparkspec report"  # the Description of every plot written here: marks a PNG as ours to replace
-VS_VLLM_FORMAT = "sparkspec-bench-vs-vllm/1"  # results of the side-by-side harness (tests/support/bench_vs_vllm)
+MARKDOWN: Marker = starts_with(HEADER)  # a table is ours to replace when it starts with this header
 
 NUMBER = (int, float, type(None))
 TEXT = (str, type(None))
@@ -267,125 +257,3 @@ def build(inputs: list[str], lossless: Sequence[str] = ()) -> list[Row]:
                             "bench result's, or given twice; pass one lossless report per bench row")
         reports[key] = doc
     return [row_for(r, p, reports.get(k)) for r, p, k in zip(results, inputs, keys)]
-
-
-def _json_doc(data: bytes) -> dict[str, Any]:
-    try:
-        doc = loads_bounded(data)
-    except ValueError:
-        return {}
-    return doc if isinstance(doc, dict) else {}
-
-
-def _is_ours(kind: str, data: bytes) -> bool:
-    """Whether an existing output's bytes are what this command writes (format marker; older results by
-    their keys)."""
-    if kind == "markdown":
-        return data.startswith((HEADER.encode(), OLD_HEADER.encode()))
-    if kind == "plot":
-        # plots written before the marker existed carry matplotlib's default Software tag instead
-        head = data[:1 << 16]
-        return data.startswith(b"\x89PNG\r\n\x1a\n") and (PNG_MARKER.encode() in head
-                                                          or b"Software\x00Matplotlib version" in head)
-    from sparkspec.bench import lossless
-    from sparkspec.bench.client import RESULT_FORMAT
-
-    doc = _json_doc(data)
-    marker = {"bench": RESULT_FORMAT, "reference": lossless.FORMAT, "lossless": lossless.REPORT_FORMAT,
-              "vs-vllm": VS_VLLM_FORMAT}[kind]
-    legacy = {"bench": {"backend", "per_request_tok_s_mean", "completed"},
-              "lossless": {"share", "identical", "total", "mismatches", "passed"},
-              "vs-vllm": {"ours_runs", "vllm_runs", "ratio_of_means"}}.get(kind)
-    return doc.get("format") == marker or (legacy is not None and "format" not in doc and legacy <= doc.keys())
-
-
-@dataclass(frozen=True)
-class Output:
-    """An output file: checked before the run and again right before it is written."""
-
-    path: str
-    flag: str
-    kind: str  # bench | reference | lossless | vs-vllm | markdown | plot
-    inputs: Sequence[tuple[str, str | None]] = ()  # (flag, path) of every input it must stay apart from
-
-    def check(self) -> None:
-        flag, path = self.flag, self.path
-        if not path or "\x00" in path:
-            raise UserError(f"{flag} {path!r}: not a file path; give one")
-        for name, value in self.inputs:
-            check_disjoint(path, {name: value}, flag)
-        check_not_symlink(path, flag)
-        if os.path.lexists(path):
-            try:
-                st = os.stat(path)
-            except OSError as exc:
-                raise UserError(f"{flag} {path}: cannot look at it ({exc.strerror}); choose another "
-                                f"{flag}") from None
-            if not stat.S_ISREG(st.st_mode):
-                raise UserError(f"{flag} {path}: exists and is not a regular file (a folder, FIFO or device); "
-                                "give a file path")
-            if st.st_size and not self._ours():
-                raise UserError(f"{flag} {path}: exists and was not written by this command; move it away or "
-                                f"choose another {flag}")
-        ancestor = Path(path).absolute().parent
-        while not ancestor.exists():
-            ancestor = ancestor.parent
-        if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
-            raise UserError(f"{flag} {path}: {ancestor} is not a folder this user can write; choose another "
-                            f"{flag}")
-
-    def _ours(self) -> bool:
-        try:
-            fd = open_regular(self.path, "output")
-        except UserError:
-            return False
-        try:
-            return _is_ours(self.kind, os.read(fd, 64 << 20))
-        finally:
-            os.close(fd)
-
-
-def check_outputs(outputs: Sequence[Output | None]) -> list[Output]:
-    present = [o for o in outputs if o is not None]
-    for o in present:
-        o.check()
-    return present
-
-
-def write_outputs(items: Sequence[tuple[Output, bytes]]) -> None:
-    """Write every output, or none: each to a fresh sibling first, then all renamed over their targets."""
-    for output, _ in items:
-        output.check()  # again: the run may have taken hours
-    staged: list[tuple[str, str]] = []
-    made: list[Path] = []
-    mask = os.umask(0)
-    os.umask(mask)
-    current = ""
-    try:
-        for output, data in items:
-            current = output.path
-            target = Path(output.path)
-            missing = [p for p in [target.parent, *target.parent.parents] if not p.exists()]
-            for folder in reversed(missing):
-                folder.mkdir()
-                made.append(folder)
-            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-            staged.append((tmp, output.path))
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.chmod(tmp, 0o666 & ~mask)
-        for tmp, path in staged:
-            current = path
-            os.replace(tmp, path)
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            for tmp, _ in staged:
-                Path(tmp).unlink(missing_ok=True)
-            for folder in reversed(made):
-                folder.rmdir()
-        from sparkspec.errors import RunFailure
-
-        raise RunFailure(f"{current}: cannot write ({exc.strerror}); free space or choose another output") \
-            from None

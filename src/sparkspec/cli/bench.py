@@ -20,11 +20,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from sparkspec.argtypes import number, share, temperature
-from sparkspec.bench.client import MAX_TOKENS
-from sparkspec.bench.report import Output, check_outputs, write_outputs
+from sparkspec.bench.client import MAX_TOKENS, RESULT_FORMAT
 from sparkspec.bench.suites import file_of
 from sparkspec.cli.common import emit_json
 from sparkspec.errors import UserError
+from sparkspec.outputs import PNG, Output, check_outputs, json_format, write_outputs
 from sparkspec.validate import open_regular
 
 KEY_ENV = "SPARKSPEC_API_KEY"
@@ -135,8 +135,8 @@ def json_bytes(doc: dict[str, Any]) -> bytes:
 def _bench(args: argparse.Namespace) -> int:
     from sparkspec.bench import client as bench_mod
 
-    out = Output(args.output, "--output", "bench", (("--suite", file_of(args.suite)),
-                                                     ("--api-key-file", args.api_key_file)))
+    out = Output(args.output, "--output", json_format(RESULT_FORMAT),
+                 (("--suite", file_of(args.suite)), ("--api-key-file", args.api_key_file)))
     check_outputs([out])
     cfg = bench_mod.BenchConfig(
         url=args.url, model=args.model, suite=args.suite, concurrency=args.concurrency, requests=args.requests,
@@ -160,8 +160,8 @@ def _bench(args: argparse.Namespace) -> int:
 def _check_record(args: argparse.Namespace) -> int:
     from sparkspec.bench import lossless
 
-    out = Output(args.output, "--output", "reference", (("--suite", file_of(args.suite)),
-                                                         ("--api-key-file", args.api_key_file)))
+    out = Output(args.output, "--output", json_format(lossless.FORMAT),
+                 (("--suite", file_of(args.suite)), ("--api-key-file", args.api_key_file)))
     check_outputs([out])
     ref = lossless.record(args.url, args.model, args.suite, args.max_tokens, api_key(args.api_key_file),
                           args.method, args.concurrency, args.enable_thinking, args.timeout)
@@ -175,8 +175,9 @@ def _check_record(args: argparse.Namespace) -> int:
 def _check_compare(args: argparse.Namespace) -> int:
     from sparkspec.bench import lossless
 
-    out = None if args.output is None else Output(args.output, "--output", "lossless", (
-        ("--reference", args.reference), ("--api-key-file", args.api_key_file)))
+    out = None if args.output is None else Output(
+        args.output, "--output", json_format(lossless.REPORT_FORMAT),
+        (("--reference", args.reference), ("--api-key-file", args.api_key_file)))
     check_outputs([out])
     reference = lossless.load_reference(args.reference, args.model)
     report = lossless.run_compare(args.url, args.model, reference, api_key(args.api_key_file), args.concurrency,
@@ -196,8 +197,8 @@ def _report(args: argparse.Namespace) -> int:
     from sparkspec.bench import report
 
     inputs = tuple(("--inputs", p) for p in args.inputs) + tuple(("--lossless", p) for p in args.lossless)
-    md = None if args.markdown is None else Output(args.markdown, "--markdown", "markdown", inputs)
-    png = None if args.plot is None else Output(args.plot, "--plot", "plot",
+    md = None if args.markdown is None else Output(args.markdown, "--markdown", report.MARKDOWN, inputs)
+    png = None if args.plot is None else Output(args.plot, "--plot", PNG,
                                                 (*inputs, ("--markdown", args.markdown)))
     outputs = check_outputs([md, png])
     if png is not None:

@@ -26,21 +26,19 @@ def _yaml(rel: str) -> dict[str, Any]:
 
 
 CONTRACT = _yaml("roles/sparkspec/defaults/main.yml")
-DEPLOY = _yaml("roles/deploy/defaults/main.yml")
 INVENTORIES = {
     "sim01": (_yaml("inventories/sim/group_vars/all.yml"), {}),
     "spark01": (_yaml("inventories/example/group_vars/all/main.yml"),
                 _yaml("inventories/example/hosts.yml")["all"]["children"]["sparks"]["hosts"]["spark01"]),
     "spark02": (_yaml("inventories/example/group_vars/all/main.yml"),
-                {**_yaml("inventories/example/host_vars/spark02.yml"),
-                 **_yaml("inventories/example/hosts.yml")["all"]["children"]["sparks"]["hosts"]["spark02"]}),
+                _yaml("inventories/example/hosts.yml")["all"]["children"]["sparks"]["hosts"]["spark02"]),
 }
 
 
 def _vars(host: str, **extra: Any) -> dict[str, Any]:
-    """The host's variables as the play sees them: contract and deploy defaults, group vars, host vars."""
+    """The host's variables as the play sees them: contract defaults, group vars, host vars."""
     group, host_vars = INVENTORIES[host]
-    out = {**CONTRACT, **DEPLOY, **copy.deepcopy(group), **host_vars, **extra}
+    out = {**copy.deepcopy(CONTRACT), **copy.deepcopy(group), **copy.deepcopy(host_vars), **extra}
     # the three templated contract defaults, as Ansible renders them
     models = out["sparkspec_models_dir"]
     for key, value in (("sparkspec_sources_dir", f"{models}/sources"), ("sparkspec_heads_dir", f"{models}/heads")):
@@ -52,19 +50,14 @@ def _vars(host: str, **extra: Any) -> dict[str, Any]:
 
 
 def _contract(v: dict[str, Any]) -> dict[str, Any]:
-    keys = ("method", "method_switch", "methods", "methods_extra", "profile", "profiles", "stage_profiles",
-            "models_dir", "sources_dir", "heads_dir", "vllm_venv")
-    return {k: v[f"sparkspec_{k}"] for k in keys}
+    return {k: v[f"sparkspec_{k}"] for k in registry.CONTRACT_KEYS}
 
 
 def _command(v: dict[str, Any], record: dict[str, Any] | None = None) -> dict[str, Any]:
     resolved = registry.resolve(_contract(v), record, NOW)
-    knobs = {k: v[f"deploy_{k}"] for k in registry.KNOBS}
-    if knobs["enable_prefix_caching"] == DEPLOY["deploy_enable_prefix_caching"]:   # its templated default
-        knobs["enable_prefix_caching"] = resolved["profile"]["kind"] != "hybrid"
     service = {"unit": v["sparkspec_unit_name"], "bind_address": v["sparkspec_bind_address"],
                "port": v["sparkspec_port"], "user": v["sparkspec_user"]}
-    return registry.vllm_command(resolved, knobs, service)
+    return registry.vllm_command(resolved, service)
 
 
 @pytest.mark.parametrize("case", sorted(GOLDEN))
@@ -77,7 +70,7 @@ def test_argv_and_record_unchanged_from_the_jinja_program(case):
 
 def test_ngram5_from_the_inventory_only():
     ngram5 = {"speculative_config": {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 5}}
-    v = _vars("sim01", sparkspec_methods_extra={"ngram5": ngram5}, sparkspec_method_switch="ngram5")
+    v = _vars("sim01", sparkspec_methods={"ngram5": ngram5}, sparkspec_method_switch="ngram5")
     args = _command(v)["args"]
     spec = json.loads(args[args.index("--speculative-config") + 1])
     assert spec == {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 5}
@@ -89,11 +82,11 @@ def test_ngram5_from_the_inventory_only():
 
 
 def test_unknown_method_lists_built_ins_and_the_inventorys():
-    v = _vars("sim01", sparkspec_method="warp", sparkspec_methods_extra={"ngram5": {"speculative_config": None}})
+    v = _vars("sim01", sparkspec_method="warp", sparkspec_methods={"ngram5": {"speculative_config": None}})
     with pytest.raises(UserError) as err:
         registry.resolve(_contract(v), None, NOW)
     assert str(err.value) == ("sparkspec_method: unknown method 'warp'; choose one of baseline, ngram, mtp, eagle3, "
-                              "dflash, ngram5 (or define it in sparkspec_methods_extra)")
+                              "dflash, ngram5 (or define it in sparkspec_methods)")
 
 
 def test_heads_come_through_the_methods_head_with_their_folders():
@@ -104,7 +97,7 @@ def test_heads_come_through_the_methods_head_with_their_folders():
     assert resolved["speculative_config"]["model"] == folder
     # a method whose head is named differently from the method still finds it
     v = _vars("spark02", sparkspec_method_switch="e3k2",
-              sparkspec_methods_extra={"e3k2": {"head": "eagle3", "speculative_config":
+              sparkspec_methods={"e3k2": {"head": "eagle3", "speculative_config":
                                                 {"method": "eagle3", "num_speculative_tokens": 2}}})
     assert registry.resolve(_contract(v), None, NOW)["speculative_config"]["model"] == folder
 
@@ -149,7 +142,7 @@ def test_venv_method_over_profile_over_contract():
     v = _vars("sim01")
     v["sparkspec_profiles"]["sim-tiny"]["vllm_venv"] = "/p"
     assert registry.resolve(_contract(v), None, NOW)["venv"] == "/p"
-    v["sparkspec_methods_extra"] = {"baseline": {"speculative_config": None, "vllm_venv": "/m"}}
+    v["sparkspec_methods"] = {"baseline": {"speculative_config": None, "vllm_venv": "/m"}}
     assert registry.resolve(_contract(v), None, NOW)["venv"] == "/m"
 
 
@@ -165,19 +158,20 @@ def _set(v: dict[str, Any], dotted: str, value: Any) -> None:
 
 
 SCHEMA_ERRORS = [
-    ("sparkspec_methods_extra.x", {"speculative_config": {"num_speculative_tokens": 5}},
+    ("sparkspec_methods.x", {"speculative_config": {"num_speculative_tokens": 5}},
      "sparkspec_methods.x.speculative_config.method: missing; set it to ngram|mtp|"),
-    ("sparkspec_methods_extra.x", {"head": "eagle3"}, "sparkspec_methods.x.speculative_config: missing; set it to null"),
-    ("sparkspec_methods_extra.x", {"speculative_config": {"method": "ngram", "num_speculative_tokens": 0}},
+    ("sparkspec_methods.x", {"head": "eagle3"}, "sparkspec_methods.x.speculative_config: missing; set it to null"),
+    ("sparkspec_methods.x", {"speculative_config": {"method": "ngram", "num_speculative_tokens": 0}},
      "sparkspec_methods.x.speculative_config.num_speculative_tokens: 0; set it to an integer k > 0"),
-    ("sparkspec_methods_extra.x", {"speculative_config": {"method": "ngram", "num_speculative_tokens": 4,
+    ("sparkspec_methods.x", {"speculative_config": {"method": "ngram", "num_speculative_tokens": 4,
                                                           "prompt_lookup_min": 6, "prompt_lookup_max": 3}},
      "sparkspec_methods.x.speculative_config: prompt_lookup_min=6 must be <= prompt_lookup_max=3"),
-    ("sparkspec_methods_extra.x", {"speculative_config": None, "serve": {"warp_drive": 1}},
-     "sparkspec_methods.x.serve.warp_drive: not a deploy knob"),
-    ("sparkspec_methods_extra.x", {"speculative_config": None, "heads": "x"},
-     "sparkspec_methods.x.heads: unknown key; use one of head, serve, speculative_config, vllm_venv"),
-    ("sparkspec_methods_extra.x", "ngram", "sparkspec_methods.x: is a str, not a mapping"),
+    ("sparkspec_methods.x", {"speculative_config": None, "serve": {"warp_drive": 1}},
+     "sparkspec_methods.x.serve.warp_drive: unknown key; use one of attention_backend"),
+    ("sparkspec_methods.x", {"speculative_config": None, "heads": "x"},
+     "sparkspec_methods.x.heads: unknown key; did you mean head? use one of head, serve, speculative_config, verify, "
+     "vllm_venv"),
+    ("sparkspec_methods.x", "ngram", "sparkspec_methods.x: is a str, not a mapping"),
     ("sparkspec_profiles.sim-tiny.kind", "dense", "sparkspec_profiles.sim-tiny.kind: 'dense'; set it to hybrid or plain"),
     ("sparkspec_profiles.sim-tiny.dir", "../etc", "sparkspec_profiles.sim-tiny.dir: '../etc' is not a plain file name"),
     ("sparkspec_profiles.sim-tiny.disk_gb", "lots", "sparkspec_profiles.sim-tiny.disk_gb: 'lots' is not a number >= 0"),
@@ -204,7 +198,7 @@ SCHEMA_ERRORS = [
 def test_schema_errors_are_one_line_naming_the_key(key, value, expected):
     v = _vars("sim01")
     _set(v, key, value)
-    if key.startswith("sparkspec_methods_extra"):
+    if key.startswith("sparkspec_methods"):
         v["sparkspec_method"] = "x"
     with pytest.raises(UserError) as err:
         registry.resolve(_contract(v), None, NOW)
@@ -236,7 +230,7 @@ SPEC_REFUSALS = [
 @pytest.mark.parametrize(("method", "expected"), SPEC_REFUSALS, ids=["dflash-engine-wide", "dflash-engine-wide-empty",
                                                                     "typo", "internal-field", "no-close-field"])
 def test_speculative_config_refusals_are_one_line(method, expected):
-    v = _vars("sim01", sparkspec_methods_extra={"x": method}, sparkspec_method="x")
+    v = _vars("sim01", sparkspec_methods={"x": method}, sparkspec_method="x")
     with pytest.raises(UserError) as err:
         registry.resolve(_contract(v), None, NOW)
     assert str(err.value) == expected and err.value.exit_code == 2
@@ -245,16 +239,17 @@ def test_speculative_config_refusals_are_one_line(method, expected):
 def test_dflash_sets_the_drafters_backend_not_the_engines():
     """The built-in dflash keeps the target's backend (the deploy's FLASHINFER): the drafter's non-causal backend
     is vLLM's draft-only speculative_config.attention_backend, FLASHINFER too (vllm/config/speculative.py:424)."""
-    built_in = CONTRACT["sparkspec_methods"]["dflash"]
+    built_in = registry.BUILTIN_METHODS["dflash"]
     assert "attention_backend" not in built_in.get("serve", {})
     assert built_in["speculative_config"]["attention_backend"] == "FLASHINFER"
     args = _command(_vars("spark01", sparkspec_method_switch="dflash"))["args"]
-    assert args[args.index("--attention-backend") + 1] == DEPLOY["deploy_attention_backend"] == "FLASHINFER"
+    assert args[args.index("--attention-backend") + 1] == registry.SERVE_DEFAULTS["attention_backend"] == "FLASHINFER"
     assert json.loads(args[args.index("--speculative-config") + 1])["attention_backend"] == "FLASHINFER"
     # a dflash method of the inventory's with the drafter's backend set is accepted
     mine = {**DFLASH, "speculative_config": {**DFLASH["speculative_config"], "attention_backend": "TRITON_ATTN"}}
-    resolved = registry.resolve(_contract(_vars("sim01", sparkspec_methods_extra={"x": mine}, sparkspec_method="x")))
-    assert resolved["speculative_config"]["attention_backend"] == "TRITON_ATTN" and resolved["serve"] == {}
+    resolved = registry.resolve(_contract(_vars("sim01", sparkspec_methods={"x": mine}, sparkspec_method="x")))
+    assert resolved["speculative_config"]["attention_backend"] == "TRITON_ATTN"
+    assert registry.check_method("x", mine)["serve"] == {}
 
 
 @pytest.mark.parametrize(("repo", "ok"), [("Qwen/Qwen3.5-122B-A10B-FP8", "Qwen--Qwen3.5-122B-A10B-FP8"),
@@ -319,7 +314,7 @@ def test_resolve_passes_the_record_through():
 
 
 def test_one_thin_playbook_per_built_in_method():
-    built_ins = set(CONTRACT["sparkspec_methods"])
+    built_ins = set(registry.BUILTIN_METHODS)
     playbooks = {p.stem.removeprefix("deploy-"): p for p in (ROOT / "playbooks").glob("deploy-*.yml")}
     assert set(playbooks) == built_ins
     for method, path in playbooks.items():

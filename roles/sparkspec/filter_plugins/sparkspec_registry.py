@@ -11,7 +11,8 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Callable, Mapping
+import re
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ansible.errors import AnsibleFilterError  # type: ignore[import-untyped]
@@ -34,18 +35,30 @@ def _record(slurped: Any) -> Mapping[str, Any] | None:
     return record
 
 
-def resolve(contract: Mapping[str, Any], slurped: Any = None, now: str = "") -> dict[str, Any]:
+def resolve(contract: Mapping[str, Any], slurped: Any = None, now: str = "",
+            set_names: Sequence[str] = ()) -> dict[str, Any]:
     """registry.resolve for one host, with ``problems`` (empty, or the one line to stop the play with)."""
     try:
-        return {**registry.resolve(contract, _record(slurped), now), "problems": []}
+        return {**registry.resolve(contract, _record(slurped), now, set_names), "problems": []}
     except UserError as exc:
         return {"problems": [str(exc)]}
 
 
-def vllm_command(resolved: Mapping[str, Any], knobs: Mapping[str, Any], service: Mapping[str, Any]) -> dict[str, Any]:
+def registry_names(kind: str) -> list[str] | str:
+    """Names the registry owns, for the roles: ``contract`` (the contract's keys, without the sparkspec_ prefix)
+    or ``renamed_pattern`` (a regular expression matching a variable this version renamed)."""
+    if kind == "contract":
+        return list(registry.CONTRACT_KEYS)
+    if kind == "renamed_pattern":
+        return "^(" + "|".join(re.escape(name) for name in registry.RENAMED) + ")$"
+    raise AnsibleFilterError(f"sparkspec_registry_names: {kind!r} is not contract or renamed_pattern")
+
+
+def vllm_command(resolved: Mapping[str, Any], service: Mapping[str, Any],
+                 overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
     if resolved.get("problems"):
         raise AnsibleFilterError(resolved["problems"][0])
-    return registry.vllm_command(resolved, knobs, service)
+    return registry.vllm_command(resolved, service, overrides)
 
 
 def downloads(resolved: Mapping[str, Any], heads: str = "all") -> list[dict[str, Any]]:
@@ -57,4 +70,4 @@ def downloads(resolved: Mapping[str, Any], heads: str = "all") -> list[dict[str,
 class FilterModule:
     def filters(self) -> dict[str, Callable[..., Any]]:
         return {"sparkspec_resolve": resolve, "sparkspec_vllm_command": vllm_command,
-                "sparkspec_downloads": downloads}
+                "sparkspec_downloads": downloads, "sparkspec_registry_names": registry_names}

@@ -77,11 +77,12 @@ def args_problems(args: Any) -> list[str]:
         text = str(arg)
         flag = text.split("=", 1)[0]
         if flag in SECRET_FLAGS:
-            out.append(f"deploy_extra_args: {flag} puts a secret on vLLM's command line, where every process "
+            out.append(f"serve.extra_args: {flag} puts a secret on vLLM's command line, where every process "
                        f"list shows it; remove it{' and set sparkspec_api_key' if flag == '--api-key' else ''}")
         elif any(ord(c) < 32 or ord(c) == 127 for c in text):
             out.append(f"vLLM argument {text!r} holds a control character (a newline would start another line "
-                       "of the unit); fix deploy_extra_args or the profile's served_model_name")
+                       "of the unit); fix serve.extra_args (sparkspec_serve, the profile's or the method's) or the "
+                       "profile's served_model_name")
     return out
 
 

@@ -16,8 +16,8 @@ from typing import Any
 import ansible_runner
 import pytest
 
-from sparkspec.hub.publish import publish
 from sparkspec.hub.server import HubServer
+from tests.support.hubpublish import publish
 from tests.support.throttle import ThrottleProxy
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,6 +1,8 @@
-"""``hub publish``: copy a local checkpoint in as ``ROOT/<org>/<name>`` and set its revision.
+"""The simulation's publisher: copy a generated checkpoint in as ``ROOT/<org>/<name>`` of the hub the
+simulated Spark fetches from (``sparkspec hub serve``), set its revision and mark it to be served.
 
-Nothing that publish did not create is ever moved or removed: the repo id is validated (no path of its own),
+Development tooling, not shipped: a site marks the folders it serves by hand (docs/hub.md). Nothing that
+publish did not create is ever moved or removed: the repo id is validated (no path of its own),
 ``--from`` may neither equal, hold nor sit inside the root, a symbolic link is never replaced, and an existing
 repo folder is replaced only when it carries publish's marker (``.sparkspec-published``), by renaming a
 staging folder that this run created under a fresh name. Files are hashed while they are copied, so the
@@ -64,8 +66,8 @@ def publish(root: str | os.PathLike[str], repo_id: str, source: str | os.PathLik
     except OSError as exc:
         raise UserError(f"--from {src}: cannot list ({exc.strerror}); check its permissions") from None
     for rel, why in wanted.unsafe.items():
-        raise UserError(f"--from {src}: {rel!r} {why}; the hub serves only regular files with plain names, so "
-                        "replace it by a copy of the file, or rename or remove it")
+        raise UserError(f"--from {src}: {rel!r} {why}; the hub serves only regular files with plain names, "
+                        "so replace it by a copy of the file, or rename or remove it")
     try:
         current = _current(target, wanted, src, revision)
         if current is not None:
@@ -93,7 +95,7 @@ def _current(target: Path, wanted: Listing, src: Path, revision: str | None
                 and current == (revision or content_revision(files)):
             return current, files
     if not ours:
-        raise UserError(f"{target} exists and was not published by `sparkspec hub publish` (no "
+        raise UserError(f"{target} exists and was not published by this publisher (no "
                         f"{PUBLISHED_FILE}); move it away or choose another --repo")
     return None
 

@@ -21,9 +21,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from sparkspec.errors import UserError
-from sparkspec.hub.publish import publish
 from sparkspec.validate import repo_folder
 from tests.support import heads, qwen3next, testckpt, tinymodel
+from tests.support.hubpublish import publish
 
 PORT = int(os.environ.get("SPARKSPEC_HUB_PORT", "8089"))
 

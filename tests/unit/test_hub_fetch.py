@@ -15,8 +15,9 @@ from sparkspec.checkpoint.safetensors_io import read_header, read_index
 from sparkspec.cli import main
 from sparkspec.errors import UserError
 from sparkspec.hub.fetch import fetch_fp8_subset, fetch_repo
-from sparkspec.hub.publish import publish
 from sparkspec.hub.server import HubServer
+from tests.support.hubfaults import FaultyHub
+from tests.support.hubpublish import publish
 from tests.support.testckpt import ModelSpec, write_fp8, write_int4_autoround
 
 FP8_REPO = "Qwen/tiny-FP8"
@@ -44,7 +45,7 @@ def ckpts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture()
 def server(ckpts: dict[str, Path]):
-    with HubServer(ckpts["root"]) as srv:
+    with FaultyHub(ckpts["root"]) as srv:
         yield srv
 
 
@@ -79,7 +80,7 @@ def reference(ckpts: dict[str, Path]) -> Path:
 
 
 def test_ranged_subset_fetches_only_needed_bytes_and_assembles_identically(
-        ckpts: dict[str, Path], server: HubServer, reference: Path, tmp_path: Path) -> None:
+        ckpts: dict[str, Path], server: FaultyHub, reference: Path, tmp_path: Path) -> None:
     needed, header_bytes = _needed(ckpts["fp8"])
     assert len(needed) == 2 * 3 * SPEC.layers
     assert min(n for name, n in needed.items() if name.endswith(".weight")) >= 1 << 20
@@ -108,14 +109,14 @@ def test_ranged_subset_fetches_only_needed_bytes_and_assembles_identically(
     assert sum(server.stats.file_bytes.values()) == 0
 
 
-def test_resume_after_interrupted_fetch(ckpts: dict[str, Path], server: HubServer, reference: Path,
+def test_resume_after_interrupted_fetch(ckpts: dict[str, Path], server: FaultyHub, reference: Path,
                                         tmp_path: Path) -> None:
     dest = tmp_path / "sub"
     # The second shard's tensor range is cut after 1 MiB (its header read is smaller and passes).
     # With retries the transfer resumes at the next byte in the same run: nothing is sent twice.
     server.cut("model-00002-of-00003.safetensors", after=1 << 20)
     survived = fetch_fp8_subset(FP8_REPO, "main", ckpts["int4"], tmp_path / "survived", endpoint=server.url)
-    assert server.stats.requests[-1][2].startswith("bytes=") and server.stats.requests[-1][3] == 206
+    assert server.requests[-1][2].startswith("bytes=") and server.requests[-1][3] == 206
     shard2 = read_header(tmp_path / "survived" / "model-00002-of-00003.safetensors")
     header2 = read_header(ckpts["fp8"] / "model-00002-of-00003.safetensors").data_start
     assert server.stats.file_bytes["Qwen/tiny-FP8/model-00002-of-00003.safetensors"] == \
@@ -141,7 +142,7 @@ def test_resume_after_interrupted_fetch(ckpts: dict[str, Path], server: HubServe
     _same_hybrid(tmp_path / "hybrid", reference)
 
 
-def test_full_shard_fallback_and_local_path(ckpts: dict[str, Path], server: HubServer, reference: Path,
+def test_full_shard_fallback_and_local_path(ckpts: dict[str, Path], server: FaultyHub, reference: Path,
                                             tmp_path: Path) -> None:
     full = fetch_fp8_subset(FP8_REPO, "main", ckpts["int4"], tmp_path / "full", endpoint=server.url,
                             mode="full")
@@ -161,7 +162,7 @@ def test_full_shard_fallback_and_local_path(ckpts: dict[str, Path], server: HubS
         assert (tmp_path / "local" / name).read_bytes() == (tmp_path / "ranged" / name).read_bytes()
 
 
-def test_snapshot_of_plain_repo_with_pinned_revision(ckpts: dict[str, Path], server: HubServer,
+def test_snapshot_of_plain_repo_with_pinned_revision(ckpts: dict[str, Path], server: FaultyHub,
                                                      tmp_path: Path) -> None:
     src = tmp_path / "plain"
     src.mkdir()
@@ -198,7 +199,7 @@ def tiny_fs(tmp_path: Path):
     subprocess.run(["umount", str(mount)], check=True)
 
 
-def test_preflight_refuses_before_downloading(ckpts: dict[str, Path], server: HubServer, tiny_fs: Path,
+def test_preflight_refuses_before_downloading(ckpts: dict[str, Path], server: FaultyHub, tiny_fs: Path,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     server.stats.reset()
     code = main(["fetch", "repo", FP8_REPO, "--revision", "main", "--dest", str(tiny_fs / "fp8"),
@@ -262,7 +263,7 @@ def test_cli_401_and_404(ckpts: dict[str, Path], tmp_path: Path, capsys: pytest.
         assert code == 2 and len(err) == 1 and "model.safetensors.index.json not found (404)" in err[0]
 
 
-def test_cli_batch_fetches_in_order_in_one_run(ckpts: dict[str, Path], server: HubServer, tmp_path: Path,
+def test_cli_batch_fetches_in_order_in_one_run(ckpts: dict[str, Path], server: FaultyHub, tmp_path: Path,
                                                capsys: pytest.CaptureFixture[str]) -> None:
     """`fetch batch`: the INT4 repo, then the FP8 subset that reads it, in one process; one JSON line with each
     item's result; a re-run changes nothing."""
@@ -294,9 +295,9 @@ def test_cli_batch_fetches_in_order_in_one_run(ckpts: dict[str, Path], server: H
     ('[["fp8-subset", "a/b", "--revision", "main", "--int4", "/x", "--dest", "/y", "--fp8-pattern", "("]]',
      "--fp8-pattern"),
 ], ids=["empty", "not-lists", "object", "other-command", "bad-repo-second", "own-option", "bad-pattern"])
-def test_cli_batch_refuses_bad_items_before_any_fetch(server: HubServer, tmp_path: Path, items: str, message: str,
+def test_cli_batch_refuses_bad_items_before_any_fetch(server: FaultyHub, tmp_path: Path, items: str, message: str,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
-    server.stats.reset()
+    server.reset()
     items = items.replace("/tmp/", f"{tmp_path}/").replace('"EP"', json.dumps(server.url))
     try:
         code, err, out = _cli(capsys, "fetch", "batch", "--json", "--items", items)
@@ -304,4 +305,4 @@ def test_cli_batch_refuses_bad_items_before_any_fetch(server: HubServer, tmp_pat
         code, captured = exc.code, capsys.readouterr()
         err, out = captured.err.strip().splitlines(), captured.out
     assert code == 2 and len(err) == 1 and message in err[0] and not out, err
-    assert server.stats.requests == [] and not list(tmp_path.iterdir())   # refused before the first item ran
+    assert server.requests == [] and not list(tmp_path.iterdir())   # refused before the first item ran

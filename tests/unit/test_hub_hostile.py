@@ -1,6 +1,7 @@
 """The hub as a hostile user meets it: the endpoint's path handling (traversal by absolute, dot, encoded and
-symlinked segments; header injection), ``hub publish`` and ``fetch`` refusing outputs that would destroy what
-they did not create, names and revisions from a mirror used in paths, and tokens kept off the command line.
+symlinked segments; header injection), ``fetch`` refusing outputs that would destroy what it did not create,
+names and revisions from a mirror used in paths, and tokens kept off the command line. Repos are laid out with
+the simulation's publisher (tests/support/hubpublish.py, whose own tests are in test_hub_testbed.py).
 
 Every refusal asserts the exact outcome: the HTTP status and that no byte of the secret file comes back, or
 for a command exit 2 with one ``sparkspec: error:`` line and every input unchanged by content hash."""
@@ -28,9 +29,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sparkspec.hub.api import HubError, Repos, segments
-from sparkspec.hub.publish import publish
-from sparkspec.hub.server import HubServer
+from sparkspec.hub.server import Handler, HubServer
 from tests.badinput import Outcome, assert_refused, assert_unchanged, fingerprint, refused_untouched, run
+from tests.support.hubfaults import FaultyHub
+from tests.support.hubpublish import publish
 from tests.support.testckpt import ModelSpec, write_fp8, write_int4_autoround
 
 
@@ -162,65 +164,6 @@ def test_hub_serve_takes_no_token_on_the_command_line(tmp_path: Path) -> None:
     except subprocess.TimeoutExpired:
         pytest.fail("hub serve accepted --token on the command line and started serving")
     assert_refused(Outcome(proc.returncode, proc.stdout, proc.stderr), 2, "unrecognized arguments: --token")
-
-
-# --- hub publish ----------------------------------------------------------------------------------------
-@pytest.fixture()
-def hub_root(tmp_path: Path) -> dict[str, Path]:
-    root = tmp_path / "root"
-    publish(root, "org/tiny", _small_repo(tmp_path / "first"))
-    publish(root, "org/other", _small_repo(tmp_path / "second", "other"))
-    new = _small_repo(tmp_path / "new", "new")
-    return {"root": root, "new": new, "tmp": tmp_path}
-
-
-@pytest.mark.parametrize("repo, match", [
-    ("org/.", "repo id 'org/.'"),  # removed every repo under org/
-    ("./.", "repo id '\\./\\.'"),  # replaced the whole hub root
-    ("org/..", "repo id"),
-    ("../x", "repo id"),
-    ("org/a/b", "repo id"),
-    ("/abs/x", "repo id"),
-    ("org/", "repo id"),
-    ("org\\x/y", "repo id"),
-])
-def test_publish_refuses_repo_ids_that_are_paths(hub_root: dict[str, Path], repo: str, match: str) -> None:
-    refused_untouched(["hub", "publish", "--root", hub_root["root"], "--repo", repo, "--from",
-                       hub_root["new"]],
-                      [hub_root["root"], hub_root["new"]], match=match)
-
-
-def test_publish_refuses_outputs_it_did_not_create(hub_root: dict[str, Path]) -> None:
-    root, new, tmp = hub_root["root"], hub_root["new"], hub_root["tmp"]
-    elsewhere = _small_repo(tmp / "elsewhere", "elsewhere")
-    (root / "org" / "linked").symlink_to(elsewhere)
-    hand = _small_repo(root / "org" / "hand", "by hand")  # placed by hand: not published by sparkspec
-    roots = [root, new, elsewhere]
-    publish_: list[str | Path] = ["hub", "publish", "--root", root]
-    refused_untouched([*publish_, "--repo", "org/linked", "--from", new], roots, match="symbolic link")
-    refused_untouched([*publish_, "--repo", "org/hand", "--from", new], roots, match="not published")
-    # --from equal to, inside or containing the root or the target
-    for source in (root / "org" / "tiny", root / "org" / "other"):
-        refused_untouched([*publish_, "--repo", "org/tiny", "--from", source], roots, match="--from")
-    refused_untouched([*publish_, "--repo", "org/tiny", "--from", root], roots, match="--from")
-    refused_untouched(["hub", "publish", "--root", new / "hub", "--repo", "org/x", "--from", new], roots,
-                      match="--from")
-    assert hand.is_dir()
-
-
-def test_publish_leaves_foreign_siblings_alone(hub_root: dict[str, Path]) -> None:
-    root, new = hub_root["root"], hub_root["new"]
-    for sibling in (".tiny.publishing", ".tiny.old"):
-        (root / "org" / sibling).mkdir()
-        (root / "org" / sibling / "keep.txt").write_text("not the hub's\n")
-    before = fingerprint(root / "org" / ".tiny.publishing", root / "org" / ".tiny.old")
-    outcome = run("hub", "publish", "--root", root, "--repo", "org/tiny", "--from", new, "--json")
-    assert outcome.rc == 0, outcome.stderr
-    assert json.loads(outcome.stdout.splitlines()[-1])["changed"] is True
-    assert fingerprint(root / "org" / ".tiny.publishing", root / "org" / ".tiny.old") == before
-    assert (root / "org" / "tiny" / "config.json").read_text() == (new / "config.json").read_text()
-    leftovers = sorted(p.name for p in (root / "org").iterdir())
-    assert leftovers == [".tiny.old", ".tiny.publishing", "other", "tiny"]
 
 
 # --- fetch ----------------------------------------------------------------------------------------------
@@ -362,7 +305,7 @@ def test_fetch_refuses_a_mirrors_names_that_are_paths(work: dict[str, Path], mir
     assert not list(work["tmp"].rglob("escaped*"))
 
 
-# --- every flag of fetch repo|fp8-subset|plan and hub serve|publish, with bad values -------------------
+# --- every flag of fetch repo|fp8-subset|plan and hub serve, with bad values ---------------------------
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory, pair: dict[str, Path]) -> dict[str, Path]:
     """Inputs for the bad-value table; every row must leave all of them (and the absent ``out``) as they
@@ -462,20 +405,6 @@ def _rows() -> list[Any]:
              ("serve", "--token-file", "", "argument --token-file: '' is empty"),
              ("serve", "--token", "hf_in_argv", "unrecognized arguments: --token"),
              ("serve", "--verbose", "yes", "unrecognized arguments: \\(values\\)")]
-    rows += [("publish", "--repo", v, "argument --repo: repo id .* is not org/name") for v in REPO_IDS]
-    rows += [("publish", "--revision", v, "argument --revision: (.* is not a 40-hex commit id|expected one)")
-             for v in ["main", "G" * 40, "a" * 39, "a" * 41, "", "../x", "-"]]
-    rows += [("publish", "--root", "{base}/afile", "afile exists and is not a folder"),
-             ("publish", "--root", "{base}/fifo", "fifo exists and is not a folder"),
-             ("publish", "--root", "", "argument --root: '' is empty"),
-             ("publish", "--root", "{src}/hub", "--root .* is inside the input --from"),
-             ("publish", "--from", "{base}/missing", "--from .*missing: not a directory"),
-             ("publish", "--from", "{base}/afile", "--from .*afile: not a directory"),
-             ("publish", "--from", "{root}", "--root .* is the input --from"),
-             ("publish", "--from", "{repo}", "--root .* contains the input --from"),
-             ("publish", "--from", "{base}", "--root .* is inside the input --from"),
-             ("publish", "--from", "", "argument --from: '' is empty"),
-             ("publish", "--json", "yes", "unrecognized arguments: \\(values\\)")]
     return [pytest.param(*row, id=f"{row[0]} {row[1]} {row[2]!r:.40}") for row in rows]
 
 
@@ -488,7 +417,6 @@ def _argv(cmd: str, w: dict[str, Path]) -> list[str | Path]:
         "plan": ["fetch", "plan", "org/tiny", "--revision", "main", "--local-path", w["src"], "--dest", out],
         "serve": ["hub", "serve", "--root", w["root"], "--host", "127.0.0.1", "--port", "0", "--token-file",
                   w["base"] / "token"],
-        "publish": ["hub", "publish", "--root", w["root"], "--repo", "org/new", "--from", w["src"]],
     }
     return argvs[cmd]
 
@@ -515,12 +443,7 @@ def test_a_full_or_read_only_disk_is_one_line_and_leaves_nothing(tmp_path: Path,
     src = _small_repo(tmp_path / "src")
     (src / "model.safetensors").write_bytes(os.urandom(3 << 20))
     full, read_only = ckpt_tmpfs("1m"), ckpt_tmpfs("16m", readonly=True)
-    # disk full while publishing: a run-time failure (exit 1); the staging and the folders it made are gone
-    refused_untouched(["hub", "publish", "--root", full / "hub", "--repo", "org/x", "--from", src],
-                      [full, src], 1, "(?i)no space left on device; free space")
     # a read-only output: the user's to fix (exit 2)
-    refused_untouched(["hub", "publish", "--root", read_only / "hub", "--repo", "org/x", "--from", src],
-                      [read_only, src], 2, "Read-only file system")
     refused_untouched(["fetch", "repo", "org/x", "--revision", "main", "--local-path", src, "--dest",
                        read_only / "dest"], [read_only, src], 2, "Read-only file system")
     refused_untouched(["fetch", "repo", "org/x", "--revision", "main", "--local-path", src, "--dest",
@@ -544,7 +467,7 @@ def test_a_failed_download_leaves_no_temp_or_lock_file(tmp_path: Path) -> None:
     (tmp_path / "src" / "model.safetensors").write_bytes(os.urandom(1 << 20))
     publish(root, "org/tiny", tmp_path / "src")
     dest = tmp_path / "dest"
-    with HubServer(root) as server:
+    with FaultyHub(root) as server:
         server.cut("model.safetensors", after=4096, times=100)  # every attempt is cut
         fetch: list[str | Path] = ["fetch", "repo", "org/tiny", "--revision", "main", "--endpoint",
                                    server.url, "--dest", dest]
@@ -556,7 +479,7 @@ def test_a_failed_download_leaves_no_temp_or_lock_file(tmp_path: Path) -> None:
         left = [str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file()] if dest.exists() else []
         assert not [p for p in left if p.endswith((".lock", ".incomplete", ".part", ".tmp"))], left
         assert "model.safetensors" not in left
-        server.cuts.clear()
+        server.heal()
         outcome = run(*fetch)  # the re-run completes it
         assert outcome.rc == 0, outcome.stderr
     assert (dest / "model.safetensors").read_bytes() == (tmp_path / "src" / "model.safetensors").read_bytes()
@@ -652,7 +575,7 @@ def test_hostile_http_requests_never_get_the_secret(maze: dict[str, Any], kind: 
 
 # --- follow-ups: what a hostile tester found after the first round ------------------------------------------
 def test_endpoint_serves_only_published_folders_and_no_dot_files(tmp_path: Path) -> None:
-    """``hub serve --root /`` must not make /home/al a repo: a folder without publish's marker is not found
+    """``hub serve --root /`` must not make /home/al a repo: a folder without the serve marker is not found
     and nothing is written into it; in a repo, names starting with '.' (but .gitattributes) are never served
     nor listed."""
     root = tmp_path / "root"
@@ -719,8 +642,6 @@ def test_token_files_readable_by_everyone_are_refused(tmp_path: Path) -> None:
 def test_http_framing_is_strict(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Empty segments and a slash after a file name are 404; a chunked body is refused and the connection
     closed (what follows it is never read as a second request); a half-sent request is dropped."""
-    from sparkspec.hub import server as hubserver
-
     root = tmp_path / "root"
     publish(root, "org/tiny", _small_repo(tmp_path / "src"))
     with HubServer(root) as server:
@@ -738,32 +659,13 @@ def test_http_framing_is_strict(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
             while chunk := sock.recv(65536):
                 data += chunk
         assert data.split(b" ", 2)[1] in (b"400", b"501") and data.count(b"HTTP/1.1 ") == 1, data[:200]
-    assert hubserver._Handler.timeout <= 30
-    monkeypatch.setattr(hubserver._Handler, "timeout", 1)
+    assert Handler.timeout <= 30
+    monkeypatch.setattr(Handler, "timeout", 1)
     with HubServer(root) as server:
         port = int(server.url.rsplit(":", 1)[1])
         with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
             sock.sendall(b"GET /org/tiny/resolve/main/config.json HTTP/1.1\r\nHost:")
             assert sock.recv(65536) == b""  # closed by the server, not by our 10 s timeout
-
-
-@pytest.mark.parametrize("kind", ["fifo", "socket", "loop", "link"])
-def test_publish_refuses_entries_that_are_not_regular_files(tmp_path: Path, kind: str) -> None:
-    src = _small_repo(tmp_path / "src")
-    entry = src / "sub" / "odd"
-    if kind == "fifo":
-        os.mkfifo(entry)
-    elif kind == "socket":
-        sock = socket.socket(socket.AF_UNIX)
-        sock.bind(str(entry))
-        sock.close()
-    elif kind == "loop":
-        entry.symlink_to(src / "sub" / "odd2")
-        (src / "sub" / "odd2").symlink_to(entry)
-    else:
-        entry.symlink_to(src / "config.json")
-    refused_untouched(["hub", "publish", "--root", tmp_path / "root", "--repo", "org/tiny", "--from", src],
-                      [tmp_path], 2, "sub/odd.*(symbolic link|not a regular file)")
 
 
 @pytest.mark.parametrize("value", ["http://127.0.0.1:1\nX", "javascript:alert(1)", "ftp://h", "http://u:p@h"])
@@ -774,6 +676,7 @@ def test_hf_endpoint_from_the_environment_is_checked_like_the_flag(tmp_path: Pat
 
 @pytest.mark.parametrize("value", ["ключ", "hf_a b", "hf_\x01"])
 def test_hf_token_from_the_environment_must_be_visible_ascii(tmp_path: Path, value: str) -> None:
-    out = refused_untouched(["fetch", "plan", "org/x", "--revision", "main", "--endpoint", "http://127.0.0.1:1"],
+    out = refused_untouched(["fetch", "plan", "org/x", "--revision", "main", "--endpoint",
+                             "http://127.0.0.1:1"],
                             [tmp_path], 2, "HF_TOKEN", env={"HF_TOKEN": value})
     assert value not in out.stderr

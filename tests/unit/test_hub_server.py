@@ -1,9 +1,11 @@
-"""The local HF-compatible endpoint, exercised through huggingface_hub 2.4 and raw HTTP on 127.0.0.1."""
+"""The local HF-compatible endpoint (``sparkspec hub serve``: a site's mirror, a cluster head's checkpoint
+for its workers), exercised through huggingface_hub 2.4 and raw HTTP on 127.0.0.1. Repos are laid out as a
+site does (docs/hub.md: a folder, fetched or made, marked by hand) or, for brevity, by the simulation's
+publisher (tests/support/hubpublish.py)."""
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import shutil
@@ -18,10 +20,9 @@ from huggingface_hub import HfApi, HfFileSystem, hf_hub_download, snapshot_downl
 from huggingface_hub.errors import RemoteEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
 
 from sparkspec.cli import main
-from sparkspec.hub.publish import publish
 from sparkspec.hub.repo import PUBLISHED_FILE, REVISION_FILE
 from sparkspec.hub.server import HubServer
-from tests.badinput import assert_refused, run
+from tests.support.hubpublish import publish
 
 
 @pytest.fixture()
@@ -41,19 +42,6 @@ def served(tmp_path: Path, repo_dir: Path):
     assert changed
     with HubServer(root) as server:
         yield server, revision
-
-
-def test_publish_sets_revision_and_is_idempotent(tmp_path: Path, repo_dir: Path) -> None:
-    root = tmp_path / "root"
-    changed, rev1, files = publish(root, "org/tiny", repo_dir)
-    assert changed and len(rev1) == 40
-    assert (root / "org" / "tiny" / REVISION_FILE).read_text().strip() == rev1
-    assert sorted(files) == ["config.json", "model.safetensors", "sub/notes.txt"]
-    assert publish(root, "org/tiny", repo_dir)[:2] == (False, rev1)
-    (repo_dir / "config.json").write_text('{"model_type": "tiny2"}\n')
-    changed, rev2, _ = publish(root, "org/tiny", repo_dir)
-    assert changed and rev2 != rev1
-    assert (root / "org" / "tiny" / "config.json").read_text() == '{"model_type": "tiny2"}\n'
 
 
 def test_snapshot_pinned_revision_and_api(served, repo_dir: Path, tmp_path: Path) -> None:
@@ -127,47 +115,21 @@ def test_token_check(tmp_path: Path, repo_dir: Path) -> None:
         assert HfApi(endpoint=server.url, token="hf_good").model_info("org/tiny").sha == good.json()["sha"]
 
 
-def test_cut_interrupts_a_transfer(served) -> None:
-    server, revision = served
-    server.cut("model.safetensors", after=4096)
-    url = f"{server.url}/org/tiny/resolve/{revision}/model.safetensors"
-    with pytest.raises(httpx2.RemoteProtocolError):
-        httpx2.get(url)
-    assert server.stats.file_bytes["org/tiny/model.safetensors"] == 4096
-    assert len(httpx2.get(url).content) == 300_000  # one-shot fault
-
-
-def test_cli_publish_json(tmp_path: Path, repo_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    args = ["hub", "publish", "--root", str(tmp_path / "root"), "--repo", "org/tiny", "--from", str(repo_dir),
-            "--json"]
-    assert main(args) == 0
-    first = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert first["changed"] is True and first["files"] == 3
-    assert main(args) == 0
-    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["changed"] is False
-    bad = ["hub", "publish", "--root", str(tmp_path / "root"), "--repo", "bad", "--from", str(repo_dir)]
-    assert_refused(run(*bad), 2, "--repo: repo id 'bad' is not org/name")
-
-
 def test_cli_serve_answers_and_stops_on_sigterm(tmp_path: Path, repo_dir: Path) -> None:
     root = tmp_path / "root"
     _, revision, _ = publish(root, "org/tiny", repo_dir)
     (tmp_path / "tokens").write_text("hf_one\nhf_two\n")
     (tmp_path / "tokens").chmod(0o600)
-    proc = subprocess.Popen([sys.executable, "-m", "sparkspec.cli", "hub", "serve", "--root", str(root),
-                             "--port", "0", "--token-file", str(tmp_path / "tokens")],
-                            stderr=subprocess.PIPE, text=True)
+    proc, lines = _serve(root, "--port", "0", "--token-file", str(tmp_path / "tokens"))
     try:
-        assert proc.stderr is not None
-        line = proc.stderr.readline()
-        url = re.search(r"at (http://127\.0\.0\.1:\d+) \(tokens: on\)", line)
-        assert url, line
+        assert lines[:-1] == [f"hub: org/tiny@{revision} (3 files)"], lines
+        url = re.search(r"at (http://127\.0\.0\.1:\d+) \(tokens: on\)", lines[-1])
+        assert url, lines
         info = HfApi(endpoint=url.group(1), token="hf_two").model_info("org/tiny")
         assert info.sha == revision
         assert httpx2.get(f"{url.group(1)}/api/models/org/tiny").status_code == 401
     finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
+        _stop(proc)
 
 
 def _hashed(server: HubServer, method: str, path: str, headers: dict[str, str] | None = None) -> int:
@@ -212,18 +174,9 @@ def test_requests_hash_only_what_they_answer_once(tmp_path: Path, repo_dir: Path
     assert ".sparkspec-hashes.json" not in {s.rfilename for s in info.siblings}
 
 
-def test_published_repos_are_hashed_by_publish_not_by_requests(served) -> None:
-    server, revision = served
-    for method, path in (("GET", "/api/models/org/tiny?blobs=true"),
-                         ("GET", "/api/models/org/tiny/tree/main?recursive=true"),
-                         ("HEAD", "/org/tiny/resolve/main/model.safetensors"),
-                         ("GET", f"/org/tiny/resolve/{revision}/config.json")):
-        assert _hashed(server, method, path) == 0, path
-
-
 def test_a_repo_without_revision_file_is_hashed_once(tmp_path: Path, repo_dir: Path) -> None:
-    """A folder marked as published but without a revision file: its content revision, hashed once (an
-    unmarked folder is no repo at all: test_hub_hostile)."""
+    """A folder marked by hand without a revision file (a cluster head's assembled checkpoint): its content
+    revision, hashed once (an unmarked folder is no repo at all: test_hub_hostile)."""
     root = tmp_path / "root"
     shutil.copytree(repo_dir, root / "org" / "bare")
     (root / "org" / "bare" / PUBLISHED_FILE).write_text("{}\n")
@@ -246,36 +199,92 @@ def test_tokens_any_of_several_and_never_partial(tmp_path: Path, repo_dir: Path)
         assert httpx2.get(url, headers={"Authorization": "Basic hf_first"}).status_code == 401
 
 
-def _serve(root: Path, *args: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], str]:
+def _serve(root: Path, *args: str, env: dict[str, str] | None = None
+           ) -> tuple[subprocess.Popen[str], list[str]]:
+    """``hub serve`` started apart; its stderr lines up to the one that says where it serves (the last)."""
     proc = subprocess.Popen([sys.executable, "-m", "sparkspec.cli", "hub", "serve", "--root", str(root),
                              *args], stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
     assert proc.stderr is not None
-    return proc, proc.stderr.readline()
+    lines: list[str] = []
+    while (line := proc.stderr.readline()) and not line.startswith("hub: serving "):
+        lines.append(line.rstrip("\n"))
+    return proc, [*lines, line.rstrip("\n")]
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0
 
 
 def test_serve_takes_tokens_from_the_environment_and_warns_off_loopback(
         tmp_path: Path, repo_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = tmp_path / "root"
     publish(root, "org/tiny", repo_dir)
-    proc, line = _serve(root, "--port", "0", env={"SPARKSPEC_HUB_TOKENS": "hf_env_one, hf_env_two\nhf_env_3"})
+    tokens = {"SPARKSPEC_HUB_TOKENS": "hf_env_one, hf_env_two\nhf_env_3"}
+    proc, lines = _serve(root, "--port", "0", env=tokens)
     try:
-        url = re.search(r"at (http://127\.0\.0\.1:\d+) \(tokens: on\)", line)
-        assert url, line
+        url = re.search(r"at (http://127\.0\.0\.1:\d+) \(tokens: on\)", lines[-1])
+        assert url, lines
         for token, code in (("hf_env_two", 200), ("hf_env_3", 200), ("hf_env_one, hf_env_two", 401)):
             got = httpx2.get(f"{url.group(1)}/api/models/org/tiny",
                              headers={"Authorization": f"Bearer {token}"})
             assert got.status_code == code, token
         assert "hf_env" not in " ".join(Path(f"/proc/{proc.pid}/cmdline").read_text().split("\0"))
     finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
+        _stop(proc)
     monkeypatch.delenv("SPARKSPEC_HUB_TOKENS", raising=False)  # unset: no token (set but empty is refused)
-    proc, line = _serve(root, "--host", "0.0.0.0", "--port", "0")
+    proc, lines = _serve(root, "--host", "0.0.0.0", "--port", "0")
     try:
-        assert "(tokens: off)" in line
-        assert proc.stderr is not None
-        warning = proc.stderr.readline()
-        assert warning.startswith("sparkspec: warning: hub serve binds 0.0.0.0 without a token"), warning
+        assert "(tokens: off)" in lines[-1]
+        assert lines[0].startswith("sparkspec: warning: hub serve binds 0.0.0.0 without a token"), lines
     finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
+        _stop(proc)
+
+
+def test_a_site_mirror_serves_fetched_folders_at_their_upstream_commit(
+        tmp_path: Path, repo_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The air-gapped mirror of docs/hub.md: ``sparkspec fetch repo`` into MIRROR/<org>/<name>, then the
+    marker; the mirror answers the upstream's commit id, so hosts keep their pins. Before the marker the
+    folder is no repo."""
+    monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    upstream_root, mirror = tmp_path / "upstream", tmp_path / "mirror"
+    _, revision, _ = publish(upstream_root, "org/tiny", repo_dir)
+    with HubServer(upstream_root) as upstream:
+        assert main(["fetch", "repo", "org/tiny", "--revision", revision, "--endpoint", upstream.url,
+                     "--dest", str(mirror / "org" / "tiny")]) == 0
+    with HubServer(mirror) as server:
+        with pytest.raises(RepositoryNotFoundError):
+            HfApi(endpoint=server.url).model_info("org/tiny")
+        assert server.repos.names() == []
+        (mirror / "org" / "tiny" / PUBLISHED_FILE).touch()
+        assert server.repos.names() == ["org/tiny"]
+        info = HfApi(endpoint=server.url).model_info("org/tiny")
+        assert info.sha == revision
+        assert sorted(s.rfilename for s in info.siblings) == \
+            ["config.json", "model.safetensors", "sub/notes.txt"]
+        host = tmp_path / "host"
+        snapshot_download("org/tiny", revision=revision, local_dir=host, endpoint=server.url)
+        for rel in ("config.json", "model.safetensors", "sub/notes.txt"):
+            assert (host / rel).read_bytes() == (repo_dir / rel).read_bytes()
+
+
+def test_serve_names_each_repo_and_warns_when_none_is_marked(tmp_path: Path, repo_dir: Path) -> None:
+    """A folder made by hand (a cluster head's assembled checkpoint) is hashed before serving starts and
+    announced with its content commit, which the endpoint then answers; an unmarked root gets one warning."""
+    root = tmp_path / "root"
+    shutil.copytree(repo_dir, root / "local" / "hybrid")
+    proc, lines = _serve(root, "--port", "0")
+    try:
+        assert lines[0].startswith(f"sparkspec: warning: no repo to serve under {root.resolve()}"), lines
+    finally:
+        _stop(proc)
+    (root / "local" / "hybrid" / PUBLISHED_FILE).touch()
+    proc, lines = _serve(root, "--port", "0")
+    try:
+        announced = re.fullmatch(r"hub: local/hybrid@([0-9a-f]{40}) \(3 files\)", lines[0])
+        assert announced and len(lines) == 2, lines
+        url = re.search(r"at (http://127\.0\.0\.1:\d+)", lines[-1])
+        assert url, lines
+        assert HfApi(endpoint=url.group(1)).model_info("local/hybrid").sha == announced.group(1)
+    finally:
+        _stop(proc)

@@ -142,8 +142,8 @@ def test_fp8_subset_and_assemble_count_every_byte_they_move(tmp_path: Path,
     exactly the bytes their results report (the same counters as their bars)."""
     from sparkspec.checkpoint.assemble import assemble
     from sparkspec.hub.fetch import fetch_fp8_subset, fetch_repo
-    from sparkspec.hub.publish import publish
     from sparkspec.hub.server import HubServer
+    from tests.support.hubpublish import publish
     from tests.support.testckpt import ModelSpec, write_fp8, write_int4_autoround
 
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))

@@ -1,4 +1,4 @@
-"""``sparkspec fetch repo|fp8-subset|batch|plan`` and ``sparkspec hub serve|publish``.
+"""``sparkspec fetch repo|fp8-subset|batch|plan`` and ``sparkspec hub serve``.
 
 Only argparse registration happens at import; each handler imports what it runs (huggingface_hub and the
 HTTP client load only for ``fetch``). Every value is checked where argparse reads it (repo ids and revisions
@@ -18,11 +18,15 @@ import sys
 import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparkspec import argtypes, progress, validate
 from sparkspec.cli.common import emit_json
 from sparkspec.errors import UserError
+from sparkspec.hub.repo import PUBLISHED_FILE as MARKER
+
+if TYPE_CHECKING:
+    from sparkspec.hub.server import HubServer
 
 TOKENS_ENV = "SPARKSPEC_HUB_TOKENS"
 retries = argtypes.number(int, 1, 100)
@@ -60,7 +64,6 @@ def _text(text: str) -> str:
 
 repo_id = _checked(validate.repo_id, "repo id")
 revision = _checked(validate.revision, "revision")
-commit = _checked(validate.commit, "commit id")
 url = _checked(_url, "URL")
 text = _checked(_text, "text")
 
@@ -84,7 +87,8 @@ def _command(sub: Any, name: str, help: str) -> argparse.ArgumentParser:
 
 
 def _fetch_commands(fsub: Any) -> None:
-    """``fetch repo`` and ``fetch fp8-subset``: registered under ``fetch``, and again for each item of a batch."""
+    """``fetch repo`` and ``fetch fp8-subset``: registered under ``fetch``, and again for each item of a
+    batch."""
     p = _command(fsub, "repo", "snapshot a repo (or the files matching --include) into --dest")
     _source_args(p)
     p.add_argument("--dest", required=True, type=text)
@@ -118,7 +122,8 @@ def register(sub: Any) -> None:
                         "fp8-subset fetch, without --json and --progress-file (the batch's own)")
     p.add_argument("--progress-file", type=text, metavar="PATH", help=progress.HELP)
     p.add_argument("--json", action="store_true",
-                   help='print a final JSON line: {"changed": any item changed, "results": [each item\'s line]}')
+                   help='print a final JSON line: {"changed": any item changed, '
+                        '"results": [each item\'s line]}')
     p.set_defaults(func=_fetch_batch)
 
     p = _command(fsub, "plan", "resolve the revision and sum the file sizes; --dest checks free space")
@@ -127,10 +132,12 @@ def register(sub: Any) -> None:
     p.add_argument("--dest", type=text, help="refuse (exit 2) when this filesystem lacks the space")
     p.set_defaults(func=_plan)
 
-    hubp = sub.add_parser("hub", help="local HF-compatible endpoint (tests, simulated Spark, mirrors)")
+    hubp = sub.add_parser("hub", help="local HF-compatible endpoint: a site's model mirror, a cluster head's "
+                                      "checkpoint for its workers (docs/hub.md)")
     hsub = hubp.add_subparsers(dest="hub_command", metavar="SUBCOMMAND", required=True)
-    p = _command(hsub, "serve", "serve ROOT/<org>/<name> repos over HTTP")
-    p.add_argument("--root", required=True, type=text)
+    p = _command(hsub, "serve", f"serve ROOT/<org>/<name> repos over HTTP; a folder is served when it holds "
+                                f"{MARKER} (touch it)")
+    p.add_argument("--root", required=True, type=text, help="folder of <org>/<name> repo folders")
     p.add_argument("--host", default="127.0.0.1", type=text,
                    help="address to bind (default loopback; anything else warns when no token is set)")
     p.add_argument("--port", type=argtypes.port, default=8089, help="0-65535; 0 picks a free port")
@@ -139,13 +146,6 @@ def register(sub: Any) -> None:
                         "or newline separated; neither: no token needed)")
     p.add_argument("--verbose", action="store_true", help="log requests to stderr")
     p.set_defaults(func=_serve)
-    p = _command(hsub, "publish", "copy a local checkpoint in as ROOT/<org>/<name>, set its revision")
-    p.add_argument("--root", required=True, type=text)
-    p.add_argument("--repo", required=True, type=repo_id, help="org/name")
-    p.add_argument("--from", dest="source", required=True, type=text, help="directory to publish")
-    p.add_argument("--revision", type=commit, help="40-hex commit id (default: derived from the content)")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=_publish)
 
 
 def _token(args: argparse.Namespace) -> str | None:
@@ -175,8 +175,8 @@ def _repo(args: argparse.Namespace, note: str = "") -> tuple[dict[str, Any], str
     with progress.optional(args.progress_file, f"fetch {args.repo}{note}") as counter:
         result = hub.fetch_repo(args.repo, args.revision, args.dest, args.include, token=token,
                                 endpoint=args.endpoint, local_path=args.local_path, progress=counter)
-    return result.as_json(), (f"fetch: {args.repo}@{result.commit[:12]} -> {args.dest}: {len(result.files)} files, "
-                              f"{result.bytes_fetched} bytes fetched")
+    return result.as_json(), (f"fetch: {args.repo}@{result.commit[:12]} -> {args.dest}: "
+                              f"{len(result.files)} files, {result.bytes_fetched} bytes fetched")
 
 
 def _subset(args: argparse.Namespace, note: str = "") -> tuple[dict[str, Any], str]:
@@ -235,9 +235,11 @@ def _fetch_batch(args: argparse.Namespace) -> int:
         if argv[0] not in ("repo", "fp8-subset"):
             raise UserError(f"--items: item {number} is {argv[0][:40]!r}; each item is a `fetch repo` or "
                             "`fetch fp8-subset` command line")
-        own = [w.split("=", 1)[0] for w in argv if w.split("=", 1)[0] in ("--json", "--progress-file", "-h", "--help")]
+        flags = (w.split("=", 1)[0] for w in argv)
+        own = [f for f in flags if f in ("--json", "--progress-file", "-h", "--help")]
         if own:
-            raise UserError(f"--items: item {number} sets {own[0]}, which is the batch's own; drop it from the item")
+            raise UserError(f"--items: item {number} sets {own[0]}, which is the batch's own; drop it from "
+                            "the item")
         parser = Parser(prog=where)
         _fetch_commands(parser.add_subparsers(dest="fetch_command", metavar="SUBCOMMAND", required=True))
         try:
@@ -282,7 +284,8 @@ def _serve(args: argparse.Namespace) -> int:
 
     root = Path(args.root)
     if not root.is_dir():
-        raise UserError(f"--root {root}: not a directory; create it or publish a repo into it first")
+        raise UserError(f"--root {root}: not a directory; give the folder that holds the <org>/<name> "
+                        "repo folders")
     tokens, warnings = _serve_tokens(args.token_file, root)
     try:
         server = HubServer(root, args.host, args.port, tokens, verbose=args.verbose)
@@ -294,16 +297,35 @@ def _serve(args: argparse.Namespace) -> int:
                         f"read every repo under {root.resolve()}; set --token-file or {TOKENS_ENV}")
     signal.signal(signal.SIGTERM, _interrupt)
     try:  # from here a SIGTERM is a clean stop (exit 0)
-        print(f"hub: serving {root.resolve()} at {server.url} (tokens: {'on' if tokens else 'off'})",
-              file=sys.stderr, flush=True)
         for warning in warnings:
             print(f"sparkspec: warning: {warning}", file=sys.stderr, flush=True)
+        _announce(server, root)
+        print(f"hub: serving {root.resolve()} at {server.url} (tokens: {'on' if tokens else 'off'})",
+              file=sys.stderr, flush=True)
         server.serve_forever()
     except KeyboardInterrupt:
         pass
     finally:
         server.close()
     return 0
+
+
+def _announce(server: HubServer, root: Path) -> None:
+    """One line per served repo with its revision. Where no revision file names the commit, the files are
+    hashed here (once: the digests are kept beside them), so the first client does not wait for it."""
+    from sparkspec.hub.api import HubError
+
+    names = server.repos.names()
+    if not names:
+        print(f"sparkspec: warning: no repo to serve under {root.resolve()}: a folder <org>/<name> is served "
+              f"when it holds {MARKER}; touch it in each folder to serve", file=sys.stderr, flush=True)
+    for repo in names:
+        try:
+            snap = server.repos.snapshot(*repo.split("/"), "main")
+        except HubError as exc:
+            print(f"sparkspec: warning: hub: {repo}: {exc.message}; not served", file=sys.stderr, flush=True)
+            continue
+        print(f"hub: {repo}@{snap.commit} ({len(snap.files)} files)", file=sys.stderr, flush=True)
 
 
 def _serve_tokens(token_file: str | None, root: Path) -> tuple[list[str], list[str]]:
@@ -348,13 +370,3 @@ def _loopback(host: str) -> bool:
 
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
-
-
-def _publish(args: argparse.Namespace) -> int:
-    from sparkspec.hub.publish import publish
-
-    changed, rev, files = publish(args.root, args.repo, args.source, args.revision)
-    doc = {"changed": changed, "repo": args.repo, "revision": rev, "files": len(files),
-           "bytes": sum(f.size for f in files.values())}
-    return _finish(args, doc, f"hub: {args.repo}@{rev} {'published' if changed else 'unchanged'} "
-                              f"({len(files)} files)")

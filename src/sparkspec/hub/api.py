@@ -93,9 +93,10 @@ class Repos:
 
     def snapshot(self, org: str, name: str, revision: str) -> Snapshot:
         """The repo ``org/name`` at ``revision`` ('main' or its commit id); 404 for anything else. ``org``
-        and ``name`` must be real folders (not links) directly under the root, and the repo folder must carry
-        publish's marker: any other folder (``--root /`` holds /home/al) is not a repo, and nothing is
-        written into it. Names with a dot-segment (but .gitattributes) are not the repo's files."""
+        and ``name`` must be real folders (not links) directly under the root, and the repo folder must be
+        marked to be served (:func:`is_published`): any other folder (``--root /`` holds /home/al) is not a
+        repo, and nothing is written into it. Names with a dot-segment (but .gitattributes) are not the
+        repo's files."""
         try:
             repo_id = validate.repo_id(f"{org}/{name}")
         except UserError:
@@ -124,6 +125,19 @@ class Repos:
                 message = "Invalid rev id"
             raise HubError(404, "RevisionNotFound", message)
         return snap
+
+    def names(self) -> list[str]:
+        """The ids of the repos served under the root (marked folders with valid names), sorted."""
+        out = []
+        for org in _folders(self.root):
+            for name in _folders(self.root / org):
+                try:
+                    repo_id = validate.repo_id(f"{org}/{name}")
+                except UserError:
+                    continue
+                if is_published(self.root / repo_id):
+                    out.append(repo_id)
+        return sorted(out)
 
     def open(self, snap: Snapshot, rel: str) -> tuple[int, os.stat_result]:
         """The open fd and stat of the repo's own file ``rel``; 404 for any other name, or for a file that
@@ -197,6 +211,15 @@ class Repos:
             elif any(rel.startswith(path + "/") for rel in snap.files):
                 out.append(_folder(path))
         return out
+
+
+def _folders(path: Path) -> list[str]:
+    """The names of the real folders (not links) directly in ``path``; none when it cannot be listed."""
+    try:
+        with os.scandir(path) as entries:
+            return [e.name for e in entries if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return []
 
 
 def _folder(path: str) -> dict[str, Any]:

@@ -1,10 +1,11 @@
-"""A small Hugging Face Hub-compatible endpoint that serves local directories (tests, the simulated Spark,
-air-gapped mirrors).
+"""A small Hugging Face Hub-compatible endpoint that serves local directories: a site's model mirror (an
+air-gapped site), a cluster head's checkpoint for its workers, the simulated Spark's hub (docs/hub.md).
 
-Layout: ``ROOT/<org>/<name>/<files>``. A folder is a repo only when ``sparkspec hub publish`` marked it
-(``.sparkspec-published``, or the ``.sparkspec-revision`` an older publish wrote); any other folder under ROOT
-is "repo not found" and nothing is written into it. A repo's revision is the 40-hex commit id in
-``.sparkspec-revision`` or, without that file, one derived from the files' content.
+Layout: ``ROOT/<org>/<name>/<files>``. A folder is a repo only when it is marked to be served: it holds a
+regular file ``.sparkspec-published`` (its content is not read), or the ``.sparkspec-revision`` an older
+sparkspec wrote beside no fetch state. Any other folder under ROOT is "repo not found" and nothing is written
+into it. A repo's revision is the 40-hex commit id in ``.sparkspec-revision`` (``sparkspec fetch`` writes the
+upstream commit there) or, without that file, one derived from the files' content.
 ``main`` and that commit id are the only revisions. Endpoints are exactly those huggingface_hub 2.4 calls for
 ``model_info``/``repo_info``, ``list_repo_tree``, ``get_paths_info``, ``hf_hub_download``,
 ``snapshot_download`` and ``HfFileSystem``: ``GET /api/models/{repo}[/revision/{rev}]``,
@@ -17,9 +18,9 @@ exception types. olah 0.5.4 was checked first: its local-mirror path answers a r
 What it serves: only regular files under ROOT, reached without following a symbolic link (``org``, ``name``
 and every folder below are opened with O_NOFOLLOW), named by segments that :mod:`sparkspec.validate` accepts.
 A segment that decodes to a separator, a dot, a control character or nothing, or a name starting with a dot
-(other than ``.gitattributes``), is answered with 404 before any file is touched. Hashes are computed per file when first needed and persisted (:class:`HashStore`), so
-model info without blobs or the resolve of a small file hashes nothing large; ``ServerStats.bytes_hashed``
-counts it. Tokens are compared in constant time.
+(other than ``.gitattributes``), is answered with 404 before any file is touched. Hashes are computed per
+file when first needed and persisted (:class:`HashStore`), so model info without blobs or the resolve of a
+small file hashes nothing large; ``ServerStats.bytes_hashed`` counts it. Tokens are compared in constant time.
 """
 
 from __future__ import annotations
@@ -47,13 +48,12 @@ MAX_FORM_BYTES = 1 << 20
 
 @dataclass
 class ServerStats:
-    """What the server did: file body bytes sent per ``org/name/path``, bytes hashed, and every request line
-    (for tests)."""
+    """What the server did, as counters (bounded however long it serves): file body bytes sent per
+    ``org/name/path``, all body bytes, bytes hashed."""
 
     file_bytes: Counter[str] = field(default_factory=Counter)
     body_bytes: int = 0
     bytes_hashed: int = 0
-    requests: list[tuple[str, str, str | None, int]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def reset(self) -> None:
@@ -61,24 +61,15 @@ class ServerStats:
             self.file_bytes.clear()
             self.body_bytes = 0
             self.bytes_hashed = 0
-            self.requests.clear()
 
     def hashed(self, n: int) -> None:
         with self.lock:
             self.bytes_hashed += n
 
 
-@dataclass
-class Cut:
-    """Fault for tests of interrupted transfers: the next ``times`` responses for a path that reach ``after``
-    body bytes are cut there (connection closed mid-body)."""
+class Handler(BaseHTTPRequestHandler):
+    """One connection's requests (:attr:`HubServer.handler`)."""
 
-    path_suffix: str
-    after: int
-    times: int
-
-
-class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     timeout = 30  # idle seconds: a client that stops sending (a half-sent request) does not hold a thread
     server: _Server
@@ -97,11 +88,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._dispatch("POST")
 
     def send_response(self, code: int, message: str | None = None) -> None:
-        # recorded before anything is sent, so a client that has its answer sees the record
         self._answered = True
-        with self.server.hub.stats.lock:
-            self.server.hub.stats.requests.append((self.command, self.path.partition("?")[0],
-                                                   self.headers.get("Range"), code))
         super().send_response(code, message)
 
     def _dispatch(self, method: str) -> None:
@@ -220,10 +207,10 @@ class _Handler(BaseHTTPRequestHandler):
             os.close(fd)
 
     def _stream(self, fd: int, key: str, start: int, end: int) -> None:
+        """Send bytes [start, end) of ``fd``; a file that shrank while sent drops the connection mid-body (the
+        client sees a short body, never a wrong one)."""
         hub = self.server.hub
-        cut = hub.find_cut(key)
-        stop = min(end, start + cut.after) if cut is not None else end
-        while start < stop and (chunk := os.pread(fd, min(CHUNK, stop - start), start)):
+        while start < end and (chunk := os.pread(fd, min(CHUNK, end - start), start)):
             with hub.stats.lock:  # counted before sending: a client that has the bytes sees the count
                 hub.stats.file_bytes[key] += len(chunk)
                 hub.stats.body_bytes += len(chunk)
@@ -233,11 +220,13 @@ class _Handler(BaseHTTPRequestHandler):
                 self.close_connection = True
                 return
             start += len(chunk)
-        if start < end:  # the fault (drop the connection mid-body), or the file shrank while sent
-            if cut is not None:
-                hub.spend_cut(cut)
-            self.connection.shutdown(socket.SHUT_RDWR)
-            self.close_connection = True
+        if start < end:
+            self.drop()
+
+    def drop(self) -> None:
+        """Close the connection now, mid-body."""
+        self.connection.shutdown(socket.SHUT_RDWR)
+        self.close_connection = True
 
 
 def _parse_range(value: str, size: int) -> tuple[int, int]:
@@ -262,15 +251,16 @@ class _Server(ThreadingHTTPServer):
 class HubServer:
     """Serve ``root`` on ``host:port`` (port 0 picks a free one); ``tokens`` turns on bearer-token checks."""
 
+    handler: type[Handler] = Handler
+
     def __init__(self, root: str | os.PathLike[str], host: str = "127.0.0.1", port: int = 0,
                  tokens: Iterable[str] | None = None, verbose: bool = False) -> None:
         self.root = Path(root).resolve()
         self.tokens = [t.encode("utf-8") for t in tokens or ()]
         self.verbose = verbose
         self.stats = ServerStats()
-        self.cuts: list[Cut] = []
         self.repos = Repos(self.root, self.stats.hashed)
-        self._httpd = _Server((host, port), _Handler)
+        self._httpd = _Server((host, port), self.handler)
         self._httpd.hub = self
         self._thread: threading.Thread | None = None
 
@@ -301,18 +291,6 @@ class HubServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-    def cut(self, path_suffix: str, after: int, times: int = 1) -> None:
-        with self.stats.lock:
-            self.cuts.append(Cut(path_suffix, after, times))
-
-    def find_cut(self, key: str) -> Cut | None:
-        with self.stats.lock:
-            return next((c for c in self.cuts if c.times > 0 and key.endswith(c.path_suffix)), None)
-
-    def spend_cut(self, cut: Cut) -> None:
-        with self.stats.lock:
-            cut.times -= 1
 
     def check_token(self, authorization: str | None) -> None:
         """Accept a ``Bearer`` token equal to one of ``tokens``: every token is compared, each in constant

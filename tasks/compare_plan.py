@@ -16,8 +16,7 @@ from typing import Any
 from sparkspec import registry
 from sparkspec.errors import UserError
 
-CONTRACT = ("method", "methods", "methods_extra", "profile", "profiles", "stage_profiles", "models_dir",
-            "sources_dir", "heads_dir", "vllm_venv")
+CONTRACT = registry.CONTRACT_KEYS   # the registry's list of the contract's keys (sparkspec_<key>)
 
 
 @dataclass(frozen=True)
@@ -63,17 +62,20 @@ def plan(rows: list[Row]) -> list[Row]:
     return ordered
 
 
-def check(rows: list[Row], host_vars: dict[str, Any]) -> None:
+def check(rows: list[Row], host_vars: dict[str, Any]) -> list[dict[str, Any]]:
     """Resolve every row as the play will (the same registry, a switch to the row's method on the row's profile):
     an unknown method or profile, a method whose head the profile lacks, a profile the host does not stage, each
-    refused in the resolver's own words before any play runs."""
+    refused in the resolver's own words before any play runs. Returns each row's resolved host, in order: its
+    profile's serve settings, not the inventory profile's, are what the row's play serves."""
     contract = {key: host_vars.get(f"sparkspec_{key}") for key in CONTRACT}
     staged = contract["stage_profiles"] or [contract["profile"]]
+    out = []
     for row in rows:
         try:
-            registry.resolve({**contract, "method_switch": row.method, "profile": row.profile}, None, "")
+            out.append(registry.resolve({**contract, "method_switch": row.method, "profile": row.profile}, None, ""))
         except UserError as exc:
             raise UserError(f"--methods {row.name}: {exc}") from None
         if row.profile not in staged:
             raise UserError(f"--methods {row.name}: profile {row.profile} is not staged on this host (staged: "
                             f"{', '.join(staged)}); add it to sparkspec_stage_profiles and provision once")
+    return out

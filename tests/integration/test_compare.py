@@ -153,7 +153,7 @@ def test_unstaged_profile_is_refused():
 
     values = _sim_vars()
     contract = {f"sparkspec_{k}": v for k, v in {
-        "method": "baseline", "methods": {"baseline": {"speculative_config": None}}, "methods_extra": {},
+        "method": "baseline", "methods": {"baseline": {"speculative_config": None}},
         "profile": PROFILE, "profiles": values["sparkspec_profiles"], "stage_profiles": [PROFILE],
         "models_dir": "/m", "sources_dir": "/m/s", "heads_dir": "/m/h", "vllm_venv": "/v"}.items()}
     with pytest.raises(UserError, match="profile sim-hybrid is not staged on this host"):

@@ -37,6 +37,11 @@ def deploy(method: str, expect_ok: bool = True, **extra_vars: object) -> PlayRes
     return result
 
 
+def _baseline_with(extra_args: list[str]) -> dict:
+    """The built-in baseline replaced by one whose own `serve` adds vLLM flags (the sim's sparkspec_serve stands)."""
+    return {"baseline": {"speculative_config": None, "serve": {"extra_args": extra_args}}}
+
+
 def record(sim) -> dict:
     return json.loads(ssh(sim, f"cat /etc/sparkspec/{UNIT}.json"))
 
@@ -115,7 +120,7 @@ def test_status_names_the_method(provisioned):
 
 def test_wrong_flag_is_refused_before_restart(provisioned):
     pid = main_pid(provisioned)
-    result = deploy("baseline", expect_ok=False, deploy_extra_args=["--no-such-flag"])
+    result = deploy("baseline", expect_ok=False, sparkspec_methods=_baseline_with(["--no-such-flag"]))
     message = failure_summary(result, "sim01")
     assert result.rc != 0 and result.failed == {"sim01": 1}, result
     assert "vLLM refused the command line" in message and "--no-such-flag" in message, message
@@ -127,7 +132,7 @@ def test_wrong_flag_is_refused_before_restart(provisioned):
 def test_unhealthy_unit_is_rolled_back(provisioned):
     # The parser accepts the flag; vLLM crashes at start. The wait must stop at the crash, long before 600 s.
     desired = ssh(provisioned, f"cat /etc/sparkspec/{UNIT}.desired.json 2>/dev/null || echo absent")
-    result = deploy("baseline", expect_ok=False, deploy_extra_args=["--tokenizer", "/nonexistent/tokenizer"],
+    result = deploy("baseline", expect_ok=False, sparkspec_methods=_baseline_with(["--tokenizer", "/nonexistent/tokenizer"]),
                     deploy_health_timeout=600)
     message = failure_summary(result, "sim01")
     assert result.rc != 0, result

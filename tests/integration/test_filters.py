@@ -118,7 +118,7 @@ def test_profile_names_that_could_leave_their_folder(field, value, expected):
     profile = {"kind": "plain", "dir": "m", "model": {"repo": "org/m", "revision": "main"},
                "heads": {"eagle3": {"repo": "org/h", "revision": "a" * 40}}}
     contract = {"method": "baseline", "method_switch": "", "methods": {"baseline": {"speculative_config": None}},
-                "methods_extra": {}, "profile": "p", "profiles": {"p": profile}, "stage_profiles": ["p"],
+                "profile": "p", "profiles": {"p": profile}, "stage_profiles": ["p"],
                 "models_dir": "/m", "sources_dir": "/m/s", "heads_dir": "/m/h", "vllm_venv": "/v"}
     assert registry_plugin.resolve(contract)["problems"] == []
     node = profile

@@ -223,7 +223,7 @@ def test_load_format_falls_back(tmp_path: Path, found: dict[str, Any] | None, kn
     playbook = tmp_path / "load_format.yml"
     playbook.write_text(yaml.safe_dump([{
         "name": "The deploy's load format", "hosts": "localhost", "gather_facts": False,
-        "vars": {"deploy_load_format": knob, "_deploy_load_format": expression,
+        "vars": {"sparkspec_resolved": {"serve": {"load_format": knob}}, "_deploy_load_format": expression,
                  **({"_vllm_install_found": found} if found is not None else {})},
         "tasks": [{"name": "Write it", "ansible.builtin.copy": {"dest": str(out), "mode": "0600",
                                                                "content": "{{ _deploy_load_format }}"}}]}]))

@@ -30,7 +30,7 @@ def ngram5_inventory(tmp_path_factory) -> Path:
     hosts["all"]["children"]["sparks"]["hosts"]["sim01"]["ansible_ssh_private_key_file"] = str(ROOT / ".sim/id_ed25519")
     (inv / "hosts.yml").write_text(yaml.safe_dump(hosts))
     group_vars = yaml.safe_load((inv / "group_vars/all.yml").read_text())
-    group_vars["sparkspec_methods_extra"] = {"ngram5": NGRAM5}
+    group_vars["sparkspec_methods"] = {"ngram5": NGRAM5}
     (inv / "group_vars/all.yml").write_text(yaml.safe_dump(group_vars))
     return inv
 

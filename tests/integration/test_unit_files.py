@@ -111,13 +111,21 @@ def test_env_values_systemd_cannot_hold_are_refused(tmp_path, env, expected):
 @pytest.mark.parametrize(
     ("extra", "expected"),
     [
-        ({"deploy_extra_args": ["--api-key", "sk-on-the-command-line"]}, r"deploy_extra_args: --api-key"),
-        ({"deploy_extra_args": ["--api-key=sk-on-the-command-line"]}, r"deploy_extra_args: --api-key"),
-        ({"deploy_extra_args": ["--hf-token", "hf_x"]}, r"deploy_extra_args: --hf-token"),
-        ({"deploy_extra_args": ["--tokenizer", "x\nExecStartPre=+/bin/true"]}, r"holds a control character"),
+        ({"sparkspec_serve": {"extra_args": ["--api-key", "sk-on-the-command-line"]}}, r"serve.extra_args: --api-key"),
+        ({"sparkspec_serve": {"extra_args": ["--api-key=sk-on-the-command-line"]}}, r"serve.extra_args: --api-key"),
+        ({"sparkspec_serve": {"extra_args": ["--hf-token", "hf_x"]}}, r"serve.extra_args: --hf-token"),
+        ({"sparkspec_serve": {"extra_args": ["--tokenizer", "x\nExecStartPre=+/bin/true"]}},
+         r"holds a control character"),
         ({"deploy_limit_nofile": "65536\nExecStartPre=+/bin/true"}, r"deploy_limit_nofile .* is not a number"),
+        # a variable this version renamed: one line naming the new key, before anything is written
+        ({"deploy_max_model_len": 4096}, r"deploy_max_model_len: renamed in sparkspec 0\.2\.0; "
+                                         r"set sparkspec_serve\.max_model_len"),
+        ({"sparkspec_methods_extra": {}}, r"sparkspec_methods_extra: renamed .* set sparkspec_methods "),
+        ({"sparkspec_serve": {"max_model_length": 4096}},
+         r"sparkspec_serve\.max_model_length: unknown key; did you mean max_model_len\?"),
     ],
-    ids=["api-key", "api-key-equals", "hf-token", "newline-in-arg", "newline-in-limit"],
+    ids=["api-key", "api-key-equals", "hf-token", "newline-in-arg", "newline-in-limit", "renamed-knob",
+         "renamed-methods-extra", "misspelt-knob"],
 )
 def test_secret_flags_and_unit_line_breaks_are_refused(tmp_path, extra, expected):
     """A flag that would put a secret on vLLM's command line (the process list), or a value that would start

@@ -1,9 +1,14 @@
 """The facts of the real Spark path (docs/spark-facts.md): every YAML block of that page, merged into one map of
-``name -> {value, source}``. Tests compare the roles' defaults with these values."""
+``name -> {value, source}``. Tests compare the roles' defaults with these values.
+
+A fact whose home is the registry (sparkspec.registry.data) holds no value of its own: it names the registry's
+key (``registry: SERVE_DEFAULTS.max_model_len``, ``*`` for every built-in method) and cites the source; its value
+is read from the registry (:func:`registry_value`), so the page cites and never copies."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +25,42 @@ def load(path: Path = FACTS_FILE) -> dict[str, dict[str, Any]]:
         for name, fact in (yaml.safe_load(block) or {}).items():
             if name in facts:
                 raise ValueError(f"{path}: fact {name} is given twice")
-            if not isinstance(fact, dict) or set(fact) != {"value", "source"} or not str(fact["source"]).strip():
-                raise ValueError(f"{path}: fact {name} needs exactly a value and a non-empty source")
+            if not isinstance(fact, dict) or set(fact) not in ({"value", "source"}, {"registry", "source"}) \
+                    or not str(fact["source"]).strip():
+                raise ValueError(f"{path}: fact {name} needs exactly a value (or a registry key) and a non-empty "
+                                 "source")
+            if "registry" in fact:
+                fact = {**fact, "value": registry_value(fact["registry"])}
             facts[name] = fact
     return facts
+
+
+def registry_value(key: str) -> Any:
+    """The registry data at a dotted key (TABLE.name.field...); ``*`` maps every entry that has the rest (a
+    missing key is a KeyError: a citation of nothing)."""
+    from sparkspec.registry import data
+
+    head, *rest = key.split(".")
+    return _walk(getattr(data, head), rest, key)
+
+
+def _walk(node: Any, parts: list[str], key: str) -> Any:
+    if not parts:
+        return node
+    part, *rest = parts
+    if part == "*":
+        out = {}
+        for name, child in node.items():
+            try:
+                out[name] = _walk(child, rest, key)
+            except KeyError:
+                continue
+        if not out:
+            raise KeyError(f"{key}: no entry has {'.'.join(rest)}")
+        return out
+    if not isinstance(node, Mapping) or part not in node:
+        raise KeyError(f"{key}: no {part}")
+    return _walk(node[part], rest, key)
 
 
 def value(name: str, path: Path = FACTS_FILE) -> Any:

@@ -335,3 +335,68 @@ def test_rules_live_only_in_the_registry():
                 if "sparkspec_profiles[sparkspec_profile]" in text or "role_path | dirname | dirname }}/templates" in text:
                     offenders.append(str(path))
     assert offenders == []
+
+
+def test_serve_merges_registry_defaults_then_profile_then_method_then_host():
+    """One order, each layer overriding the one below it by knob name; the rest comes from below."""
+    v = _vars("spark01", sparkspec_method_switch="m")
+    v["sparkspec_profiles"]["qwen35-122b-hybrid"]["serve"] = {"max_model_len": 1000, "reasoning_parser": "p1",
+                                                               "max_num_batched_tokens": 10}
+    v["sparkspec_methods"] = {"m": {"speculative_config": None, "serve": {"max_model_len": 2000,
+                                                                          "reasoning_parser": "m1"}}}
+    v["sparkspec_serve"] = {"reasoning_parser": "h1"}
+    serve = registry.resolve(_contract(v), None, NOW)["serve"]
+    assert (serve["max_model_len"], serve["reasoning_parser"], serve["max_num_batched_tokens"]) == (2000, "h1", 10)
+    assert serve["gpu_memory_utilization"] == registry.SERVE_DEFAULTS["gpu_memory_utilization"]
+    assert set(serve) == set(registry.KNOBS)
+    # enable_prefix_caching: the default follows the profile's kind; any layer may set it
+    assert serve["enable_prefix_caching"] is False
+    assert registry.resolve(_contract(_vars("spark02")), None, NOW)["serve"]["enable_prefix_caching"] is True
+
+
+def test_floors_merge_in_the_same_order_and_per_method():
+    v = _vars("spark01")
+    floors = registry.resolve(_contract(v), None, NOW)["floors"]
+    assert {m: f["min_tok_s"] for m, f in floors.items()} == {
+        m: (e.get("verify") or {}).get("min_tok_s") for m, e in registry.BUILTIN_METHODS.items()}
+    v["sparkspec_profiles"]["qwen35-122b-hybrid"]["verify"] = {"min_tok_s": 5, "min_acceptance_rate": 50}
+    v["sparkspec_verify"] = {"min_acceptance_rate": 60}
+    floors = registry.resolve(_contract(v), None, NOW)["floors"]
+    assert floors["eagle3"] == {"min_tok_s": 5, "min_acceptance_rate": 60}       # no floor of its own: the profile's
+    assert floors["mtp"] == {"min_tok_s": registry.BUILTIN_METHODS["mtp"]["verify"]["min_tok_s"],
+                             "min_acceptance_rate": 60}                           # the method's over the profile's
+    with pytest.raises(UserError, match=r"^sparkspec_verify.min_acceptance_rate: 120 is not a number >= 0 and <= 100"):
+        registry.resolve(_contract({**v, "sparkspec_verify": {"min_acceptance_rate": 120}}), None, NOW)
+
+
+def test_compare_row_on_another_profile_serves_that_profiles_settings():
+    """`invoke compare --methods eagle3@qwen3-30b-a3b` on spark01 (which stages both example profiles): the plan,
+    resolved from the example inventory as Ansible reads it, serves the 30B with its own context length and tool
+    parser, not the 122B's 262144 and qwen3_coder; no host is contacted."""
+    from tasks import compare_plan, inventory
+
+    inv = inventory.load(ROOT / "inventories/example")
+    values = inv.host_vars("spark01", tuple(f"sparkspec_{k}" for k in registry.CONTRACT_KEYS))
+    rows = compare_plan.plan(compare_plan.parse("eagle3@qwen3-30b-a3b", values["sparkspec_profile"]))
+    resolved = compare_plan.check(rows, values)
+    assert [r.name for r in rows] == ["baseline@qwen3-30b-a3b", "eagle3@qwen3-30b-a3b"]
+    service = {"unit": "u", "bind_address": "127.0.0.1", "port": 8000, "user": "s"}
+    for row, host in zip(rows, resolved, strict=True):
+        args = registry.vllm_command(host, service)["args"]
+        assert args[args.index("--max-model-len") + 1] == "40960", row
+        assert args[args.index("--tool-call-parser") + 1] == "hermes", row
+        assert args[args.index("--served-model-name") + 1] == "qwen3-30b-a3b", row
+    # and the inventory's own profile keeps the 122B's
+    (own,) = compare_plan.check([compare_plan.Row("mtp", "qwen35-122b-hybrid")], values)
+    assert own["serve"]["max_model_len"] == 262144 and own["serve"]["tool_call_parser"] == "qwen3_coder"
+
+
+@pytest.mark.parametrize("old", sorted(registry.RENAMED))
+def test_a_renamed_variable_is_one_line_naming_the_new_key(old):
+    with pytest.raises(UserError) as err:
+        registry.resolve(_contract(_vars("sim01")), None, NOW, set_names=["sparkspec_port", old])
+    message = str(err.value)
+    assert message.startswith(f"{old}: renamed in sparkspec 0.2.0; set ") and "\n" not in message
+    new = registry.RENAMED[old].split()[0].strip("`")
+    assert new.startswith(("sparkspec_", "verify:")), new
+    assert registry.resolve(_contract(_vars("sim01")), None, NOW, set_names=["sparkspec_port"])["method"]

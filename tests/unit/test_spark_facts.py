@@ -31,7 +31,7 @@ def test_every_fact_has_a_value_and_a_source(tmp_path: Path) -> None:
     assert len(facts_file.load()) >= 30
     bad = tmp_path / "facts.md"
     bad.write_text("```yaml\nx:\n  value: 1\n```\n")
-    with pytest.raises(ValueError, match="exactly a value and a non-empty source"):
+    with pytest.raises(ValueError, match="exactly a value .or a registry key. and a non-empty source"):
         facts_file.load(bad)
     bad.write_text("```yaml\nx: {value: 1, source: a}\n```\n\n```yaml\nx: {value: 2, source: b}\n```\n")
     with pytest.raises(ValueError, match="given twice"):
@@ -81,28 +81,43 @@ def test_preflight_defaults(facts: dict[str, Any]) -> None:
 
 def test_deploy_defaults(facts: dict[str, Any]) -> None:
     d = _yaml("roles/deploy/defaults/main.yml")
-    assert d["deploy_max_model_len"] == facts["max_model_len"]
-    assert d["deploy_gpu_memory_utilization"] == facts["gpu_memory_utilization"]
-    assert d["deploy_attention_backend"] == facts["attention_backend"]
-    assert d["deploy_reasoning_parser"] == facts["reasoning_parser"]
-    assert d["deploy_load_format"] == facts["load_format"]
     assert d["deploy_health_timeout"] == facts["health_timeout_s"] >= 2 * 60 * facts["first_start_minutes"]
 
 
+def test_registry_values_are_cited_not_copied() -> None:
+    """The serve defaults and the methods' k and floors live in the registry; the facts page cites each (a
+    `registry:` key that resolves, with a source), and holds no copy of their values."""
+    from sparkspec import registry
+
+    raw = facts_file.load()
+    cited = {fact["registry"] for fact in raw.values() if "registry" in fact}
+    for knob, default in registry.SERVE_DEFAULTS.items():
+        if default not in (None, "", [], {}, False) or knob == "enable_prefix_caching":
+            assert f"SERVE_DEFAULTS.{knob}" in cited, f"serve default {knob}={default!r} cites no source"
+    assert "BUILTIN_METHODS.*.speculative_config.num_speculative_tokens" in cited
+    assert "BUILTIN_METHODS.*.verify.min_tok_s" in cited
+    backends = {m["speculative_config"].get("attention_backend") for m in registry.BUILTIN_METHODS.values()
+                if m["speculative_config"]} - {None}
+    assert backends == {raw["dflash_draft_backend"]["value"]}
+    text = facts_file.FACTS_FILE.read_text()
+    assert "value: {ngram: 4" not in text and "value: 262144" not in text     # cited, never copied
+
+
 def test_method_k_are_the_facts(facts: dict[str, Any]) -> None:
-    methods = _yaml("roles/sparkspec/defaults/main.yml")["sparkspec_methods"]
-    k = {name: m["speculative_config"]["num_speculative_tokens"]
-         for name, m in methods.items() if m["speculative_config"]}
-    assert k == facts["k"]
+    from sparkspec import registry
+
+    assert facts["k"] == {"ngram": 4, "mtp": 2, "eagle3": 1, "dflash": 15}   # the page's source says these
+    dflash = registry.BUILTIN_METHODS["dflash"]
     # DFlash's drafter gets its own backend; the target keeps the deploy's (no engine-wide backend in `serve`)
-    assert methods["dflash"]["speculative_config"]["attention_backend"] == facts["dflash_draft_backend"]
-    assert "attention_backend" not in methods["dflash"].get("serve", {})
+    assert dflash["speculative_config"]["attention_backend"] == facts["dflash_draft_backend"] == "FLASHINFER"
+    assert "attention_backend" not in dflash.get("serve", {})
 
 
 def test_floors_sit_below_the_lowest_public_figure(facts: dict[str, Any]) -> None:
-    floors = _yaml("roles/verify/defaults/main.yml")["verify_min_tok_s"]
-    spec = _yaml("roles/verify/meta/argument_specs.yml")["argument_specs"]["main"]["options"]["verify_min_tok_s"]
-    assert spec["default"] == floors
+    from sparkspec import registry
+
+    floors = {m: (e.get("verify") or {}).get("min_tok_s") for m, e in registry.BUILTIN_METHODS.items()}
+    assert {m: f for m, f in floors.items() if f is not None} == facts["floors"]
     lowest, margin = facts["lowest_public_tok_s"], facts["floor_margin"]
     for method, floor in floors.items():
         if floor is None:
@@ -120,7 +135,7 @@ def test_example_inventory_profiles(facts: dict[str, Any]) -> None:
     assert hybrid["heads"]["dflash"]["repo"] == facts["dflash_repo"]
     assert hybrid["disk_gb"] == facts["hybrid_disk_gb"] >= facts["int4_download_gb"] + facts["hybrid_size_gb"]
     assert plain["model"]["repo"] == facts["plain_repo"] and plain["heads"]["eagle3"]["repo"] == facts["eagle3_repo"]
-    assert _yaml("inventories/example/host_vars/spark02.yml")["deploy_max_model_len"] == facts["plain_max_model_len"]
+    assert plain["serve"]["max_model_len"] == facts["plain_max_model_len"]
 
 
 def test_figures_in_the_docs_are_the_facts(facts: dict[str, Any]) -> None:

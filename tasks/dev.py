@@ -1,0 +1,133 @@
+"""Development tasks: the simulated Spark (sim.*), the measurements (bench.*), lint and test.
+
+The one module of tasks/ that reaches into tests/, and only through tests/support/dev.py (plain functions),
+imported when a task runs: `invoke --list` and every host task work in a checkout without tests/."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from invoke import Context, Exit, task
+
+from sparkspec.errors import UserError
+from tasks import remote
+from tasks.common import ROOT, fail, inventory_of
+
+DEV_ENTRY = "tests.support.dev"   # the development entry point (tests/unit/test_import_graph.py allows it alone)
+
+
+def support() -> ModuleType:
+    """tests/support/dev.py, imported from the checkout (invoke puts only tasks/ on sys.path); one line naming
+    the fix in a checkout without tests/."""
+    entry = ROOT.joinpath(*DEV_ENTRY.split(".")).with_suffix(".py")
+    if not entry.is_file():
+        raise Exit(f"sparkspec: error: {entry}: not in this checkout; the sim and bench tasks need the whole "
+                   "repository (git clone)", code=2)
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    return importlib.import_module(DEV_ENTRY)
+
+
+def _exit(code: int) -> None:
+    if code:
+        raise Exit(code=code)
+
+
+@task(positional=[], auto_shortflags=False,
+      help={"rebuild": "rebuild the image even if one with the same recipe exists"})
+def sim_up(c, rebuild=False):
+    """Start the simulated Spark (builds its image once): systemd container, sshd on loopback."""
+    dev = support()
+    try:
+        print(f"sim: {dev.sim_up(ROOT, rebuild=bool(rebuild))}")
+    except UserError as exc:
+        raise fail(exc) from None
+
+
+@task(positional=[], auto_shortflags=False)
+def sim_down(c):
+    """Stop and remove the simulated Spark container (the cached image stays)."""
+    dev = support()
+    try:
+        print(f"sim: {dev.sim_down(ROOT)}")
+    except UserError as exc:
+        raise fail(exc) from None
+
+
+@task(positional=[], auto_shortflags=False, help={"command": "command to run instead of a shell"})
+def sim_ssh(c, command=""):
+    """Open a shell (or run a command) on the simulated Spark over SSH, with Fabric, as on a real host."""
+    try:  # the connection Ansible uses, from the simulated inventory (port and key templated there)
+        conn = remote.connect(ROOT / "inventories/sim", c.config.sparkspec.sim_host).open()
+    except UserError as exc:
+        raise fail(exc) from None
+    try:
+        if command:
+            raise Exit(code=conn.run(command, warn=True).exited)
+        conn.shell()
+    finally:
+        conn.close()
+
+
+@task(positional=[], auto_shortflags=False, help={"fix": "let ansible-lint apply its fixes"})
+def lint(c, fix=False):
+    """ansible-lint (production profile) and yamllint over the whole project."""
+    bindir = Path(sys.executable).parent
+    c.run(f"{bindir}/yamllint -s .")
+    c.run(f"{bindir}/ansible-lint --profile production {'--fix' if fix else ''}".strip())
+
+
+@task(positional=[], auto_shortflags=False, help={"k": "pytest -k expression", "x": "stop at the first failure",
+                                                  "workers": "pytest processes (1: one process, in file order)"})
+def test(c, k="", x=False, workers=2):
+    """Every test: lint, unit tests, then the simulated-Spark tests (podman, systemd, real vLLM).
+
+    With workers > 1 (pytest-xdist), every test of a file that touches the simulated Spark runs on one worker in
+    file order (there is one simulated Spark), and the other files run beside them on the other workers."""
+    lint(c)
+    bindir = Path(sys.executable).parent
+    args = (f" -k {k!r}" if k else "") + (" -x" if x else "")
+    if int(workers) > 1:
+        args += f" -n {int(workers)}"   # two lanes: tests/conftest.py pytest_xdist_make_scheduler
+    # the slowest tests, printed every run, so the cost of the suite stays visible in CI
+    c.run(f"{bindir}/pytest --durations=25{args}", pty=False)
+
+
+@task(positional=[], auto_shortflags=False,
+      help={"workdir": "folder on the disk to measure (needs ~2.5x size-gb free)", "size-gb": "shard bytes",
+            "repeats": "best of N"})
+def bench_checkpoint(c, workdir="build/bench-checkpoint", size_gb=8.0, repeats=3):
+    """assemble vs cp of the same bytes on the same disk (each timed until its output is on disk), and assemble's
+    peak RSS."""
+    _exit(support().bench_checkpoint(ROOT, workdir, float(size_gb), int(repeats)))
+
+
+@task(positional=[], auto_shortflags=False)
+def bench_client(c):
+    """The bench client's parse ceiling against a local server sending one token per SSE event."""
+    _exit(support().bench_client())
+
+
+@task(positional=[], auto_shortflags=False,
+      help={"url": "the server both tools measure", "model": "served model name", "repeats": "interleaved pairs",
+            "max-tokens": "tokens per request (both tools ignore EOS)", "concurrency": "requests in flight",
+            "suite": "structured|open|all", "vllm-python": "a python with vLLM (its bench serve module)",
+            "output": "the JSON result"})
+def bench_vs_vllm(c, url="http://127.0.0.1:8000", model="sim-tiny", repeats=20, max_tokens=256, concurrency=1,
+                  suite="all", vllm_python=".cache/vllm-venv/bin/python", output="reports/bench-vs-vllm.json"):
+    """Side by side with `vllm bench serve` on the same server, prompts and temperature (interleaved repeats)."""
+    _exit(support().bench_vs_vllm(url, model, repeats, max_tokens, concurrency, suite, vllm_python, output))
+
+
+@task(positional=[], auto_shortflags=False,
+      help={"host": "inventory host (default: the simulated Spark)", "inventory": "inventory folder",
+            "to": "method switched to and back from", "back": "method served before and after",
+            "repeats": "switches each way and no-op provisions", "output": "raw figures as JSON"})
+def bench_switch(c: Context, host="sim01", inventory=None, to="ngram", back="baseline", repeats=3,
+                 output="reports/bench-switch.json"):
+    """A method switch's cost beyond vLLM's own stop and start (from the unit's journal), and a no-op provision's
+    time, each with its spread over the repeats."""
+    _exit(support().bench_switch(host, inventory_of(c, inventory), to, back, int(repeats), output))

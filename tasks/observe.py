@@ -1,0 +1,72 @@
+"""Looking at hosts without a playbook, over SSH (Fabric): status (tasks.status) and the unit's journal."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+
+from invoke import Exit, task
+
+from sparkspec.errors import UserError
+from tasks import inventory as inventories
+from tasks import remote
+from tasks import status as host_status
+from tasks.common import ask_become_pass, fail, inventory_of, require_host
+
+MAX_LOG_LINES = 100_000
+
+
+@task(positional=[], auto_shortflags=False, help={"host": "inventory host (default: every host)",
+                                                  "inventory": "inventory folder",
+                                                  "json": "print JSON for scripts instead of the table"})
+def status(c, host="all", inventory=None, json=False):
+    """A quick look over SSH, no playbook: unit state, method and profile (running, desired, inventory), model,
+    /health, memory in use. An unreachable host is one line and exit 1."""
+    try:
+        names = inventories.load(inventory_of(c, inventory)).select(host)
+    except UserError as exc:
+        raise fail(exc) from None
+    found, errors = [], []
+    for name in names:
+        try:
+            found.append(host_status.host_status(inventory_of(c, inventory), name,
+                                                 ask_become_pass=ask_become_pass(c)))
+        except UserError as exc:
+            errors.append(exc)
+    if json:
+        print(host_status.as_json(found))
+    elif found:
+        from rich.console import Console
+
+        Console().print(host_status.table(found))
+    for error in errors[:-1]:
+        print(f"sparkspec: error: {error}", file=sys.stderr)
+    if errors:
+        raise fail(errors[-1])
+
+
+@task(positional=[], auto_shortflags=False, help={"host": "inventory host", "inventory": "inventory folder",
+                                                  "lines": f"journal lines to show (1-{MAX_LOG_LINES})",
+                                                  "follow": "keep printing new lines (Ctrl-C stops)"})
+def logs(c, host=None, inventory=None, lines="50", follow=False):
+    """The vLLM unit's journal on a host, over SSH (journalctl -u <unit>.service)."""
+    count = str(lines).strip()
+    if not count.isdigit() or not 1 <= int(count) <= MAX_LOG_LINES:
+        raise Exit(f"sparkspec: error: --lines {lines!r} is not a whole number from 1 to {MAX_LOG_LINES}; "
+                   f"pass e.g. --lines 50", code=2)
+    inv = require_host(c, host, inventory)
+    assert host is not None
+    try:
+        target = remote.connect(inv.path, host, ask_become_pass=ask_become_pass(c),
+                                extra_vars=("sparkspec_unit_name",))
+        unit = f"{target.vars['sparkspec_unit_name']}.service"
+        try:
+            result = target.as_root(f"journalctl -u {shlex.quote(unit)} -n {int(count)} --no-pager"
+                                    + (" -f" if follow else ""), hide=False, pty=follow)
+        finally:
+            target.close()
+    except UserError as exc:
+        raise fail(exc) from None
+    if result.exited != 0 and not follow:
+        raise Exit(f"sparkspec: error: host {host}: journalctl exited {result.exited}; check the unit {unit}",
+                   code=1)

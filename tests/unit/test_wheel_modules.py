@@ -75,16 +75,18 @@ def _imports(module: str, source: str, package: bool, known: set[str]) -> set[st
             target = (f"{anchor}.{node.module}" if node.module else anchor) if node.level else node.module or ""
             found.add(target)
             found.update(f"{target}.{alias.name}" for alias in node.names)  # `from pkg import module`
-    out = set()
-    for name in found:
-        parts = name.split(".")
-        out.update(p for p in (".".join(parts[:i]) for i in range(1, len(parts) + 1)) if p in known)
-    return out
+    return {parent for name in found for parent in _with_parents(name) if parent in known}
+
+
+def _with_parents(name: str) -> list[str]:
+    """``a.b.c`` -> a, a.b, a.b.c: importing a module runs its packages' ``__init__`` first."""
+    parts = name.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
 
 
 def _closure(modules: dict[str, tuple[str, bool]], roots: list[str]) -> set[str]:
     seen: set[str] = set()
-    todo = [parent for root in roots for parent in _imports(root, "", False, set(modules)) | {root}]
+    todo = [parent for root in roots for parent in _with_parents(root)]
     while todo:
         name = todo.pop()
         if name in seen or name not in modules:
@@ -110,13 +112,14 @@ def test_every_module_of_the_wheel_is_imported_by_a_host_command(tmp_path: Path)
 
 
 def test_the_closure_sees_lazy_relative_and_from_imports() -> None:
-    """The closure is not vacuous: an import inside a function, a relative one and ``from pkg import mod``
-    each reach their module; a module nothing imports is not reached."""
+    """The closure is not vacuous: a root's packages, an import inside a function, a relative one and
+    ``from pkg import mod`` each reach their module; a module nothing imports is not reached."""
     modules = {
         "pkg": ("", True),
-        "pkg.cli": ("def handler():\n    from pkg.sub import lazy\n    from . import rel\n", False),
+        "pkg.cli": ("def handler():\n    from .sub import lazy\n    from . import rel\n", False),
         "pkg.sub": ("", True),
         "pkg.sub.lazy": ("from ..deep import thing\n", False),
+        "pkg.sub.sibling": ("", False),
         "pkg.rel": ("", False),
         "pkg.deep": ("", False),
         "pkg.orphan": ("import os\n", False),

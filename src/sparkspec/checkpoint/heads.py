@@ -23,8 +23,7 @@ from typing import Any
 
 from sparkspec.checkpoint.safetensors_io import read_header
 from sparkspec.errors import UserError
-
-METHODS = ("eagle3", "dflash")
+from sparkspec.registry.data import HEAD_KINDS as METHODS   # the methods that draft with a head: the registry's
 
 
 @dataclass(frozen=True)

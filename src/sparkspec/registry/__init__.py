@@ -15,15 +15,15 @@ the fix.
 """
 
 from sparkspec.registry.command import BASE_ENV, vllm_command
-from sparkspec.registry.data import (BUILTIN_METHODS, CONTRACT_KEYS, HEAD_KINDS, KNOBS, RENAMED, SERVE_DEFAULTS,
-                                     VERIFY_DEFAULTS, VERIFY_KEYS)
+from sparkspec.registry.data import (BUILTIN_METHODS, CONTRACT_KEYS, HEAD_KINDS, KNOBS, RENAMED, SERVE,
+                                     SERVE_DEFAULTS, SERVE_FLAGS, VERIFY_DEFAULTS, VERIFY_KEYS)
 from sparkspec.registry.resolve import (check_renamed, choose_method, defined_methods, downloads, lookup_profile,
                                         resolve)
 from sparkspec.registry.schema import (KINDS, METHOD_KEYS, PROFILE_KEYS, SPEC_FIELDS, SPEC_INTERNAL, RegistryError,
                                        check_method, check_profile, check_serve, check_verify, repo_folder)
 
 __all__ = ["BASE_ENV", "BUILTIN_METHODS", "CONTRACT_KEYS", "HEAD_KINDS", "KINDS", "KNOBS", "METHOD_KEYS",
-           "PROFILE_KEYS", "RENAMED", "SERVE_DEFAULTS", "SPEC_FIELDS", "SPEC_INTERNAL", "VERIFY_DEFAULTS",
+           "PROFILE_KEYS", "RENAMED", "SERVE", "SERVE_DEFAULTS", "SERVE_FLAGS", "SPEC_FIELDS", "SPEC_INTERNAL", "VERIFY_DEFAULTS",
            "VERIFY_KEYS", "RegistryError", "check_method", "check_profile", "check_renamed", "check_serve",
            "check_verify", "choose_method", "defined_methods", "downloads", "lookup_profile", "repo_folder",
            "resolve", "vllm_command"]

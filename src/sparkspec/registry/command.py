@@ -7,6 +7,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from sparkspec.registry.data import SERVE_FLAGS
+
 # The unit's fixed environment: offline (the unit never downloads), no usage reporting.
 BASE_ENV = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HOME", "VLLM_NO_USAGE_STATS", "DO_NOT_TRACK")
 
@@ -22,6 +24,22 @@ def _set(value: Any) -> bool:
     return value is not None and value != "" and value is not False
 
 
+def _flags(knob: str, style: str, value: Any) -> list[str]:
+    """One knob's vLLM flags by its style (sparkspec.registry.data.SERVE)."""
+    flag = "--" + knob.replace("_", "-")
+    if style == "value":
+        return [flag, str(value)] if _set(value) else []
+    if style == "switch":
+        return [] if value in (None, "") else [("--" if _truthy(value) else "--no-") + knob.replace("_", "-")]
+    if style == "tool":
+        return ["--enable-auto-tool-choice", flag, str(value)] if _set(value) else []
+    if style == "on":
+        return [flag] if _truthy(value) else []
+    if style == "json":
+        return [flag, json.dumps(value, separators=(",", ":"))] if value else []
+    return [str(a) for a in value or []]   # args: verbatim
+
+
 def vllm_command(resolved: Mapping[str, Any], service: Mapping[str, Any],
                  overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """vLLM's argv, the unit's fixed environment and its record, from the resolved host's merged serve knobs
@@ -33,24 +51,8 @@ def vllm_command(resolved: Mapping[str, Any], service: Mapping[str, Any],
             "--host", str(service["bind_address"]), "--port", str(service["port"])]
     if resolved["speculative_config"] is not None:
         args += ["--speculative-config", json.dumps(resolved["speculative_config"], separators=(",", ":"))]
-    for knob in ("max_model_len", "max_num_batched_tokens", "gpu_memory_utilization", "load_format",
-                 "attention_backend"):
-        if _set(k.get(knob)):
-            args += ["--" + knob.replace("_", "-"), str(k[knob])]
-    for knob in ("enable_chunked_prefill", "enable_prefix_caching"):
-        if k.get(knob) not in (None, ""):
-            args.append(("--" if _truthy(k[knob]) else "--no-") + knob.replace("_", "-"))
-    if _set(k.get("tool_call_parser")):
-        args += ["--enable-auto-tool-choice", "--tool-call-parser", str(k["tool_call_parser"])]
-    if _set(k.get("reasoning_parser")):
-        args += ["--reasoning-parser", str(k["reasoning_parser"])]
-    if _truthy(k.get("enforce_eager", False)):
-        args.append("--enforce-eager")
-    if _set(k.get("generation_config")):
-        args += ["--generation-config", str(k["generation_config"])]
-    if k.get("override_generation_config"):
-        args += ["--override-generation-config", json.dumps(k["override_generation_config"], separators=(",", ":"))]
-    args += [str(a) for a in k.get("extra_args") or []]
+    for knob, style in SERVE_FLAGS.items():
+        args += _flags(knob, style, k.get(knob))
     bind = str(service["bind_address"])
     record = {"unit": service["unit"], "method": resolved["method"], "profile": profile["name"],
               "served_model_name": profile["served_model_name"], "venv": resolved["venv"],

@@ -36,25 +36,30 @@ BUILTIN_METHODS: MappingProxyType[str, dict[str, Any]] = MappingProxyType({
                "verify": {"min_tok_s": 25}},
 })
 
-# The serve knobs and their contract defaults (the public DGX Spark recipe for Qwen3.5-122B). Applied in one
-# order: these < the profile's `serve` < the method's `serve` < the host's own `sparkspec_serve`. None or "" leaves
-# the flag out, so vLLM's own default applies.
-SERVE_DEFAULTS: MappingProxyType[str, Any] = MappingProxyType({
-    "max_model_len": 262144,
-    "max_num_batched_tokens": None,
-    "gpu_memory_utilization": 0.90,
-    "load_format": "fastsafetensors",   # the deploy serves auto where the venv lacks the fastsafetensors package
-    "attention_backend": "FLASHINFER",
-    "enable_chunked_prefill": True,
-    "enable_prefix_caching": None,      # None: off for hybrid profiles (broken with the Gated-DeltaNet layers)
-    "tool_call_parser": "qwen3_coder",  # with --enable-auto-tool-choice
-    "reasoning_parser": "qwen3",
-    "enforce_eager": False,             # no torch.compile and no CUDA graphs (slower decode, faster start)
-    "generation_config": "auto",        # auto | vllm | a folder
-    "override_generation_config": {},   # e.g. {temperature: 0.6, top_p: 0.95}
-    "extra_args": [],                   # more vLLM flags, verbatim
+# The serve knobs: each one's contract default (the public DGX Spark recipe for Qwen3.5-122B; docs/spark-facts.md
+# cites each) and how it becomes vLLM flags, in the order they appear on the command line. Applied in one order:
+# these < the profile's `serve` < the method's `serve` < the host's own `sparkspec_serve`. None or "" leaves the
+# flag out, so vLLM's own default applies. Flag styles: value (--knob VALUE), switch (--knob / --no-knob), on
+# (--knob when true), tool (--enable-auto-tool-choice --tool-call-parser VALUE), json (--knob JSON when not
+# empty), args (verbatim).
+SERVE: MappingProxyType[str, tuple[Any, str]] = MappingProxyType({
+    "max_model_len": (262144, "value"),
+    "max_num_batched_tokens": (None, "value"),
+    "gpu_memory_utilization": (0.90, "value"),
+    "load_format": ("fastsafetensors", "value"),  # the deploy serves auto where the venv lacks fastsafetensors
+    "attention_backend": ("FLASHINFER", "value"),
+    "enable_chunked_prefill": (True, "switch"),
+    "enable_prefix_caching": (None, "switch"),    # None: off for hybrid profiles (Gated-DeltaNet layers)
+    "tool_call_parser": ("qwen3_coder", "tool"),
+    "reasoning_parser": ("qwen3", "value"),
+    "enforce_eager": (False, "on"),               # no torch.compile and no CUDA graphs (slower decode, faster start)
+    "generation_config": ("auto", "value"),       # auto | vllm | a folder
+    "override_generation_config": ({}, "json"),   # e.g. {temperature: 0.6, top_p: 0.95}
+    "extra_args": ([], "args"),                   # more vLLM flags, verbatim
 })
-KNOBS: tuple[str, ...] = tuple(SERVE_DEFAULTS)
+SERVE_DEFAULTS: MappingProxyType[str, Any] = MappingProxyType({k: v[0] for k, v in SERVE.items()})
+SERVE_FLAGS: MappingProxyType[str, str] = MappingProxyType({k: v[1] for k, v in SERVE.items()})
+KNOBS: tuple[str, ...] = tuple(SERVE)
 
 # The verify floors and their contract defaults (none): the same order as serve.
 VERIFY_DEFAULTS: MappingProxyType[str, Any] = MappingProxyType({"min_tok_s": None, "min_acceptance_rate": None})

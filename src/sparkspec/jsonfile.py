@@ -1,5 +1,5 @@
 """JSON the tools read from files or the network: bounded parsing, shape checks and one-line errors that name
-the file and the fix; and the atomic writer.
+the file and the fix; and its writer (through :mod:`sparkspec.outputs`).
 
 Every JSON document sparkspec did not write itself (config.json, an index, a safetensors header, a manifest, a
 suite, a bench result, a reference, a server's stream) is parsed by ``loads_bounded``: its size and nesting depth
@@ -12,10 +12,10 @@ import json
 import math
 import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from sparkspec import outputs
 from sparkspec.errors import UserError
 from sparkspec.validate import read_regular
 
@@ -105,26 +105,15 @@ def expect(doc: Any, key: str, kind: type | tuple[type, ...], where: str, fix: s
     return value
 
 
-def write_json(path: str | os.PathLike[str], doc: dict[str, Any]) -> None:
-    """Write ``doc`` atomically: a fresh temp file in the same folder (never a fixed name an attacker could
-    plant a link at), then a rename; a reader never sees half a file and no temp file survives a failure."""
-    target = Path(path)
-    tmp: str | None = None
+def write_json(path: str | os.PathLike[str], doc: dict[str, Any], *, sync: bool = True) -> None:
+    """Write ``doc`` atomically through :func:`sparkspec.outputs.write_atomic` (mode 0644; ``sync``: fsync the
+    file and its folder, off for a file replaced every few seconds); its folder is made when missing."""
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if target.is_symlink() or (target.exists() and not target.is_file()):
-            raise UserError(f"{path}: exists and is not a regular file; choose another --output")
-        body = json.dumps(doc, indent=2, sort_keys=False, allow_nan=False) + "\n"
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(body)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
-        tmp = None
-    except OSError as exc:
-        raise UserError(f"{path}: cannot write ({exc.strerror}); choose a writable --output") from None
+        body = (json.dumps(doc, indent=2, sort_keys=False, allow_nan=False) + "\n").encode()
     except ValueError as exc:  # a non-finite number: a bug upstream, never written
         raise UserError(f"{path}: not written: {exc}") from None
-    finally:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        outputs.write_atomic(path, body, mode=0o644, sync=sync, flag="--output")
+    except OSError as exc:
+        raise UserError(f"{path}: cannot write ({exc.strerror}); choose a writable --output") from None

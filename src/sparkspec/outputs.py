@@ -98,11 +98,13 @@ def refuse_link(target: StrPath, flag: str = "output") -> None:
 
 
 @contextlib.contextmanager
-def atomic(target: StrPath, *, mode: int | None = 0o644, sync: bool = True) -> Iterator[BinaryIO]:
+def atomic(target: StrPath, *, mode: int | None = 0o644, sync: bool = True,
+           flag: str = "output") -> Iterator[BinaryIO]:
     """A binary file to write ``target``'s new bytes into; when the block ends they replace ``target``
     (fsynced first with ``sync``), when it raises the temp file is removed and ``target`` stays as it was. A
-    link or a non-regular file at ``target`` is refused (UserError); OSErrors pass to the caller."""
-    refuse_link(target)
+    link or a non-regular file at ``target`` is refused (UserError naming ``flag``); OSErrors pass to the
+    caller."""
+    refuse_link(target, flag)
     fd, tmp = open_temp(target, mode)
     try:
         with os.fdopen(fd, "wb") as fh:
@@ -117,10 +119,10 @@ def atomic(target: StrPath, *, mode: int | None = 0o644, sync: bool = True) -> I
 
 
 def write_atomic(target: StrPath, data: bytes | Iterable[bytes], *, mode: int | None = 0o644,
-                 sync: bool = True) -> int:
+                 sync: bool = True, flag: str = "output") -> int:
     """Write ``data`` (bytes, or parts as they come) to ``target`` atomically; the bytes written."""
     written = 0
-    with atomic(target, mode=mode, sync=sync) as fh:
+    with atomic(target, mode=mode, sync=sync, flag=flag) as fh:
         for part in [data] if isinstance(data, bytes | bytearray | memoryview) else data:
             written += fh.write(part)
     return written
@@ -149,11 +151,11 @@ def commit(tmp: StrPath, target: StrPath, *, sync: bool = True) -> None:
 
 
 def link_or_copy(src: StrPath, target: StrPath, *, mode: int | None = None) -> str:
-    """Make ``target`` a hard link to ``src`` (no bytes duplicated) or, across filesystems, a copy, through a
-    temp sibling and a rename; "linked" or "copied"."""
+    """Make ``target`` a hard link to the file ``src`` names (a link at ``src`` followed; no bytes
+    duplicated) or, across filesystems, a copy, through a temp sibling and a rename; "linked" or "copied"."""
     tmp = temp_name(target)
     try:
-        os.link(src, tmp, follow_symlinks=False)
+        os.link(os.path.realpath(src), tmp)  # link() itself would link a symbolic link, not its file
     except OSError as exc:
         if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EACCES):
             raise

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Self
 
 from sparkspec.errors import UserError
+from sparkspec.figures import duration, size
 from sparkspec.jsonfile import write_json
 
 HELP = ("while running, replace PATH every few seconds with the bytes done, total, rate and time left as JSON "
@@ -46,7 +47,7 @@ class ProgressFile:
         self._samples: collections.deque[tuple[float, int]] = collections.deque([(clock(), 0)])
         self._written = clock()
         try:
-            write_json(path, self.doc())
+            write_json(path, self.doc(), sync=False)
         except UserError:
             raise UserError(f"--progress-file {path}: cannot be written; give a file in a writable folder "
                             "(or leave the flag out)") from None
@@ -80,7 +81,7 @@ class ProgressFile:
             self._written = now
             doc = self.doc(now)
         try:
-            write_json(self.path, doc)
+            write_json(self.path, doc, sync=False)
         except UserError:
             pass
 
@@ -95,25 +96,6 @@ class ProgressFile:
         eta = None if left is None or (rate <= 0 and left) else round(left / rate, 1) if left else 0.0
         return {"what": self.what, "done": self.done, "total": self.total, "rate": round(rate, 1),
                 "eta_s": eta, "time": time.time()}
-
-
-def size(n: float) -> str:
-    """Bytes for people: 512 B, 1.5 KiB, 1.2 GiB, 77.0 GiB."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
-
-
-def duration(seconds: float) -> str:
-    """42 s, 13 min, 2 h 05 min."""
-    s = round(seconds)
-    if s < 120:
-        return f"{s} s"
-    if s < 7200:
-        return f"{round(s / 60)} min"
-    return f"{s // 3600} h {s % 3600 // 60:02d} min"
 
 
 def line(host: str, doc: dict[str, Any] | None, task: str, running_s: float, stale_s: float = 0.0) -> str:

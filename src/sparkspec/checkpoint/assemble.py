@@ -58,14 +58,13 @@ from sparkspec.checkpoint.stream import (
     Piece,
     Progress,
     copy_file,
-    fsync_dir,
-    fsync_path,
     new_hash,
     write_pieces,
 )
 from sparkspec.errors import UserError
 from sparkspec.hub.repo import REVISION_FILE
 from sparkspec.jsonfile import read_json
+from sparkspec.outputs import fsync_path, write_atomic
 from sparkspec.validate import COMMIT_RE, read_regular, revision, source_file
 
 __all__ = ["CONFIG_KEY", "MANIFEST_NAME", "AssembleResult", "Plan", "assemble", "plan_assembly"]
@@ -344,8 +343,5 @@ def _build(tmp: Path, int4: Path, plan: Plan, progress: Callable[[int], Progress
     manifest = {"tool": TOOL, "format": FORMAT_VERSION, "key": plan.key, "inputs": plan.inputs,
                 "hash": HASH_NAME, "fp8_layers": plan.fp8_modules, "outputs": outputs,
                 "weight_map": weight_map}
-    with open(tmp / MANIFEST_NAME, "w", encoding="utf-8") as fh:
-        fh.write(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    fsync_dir(tmp)
+    # last, and fsynced with the build folder: every entry above is durable before the swap
+    write_atomic(tmp / MANIFEST_NAME, (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode())

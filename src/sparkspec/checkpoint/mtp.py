@@ -6,8 +6,8 @@ checkpoint", measured on the simulated Qwen3-Next). The tensor list
 comes from the extra file's own header (source indexes in the wild do and do not list it). The target must be
 a hybrid that ``checkpoint assemble`` wrote, apart from the source. Everything is validated first (the head,
 the target's index and headers, no tensor in two files); then the file is hard-linked when source and target
-share a filesystem, else copied, into a hidden temp, the new index is staged beside it, and both are renamed
-into place, the index last. A failure leaves the target as it was.
+share a filesystem, else copied, into a fresh hidden temp, the new index is staged beside it, and both are
+renamed into place, the index last (:mod:`sparkspec.outputs`). A failure leaves the target as it was.
 """
 
 from __future__ import annotations
@@ -30,9 +30,10 @@ from sparkspec.checkpoint.safetensors_io import (
     stage_index,
 )
 from sparkspec.checkpoint.selection import EXTRA_FILE
-from sparkspec.checkpoint.stream import copy_file, fsync_dir, fsync_path
+from sparkspec.checkpoint.stream import copy_file
 from sparkspec.errors import UserError, os_error
-from sparkspec.validate import check_disjoint, source_file
+from sparkspec.outputs import check_disjoint, commit, fsync_dir, fsync_path, temp_name
+from sparkspec.validate import source_file
 
 
 @dataclass
@@ -63,8 +64,7 @@ def _same_file(src: Path, dst: Path, src_header: Header) -> bool:
 
 
 def _stage_file(src: Path, tmp: Path) -> str:
-    """Hard-link or copy ``src`` to the temp ``tmp``; return which."""
-    tmp.unlink(missing_ok=True)
+    """Hard-link or copy ``src`` to the fresh temp name ``tmp``; return which."""
     try:
         os.link(src.resolve(), tmp)
         return "linked"
@@ -133,7 +133,7 @@ def _commit(src: Path, dst: Path, target: Path, new_map: dict[str, str], total: 
             place: bool, index_changed: bool) -> str:
     """Stage the file and the index as hidden temps, then rename both into place, the index last; on any
     failure remove what was staged (and a file placed for an index that could not follow)."""
-    tmp_file = dst.with_name(f".{dst.name}.tmp")
+    tmp_file = temp_name(dst)
     tmp_index: Path | None = None
     existed = os.path.lexists(dst)
     placed = False
@@ -146,10 +146,10 @@ def _commit(src: Path, dst: Path, target: Path, new_map: dict[str, str], total: 
                                                              if k != "total_size"})
         stops.check()
         if place:
-            os.replace(tmp_file, dst)
+            commit(tmp_file, dst, sync=False)
             placed = True
         if tmp_index is not None:
-            os.replace(tmp_index, target / INDEX_NAME)
+            commit(tmp_index, target / INDEX_NAME, sync=False)
             tmp_index = None
         fsync_dir(target)
     except OSError as exc:

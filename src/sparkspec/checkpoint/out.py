@@ -2,16 +2,15 @@
 
 An output is refused before anything is touched when it is a symbolic link, not a folder, equal to, inside or
 around an input (resolved real paths), or a non-empty folder without the command's own manifest or marker.
-The new content is built in a hidden sibling (``.NAME.<stage>``) and swapped in with one ``renameat2`` exchange
-(two renames where the filesystem lacks it); the old content, which the command wrote, is removed after. A
-lock beside the output keeps two runs apart and is removed on the way out. A failure leaves the output as it
-was and no sibling behind; bad input is exit 2, a run-time failure (disk full, I/O error) exit 1.
+The new content is built in a hidden sibling (``.NAME.<stage>``) and swapped in by
+:func:`sparkspec.outputs.swap_folder` (one ``renameat2`` exchange, two renames where the filesystem lacks it);
+the old content, which the command wrote, is removed after. A lock beside the output keeps two runs apart and
+is removed on the way out. A failure leaves the output as it was and no sibling behind; bad input is exit 2, a
+run-time failure (disk full, I/O error) exit 1.
 """
 
 from __future__ import annotations
 
-import ctypes
-import errno
 import fcntl
 import os
 import shutil
@@ -21,17 +20,10 @@ from pathlib import Path
 
 from sparkspec import stops
 from sparkspec.errors import UserError, os_error
-from sparkspec.validate import check_disjoint, check_not_symlink
+from sparkspec.figures import size
+from sparkspec.outputs import check_disjoint, check_not_symlink, swap_folder
 
 STAGE_MARKER = ".sparkspec-staging"  # inside a build folder while it is being written
-
-
-def human(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1000
-    return f"{n:.1f} GB"
 
 
 def claim(out: Path, flag: str, tool: str, owned: Callable[[Path], bool],
@@ -67,7 +59,7 @@ def check_room(out: Path, needed: int, flag: str, what: str) -> None:
     where = existing_ancestor(out.parent)
     free = shutil.disk_usage(where).free
     if free < needed:
-        raise UserError(f"{where}: {human(free)} free, {what} needs {human(needed)}; free space or choose "
+        raise UserError(f"{where}: {size(free)} free, {what} needs {size(needed)}; free space or choose "
                         f"another {flag}")
 
 
@@ -115,44 +107,6 @@ def _fresh_stage(out: Path, stage: str) -> Path:
     return tmp
 
 
-_LIBC = ctypes.CDLL(None, use_errno=True)
-_RENAME_EXCHANGE = 2
-_AT_FDCWD = -100
-
-
-def _exchange(a: Path, b: Path) -> bool:
-    """Atomically swap two paths (renameat2 RENAME_EXCHANGE); False where the kernel or filesystem lacks it."""
-    fn = getattr(_LIBC, "renameat2", None)
-    if fn is None:
-        return False
-    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
-        return False
-    raise OSError(err, os.strerror(err), str(b))
-
-
-def _swap_in(tmp: Path, out: Path) -> None:
-    """Make ``tmp`` the content of ``out``; the old content (ours, checked by claim) is removed after."""
-    if not os.path.lexists(out):
-        os.rename(tmp, out)
-    elif _exchange(tmp, out):
-        shutil.rmtree(tmp, ignore_errors=True)
-    else:  # two renames: a crash between them leaves the old content beside, as .NAME.old
-        old = out.parent / f".{out.name}.old"
-        if os.path.lexists(old):
-            shutil.rmtree(old)
-        os.rename(out, old)
-        os.rename(tmp, out)
-        shutil.rmtree(old, ignore_errors=True)
-    fd = os.open(out.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 @contextmanager
 def replacing(out: Path, *, flag: str, tool: str, owned: Callable[[Path], bool], stage: str,
               inputs: Mapping[str, str | os.PathLike[str] | None] | None = None) -> Iterator[Path]:
@@ -168,7 +122,7 @@ def replacing(out: Path, *, flag: str, tool: str, owned: Callable[[Path], bool],
             yield tmp
             stops.check()  # a stop swallowed by third-party code still stops here, before the swap
             (tmp / STAGE_MARKER).unlink()
-            _swap_in(tmp, out)
+            swap_folder(tmp, out)
             tmp = None
     except OSError as exc:
         where, fix = exc.filename or out, f"choose a writable {flag} with room"

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sparkspec import outputs
 from sparkspec.errors import RunFailure, UserError
 from sparkspec.jsonfile import expect, loads_bounded, read_json
 from sparkspec.validate import filename, open_regular
@@ -227,32 +228,22 @@ def read_index(directory: str | os.PathLike[str]) -> dict[str, Any]:
 
 def stage_index(directory: str | os.PathLike[str], weight_map: Mapping[str, str], total_size: int,
                 extra_metadata: Mapping[str, Any] | None = None) -> Path:
-    """Write the index to a hidden temp sibling, fsynced; the caller renames it into place (or removes it).
-    Nothing is left behind when writing fails."""
-    path = Path(directory) / INDEX_NAME
+    """Write the index to a fresh fsynced temp sibling (:func:`sparkspec.outputs.stage`); the caller commits
+    it (:func:`sparkspec.outputs.commit`) or removes it. Nothing is left behind when writing fails."""
     metadata: dict[str, Any] = dict(extra_metadata or {})
     metadata["total_size"] = int(total_size)
     doc = {"metadata": metadata, "weight_map": dict(sorted(weight_map.items()))}
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(doc, fh, indent=2, allow_nan=False)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return tmp
+    body = (json.dumps(doc, indent=2, allow_nan=False) + "\n").encode()
+    return outputs.stage(Path(directory) / INDEX_NAME, body, mode=0o644)
 
 
 def write_index(directory: str | os.PathLike[str], weight_map: Mapping[str, str], total_size: int,
                 extra_metadata: Mapping[str, Any] | None = None) -> Path:
-    """Write the index atomically (temp file + rename), weight_map sorted by tensor name."""
+    """Write the index atomically (staged, then renamed into place), weight_map sorted by tensor name."""
     tmp = stage_index(directory, weight_map, total_size, extra_metadata)
     path = Path(directory) / INDEX_NAME
     try:
-        os.replace(tmp, path)
+        outputs.commit(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

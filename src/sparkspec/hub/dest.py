@@ -2,16 +2,15 @@
 
 A fetch writes only into a folder that is new, empty, or marked as a fetch's own by the state folder
 ``.sparkspec-fetch`` (created before the first byte is written), never a symbolic link, and never into, around
-or inside one of its inputs (:func:`claim`, before anything is read). Each file is written as ``NAME.part``
-and renamed when complete, so a re-run after an interruption skips finished files; a failed run removes its
-``.part`` file and huggingface_hub's ``.lock`` and ``.incomplete`` files, and a folder this run created that
-holds nothing finished (:func:`writing`).
+or inside one of its inputs (:func:`claim`, before anything is read). Each file is written to a hidden temp
+sibling and renamed when complete (:mod:`sparkspec.outputs`), so a re-run after an interruption skips finished
+files; a failed run removes its temp file and huggingface_hub's ``.lock`` and ``.incomplete`` files, and a
+folder this run created that holds nothing finished (:func:`writing`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import json
 import os
@@ -20,9 +19,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from huggingface_hub.utils import tqdm as hf_tqdm
-
-from sparkspec import stops, validate
+from sparkspec import figures, outputs, stops, validate
 from sparkspec.errors import UserError, os_error
 from sparkspec.hub.repo import FETCH_STATE_DIR, REVISION_FILE
 from sparkspec.jsonfile import loads_bounded
@@ -113,12 +110,8 @@ def preflight(dest: Path, needed: int) -> None:
     except OSError as exc:
         raise os_error(exc, probe, "check --dest") from None
     if needed > free:
-        raise UserError(f"{dest}: needs {_size(needed)} free for the download but {probe} has {_size(free)}; "
-                        "free space or choose another destination")
-
-
-def _size(n: int) -> str:
-    return str(hf_tqdm.format_sizeof(n, "B", 1024)).replace("B", "iB") if n >= 1024 else f"{n} B"
+        raise UserError(f"{dest}: needs {figures.size(needed)} free for the download but {probe} has "
+                        f"{figures.size(free)}; free space or choose another destination")
 
 
 # --- resumable state ----------------------------------------------------------------------------------
@@ -197,45 +190,26 @@ def prune(folder: Path, keep: Path) -> None:
 
 
 def write_file(dest: Path, rel: str, parts: Iterable[bytes], sync: bool = True) -> int:
-    """Write ``rel`` from ``parts`` through ``rel.part`` (+ fsync) + rename; return bytes written. The
-    ``.part`` file never outlives a failure (a network error while ``parts`` streams included)."""
+    """Write ``rel`` from ``parts`` atomically (:func:`sparkspec.outputs.atomic`: a hidden temp sibling,
+    fsynced with ``sync``, renamed when complete); return bytes written. The temp file never outlives a
+    failure (a network error while ``parts`` streams included)."""
     target = validate.under(dest, rel)
-    tmp = target.with_name(target.name + ".part")
     written = 0
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as fh:
+        with outputs.atomic(target, sync=sync, flag="--dest file") as fh:
             for part in parts:
-                fh.write(part)
-                written += len(part)
-            fh.flush()
-            if sync:
-                os.fsync(fh.fileno())
-        stops.check()
-        os.replace(tmp, target)
-    except BaseException as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        if isinstance(exc, OSError):
-            raise os_error(exc, tmp, "fix the permissions of --dest, then re-run to resume") from None
-        raise
+                written += fh.write(part)
+            stops.check()
+    except OSError as exc:
+        raise os_error(exc, target, "fix the permissions of --dest, then re-run to resume") from None
     return written
 
 
 def copy_local(src: Path, target: Path) -> None:
-    """Hard-link when on the same filesystem (no bytes duplicated), else copy via ``.part`` + rename."""
-    tmp = target.with_name(target.name + ".part")
+    """Hard-link when on the same filesystem (no bytes duplicated), else copy; through a temp + rename."""
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp.unlink(missing_ok=True)
-        try:
-            os.link(src, tmp)
-        except OSError as exc:
-            if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
-                raise
-            shutil.copyfile(src, tmp)
-        os.replace(tmp, target)
+        outputs.link_or_copy(src, target, mode=0o644)
     except OSError as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
         raise os_error(exc, target, f"check --dest and --local-path {src.parent}") from None

@@ -13,20 +13,18 @@ a request hashes only what nobody asked for before, and ``hub publish`` hashes w
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import hashlib
 import json
 import os
 import stat
 import threading
-import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sparkspec import validate
+from sparkspec import outputs, validate
 from sparkspec.errors import UserError
 from sparkspec.jsonfile import loads_bounded
 from sparkspec.validate import COMMIT_RE
@@ -312,15 +310,11 @@ class HashStore:
             doc = {"files": {rel: {"size": v.size, "mtime_ns": v.mtime_ns, "ctime_ns": v.ctime_ns,
                                    "ino": v.ino, "sha256": d.sha256, "blob_id": d.blob_id}
                              for rel, (v, d) in sorted(self._known.items()) if files.get(rel) == v}}
-            tmp = self.directory / f"{HASHES_FILE}.{uuid.uuid4().hex}.tmp"
-            try:
-                with open(tmp, "x", encoding="utf-8") as fh:
-                    json.dump(doc, fh)
-                os.replace(tmp, self.directory / HASHES_FILE)
+            try:  # a cache: not fsynced
+                outputs.write_atomic(self.directory / HASHES_FILE, json.dumps(doc).encode(), sync=False)
                 self._dirty = False
-            except OSError:  # a read-only mirror: the digests stay in memory
-                with contextlib.suppress(OSError):
-                    tmp.unlink()
+            except (OSError, UserError):  # a read-only mirror, or a link in the way: kept in memory only
+                pass
 
 
 def content_revision(files: Mapping[str, RepoFile]) -> str:

@@ -1,3 +1,3 @@
 """sparkspec: provisioning and deployment toolkit for DGX Spark + vLLM speculative decoding."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sparkspec import progress
+from sparkspec import figures, progress
 from sparkspec.argtypes import non_negative_int
 from sparkspec.cli.common import emit_json
 from sparkspec.errors import UserError, os_error
@@ -104,7 +104,7 @@ def _run_assemble(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     verb = "assembled" if result.changed else "up to date (no-op)"
     return (f"{result.out}: {verb}; {result.tensors} tensors, {result.fp8_layers} layers in FP8"
             f"{'' if result.expected_fp8 is None else f' (expected {result.expected_fp8})'}, "
-            f"{result.total_size / 1e9:.3f} GB; next: sparkspec checkpoint add-mtp"), result.as_dict()
+            f"{figures.size(result.total_size)}; next: sparkspec checkpoint add-mtp"), result.as_dict()
 
 
 def _assemble(args: argparse.Namespace) -> int:

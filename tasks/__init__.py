@@ -1,12 +1,13 @@
-"""Invoke tasks: the commands a Spark owner types. This module only assembles the collection; the tasks live by
-concern in host (provision, deploy, render, teardown, verify), compare, observe (status, logs) and dev (sim.*,
-bench.*, lint, test), over the libraries play, inventory, remote, status and compare_plan."""
+"""Invoke tasks: the commands a Spark owner types. This module only assembles the collection; the tasks
+live by concern in host (provision, deploy, render, teardown, verify), compare, report, observe (status,
+logs) and dev (sim.*, bench.*, lint, test), over the libraries play, inventory, remote, status and
+compare_plan."""
 
 from __future__ import annotations
 
 from invoke import Collection
 
-from tasks import compare, dev, host, observe
+from tasks import compare, dev, host, observe, report
 
 bench = Collection("bench")
 bench.add_task(dev.bench_checkpoint, "checkpoint")
@@ -19,6 +20,6 @@ sim.add_task(dev.sim_up, "up")
 sim.add_task(dev.sim_down, "down")
 sim.add_task(dev.sim_ssh, "ssh")
 
-ns = Collection(host.provision, host.deploy, host.render, host.teardown, observe.status, host.verify, observe.logs,
-                compare.compare, dev.lint, dev.test, sim, bench)
+ns = Collection(host.provision, host.deploy, host.render, host.teardown, observe.status, host.verify,
+                observe.logs, compare.compare, report.report, dev.lint, dev.test, sim, bench)
 ns.configure({"sparkspec": {"inventory": "inventories/sim", "sim_host": "sim01"}})

@@ -8,7 +8,7 @@ from pathlib import Path
 from invoke import Context, Exit
 
 from sparkspec.errors import UserError
-from tasks import inventory as inventories
+from tasks.inventory import Inventory, load
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -27,12 +27,12 @@ def fail(exc: UserError) -> Exit:
     return Exit(f"sparkspec: error: {exc}", code=exc.exit_code)
 
 
-def require_host(c: Context, host: str | None, inventory: str | None) -> inventories.Inventory:
+def require_host(c: Context, host: str | None, inventory: str | None) -> Inventory:
     """The inventory, checked to hold the host: one line naming the fix otherwise."""
     if not host:
         raise Exit("sparkspec: error: --host is required; name a host of the inventory", code=2)
     try:
-        inv = inventories.load(inventory_of(c, inventory))
+        inv = load(inventory_of(c, inventory))
         inv.require_host(host)
     except UserError as exc:
         raise fail(exc) from None

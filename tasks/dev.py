@@ -13,10 +13,11 @@ from types import ModuleType
 from invoke import Context, Exit, task
 
 from sparkspec.errors import UserError
-from tasks import remote
+from tasks.remote import connect
 from tasks.common import ROOT, fail, inventory_of
 
-DEV_ENTRY = "tests.support.dev"   # the development entry point (tests/unit/test_import_graph.py allows it alone)
+# the development entry point: tests/unit/test_import_graph.py allows it, and it alone
+DEV_ENTRY = "tests.support.dev"
 
 
 def support() -> ModuleType:
@@ -61,7 +62,7 @@ def sim_down(c):
 def sim_ssh(c, command=""):
     """Open a shell (or run a command) on the simulated Spark over SSH, with Fabric, as on a real host."""
     try:  # the connection Ansible uses, from the simulated inventory (port and key templated there)
-        conn = remote.connect(ROOT / "inventories/sim", c.config.sparkspec.sim_host).open()
+        conn = connect(ROOT / "inventories/sim", c.config.sparkspec.sim_host).open()
     except UserError as exc:
         raise fail(exc) from None
     try:
@@ -80,13 +81,14 @@ def lint(c, fix=False):
     c.run(f"{bindir}/ansible-lint --profile production {'--fix' if fix else ''}".strip())
 
 
-@task(positional=[], auto_shortflags=False, help={"k": "pytest -k expression", "x": "stop at the first failure",
-                                                  "workers": "pytest processes (1: one process, in file order)"})
+@task(positional=[], auto_shortflags=False,
+      help={"k": "pytest -k expression", "x": "stop at the first failure",
+            "workers": "pytest processes (1: one process, in file order)"})
 def test(c, k="", x=False, workers=2):
     """Every test: lint, unit tests, then the simulated-Spark tests (podman, systemd, real vLLM).
 
-    With workers > 1 (pytest-xdist), every test of a file that touches the simulated Spark runs on one worker in
-    file order (there is one simulated Spark), and the other files run beside them on the other workers."""
+    With workers > 1 (pytest-xdist), every test of a file that touches the simulated Spark runs on one worker
+    in file order (there is one simulated Spark), and the other files run beside them on the other workers."""
     lint(c)
     bindir = Path(sys.executable).parent
     args = (f" -k {k!r}" if k else "") + (" -x" if x else "")
@@ -100,8 +102,8 @@ def test(c, k="", x=False, workers=2):
       help={"workdir": "folder on the disk to measure (needs ~2.5x size-gb free)", "size-gb": "shard bytes",
             "repeats": "best of N"})
 def bench_checkpoint(c, workdir="build/bench-checkpoint", size_gb=8.0, repeats=3):
-    """assemble vs cp of the same bytes on the same disk (each timed until its output is on disk), and assemble's
-    peak RSS."""
+    """assemble vs cp of the same bytes on the same disk (each timed until its output is on disk), and
+    assemble's peak RSS."""
     _exit(support().bench_checkpoint(ROOT, workdir, float(size_gb), int(repeats)))
 
 
@@ -112,13 +114,16 @@ def bench_client(c):
 
 
 @task(positional=[], auto_shortflags=False,
-      help={"url": "the server both tools measure", "model": "served model name", "repeats": "interleaved pairs",
+      help={"url": "the server both tools measure", "model": "served model name",
+            "repeats": "interleaved pairs",
             "max-tokens": "tokens per request (both tools ignore EOS)", "concurrency": "requests in flight",
             "suite": "structured|open|all", "vllm-python": "a python with vLLM (its bench serve module)",
             "output": "the JSON result"})
-def bench_vs_vllm(c, url="http://127.0.0.1:8000", model="sim-tiny", repeats=20, max_tokens=256, concurrency=1,
-                  suite="all", vllm_python=".cache/vllm-venv/bin/python", output="reports/bench-vs-vllm.json"):
-    """Side by side with `vllm bench serve` on the same server, prompts and temperature (interleaved repeats)."""
+def bench_vs_vllm(c, url="http://127.0.0.1:8000", model="sim-tiny", repeats=20, max_tokens=256,
+                  concurrency=1, suite="all", vllm_python=".cache/vllm-venv/bin/python",
+                  output="reports/bench-vs-vllm.json"):
+    """Side by side with `vllm bench serve` on the same server, prompts and temperature (interleaved
+    repeats)."""
     _exit(support().bench_vs_vllm(url, model, repeats, max_tokens, concurrency, suite, vllm_python, output))
 
 
@@ -128,6 +133,6 @@ def bench_vs_vllm(c, url="http://127.0.0.1:8000", model="sim-tiny", repeats=20, 
             "repeats": "switches each way and no-op provisions", "output": "raw figures as JSON"})
 def bench_switch(c: Context, host="sim01", inventory=None, to="ngram", back="baseline", repeats=3,
                  output="reports/bench-switch.json"):
-    """A method switch's cost beyond vLLM's own stop and start (from the unit's journal), and a no-op provision's
-    time, each with its spread over the repeats."""
+    """A method switch's cost beyond vLLM's own stop and start (from the unit's journal), and a no-op
+    provision's time, each with its spread over the repeats."""
     _exit(support().bench_switch(host, inventory_of(c, inventory), to, back, int(repeats), output))

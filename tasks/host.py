@@ -1,5 +1,5 @@
-"""Host operations: provision, deploy, render, teardown and verify, each one playbook run through ansible-runner
-(tasks.play), on one host of the inventory."""
+"""Host operations: provision, deploy, render, teardown and verify, each one playbook run through
+ansible-runner (tasks.play), on one host of the inventory."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from invoke import Context, Exit, task
 
 from sparkspec import registry
 from sparkspec.errors import UserError
-from tasks import play
+from tasks.play import PlayResult, failure_summary, run_playbook
 from tasks.common import ROOT, fail, require_host
 
 INVENTORY_HELP = "inventory folder (default from invoke.yaml)"
@@ -19,7 +19,7 @@ INVENTORY_HELP = "inventory folder (default from invoke.yaml)"
 
 def run_play(c: Context, playbook: str, host: str | None, inventory: str | None,
              extra_vars: dict[str, Any] | None = None, tags: str = "", skip_tags: str = "",
-             check: bool = False) -> play.PlayResult:
+             check: bool = False) -> PlayResult:
     """One playbook on one host; a failure ends the task with the play's one-line summary."""
     inv = require_host(c, host, inventory)
     assert host is not None
@@ -29,14 +29,13 @@ def run_play(c: Context, playbook: str, host: str | None, inventory: str | None,
     # sudo on the host asks for a password unless NOPASSWD or ansible_become_password (vault) is set: the
     # runner answers ansible-playbook's prompt with what getpass read here (it gives the play no terminal)
     password = getpass.getpass("BECOME password: ") if c.config.sparkspec.get("ask_become_pass") else None
-    result = play.run_playbook(book, inv.path, host, extra_vars=extra_vars,
-                               tags=[t for t in tags.split(",") if t],
-                               skip_tags=[t for t in skip_tags.split(",") if t], check=check,
-                               become_password=password)
+    result = run_playbook(book, inv.path, host, extra_vars=extra_vars, tags=[t for t in tags.split(",") if t],
+                          skip_tags=[t for t in skip_tags.split(",") if t], check=check,
+                          become_password=password)
     if result.interrupted:
-        raise Exit(f"sparkspec: error: {play.failure_summary(result, host)}", code=130)
+        raise Exit(f"sparkspec: error: {failure_summary(result, host)}", code=130)
     if result.rc != 0:
-        raise Exit(f"sparkspec: error: {play.failure_summary(result, host)}", code=2)
+        raise Exit(f"sparkspec: error: {failure_summary(result, host)}", code=2)
     print(f"sparkspec: {playbook} on {host}: changed={result.changed.get(host, 0)}")
     return result
 
@@ -82,8 +81,8 @@ def provision(c, host=None, inventory=None, method=None, tags="", skip_tags="", 
     "host": "inventory host", "method": "baseline, ngram, mtp, eagle3, dflash or one the inventory defines",
     "inventory": INVENTORY_HELP, "check": "dry run", "skip-tags": "phases to skip, e.g. verify"})
 def deploy(c, host=None, method=None, inventory=None, check=False, skip_tags=""):
-    """Switch a host to a method: validate, stage, check with vLLM's parser, restart, wait for health, roll back,
-    then verify (lossless check against baseline, benchmark, report)."""
+    """Switch a host to a method: validate, stage, check with vLLM's parser, restart, wait for health, roll
+    back, then verify (lossless check against baseline, benchmark, report)."""
     playbook, extra = method_playbook(c, method, inventory, host)
     run_play(c, playbook, host, inventory, extra, skip_tags=skip_tags, check=check)
 
@@ -120,6 +119,6 @@ def teardown(c, host=None, inventory=None, remove_models=False, keep_token=False
 
 @task(positional=[], auto_shortflags=False, help={"host": "inventory host", "inventory": INVENTORY_HELP})
 def verify(c, host=None, inventory=None):
-    """Check what a host serves now (the verify role): lossless against baseline, benchmark, Results Summary table
-    and plot under reports/<host>/."""
+    """Check what a host serves now (the verify role): lossless against baseline, benchmark, Results Summary
+    table and plot under reports/<host>/."""
     run_play(c, "verify.yml", host, inventory)

@@ -8,9 +8,9 @@ import sys
 from invoke import Exit, task
 
 from sparkspec.errors import UserError
-from tasks import inventory as inventories
-from tasks import remote
-from tasks import status as host_status
+from tasks.inventory import load
+from tasks.remote import connect
+from tasks.status import as_json, host_status, table
 from tasks.common import ask_become_pass, fail, inventory_of, require_host
 
 MAX_LOG_LINES = 100_000
@@ -20,25 +20,24 @@ MAX_LOG_LINES = 100_000
                                                   "inventory": "inventory folder",
                                                   "json": "print JSON for scripts instead of the table"})
 def status(c, host="all", inventory=None, json=False):
-    """A quick look over SSH, no playbook: unit state, method and profile (running, desired, inventory), model,
-    /health, memory in use. An unreachable host is one line and exit 1."""
+    """A quick look over SSH, no playbook: unit state, method and profile (running, desired, inventory),
+    model, /health, memory in use. An unreachable host is one line and exit 1."""
     try:
-        names = inventories.load(inventory_of(c, inventory)).select(host)
+        names = load(inventory_of(c, inventory)).select(host)
     except UserError as exc:
         raise fail(exc) from None
     found, errors = [], []
     for name in names:
         try:
-            found.append(host_status.host_status(inventory_of(c, inventory), name,
-                                                 ask_become_pass=ask_become_pass(c)))
+            found.append(host_status(inventory_of(c, inventory), name, ask_become_pass=ask_become_pass(c)))
         except UserError as exc:
             errors.append(exc)
     if json:
-        print(host_status.as_json(found))
+        print(as_json(found))
     elif found:
         from rich.console import Console
 
-        Console().print(host_status.table(found))
+        Console().print(table(found))
     for error in errors[:-1]:
         print(f"sparkspec: error: {error}", file=sys.stderr)
     if errors:
@@ -57,7 +56,7 @@ def logs(c, host=None, inventory=None, lines="50", follow=False):
     inv = require_host(c, host, inventory)
     assert host is not None
     try:
-        target = remote.connect(inv.path, host, ask_become_pass=ask_become_pass(c),
+        target = connect(inv.path, host, ask_become_pass=ask_become_pass(c),
                                 extra_vars=("sparkspec_unit_name",))
         unit = f"{target.vars['sparkspec_unit_name']}.service"
         try:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sparkspec import cli
+from tasks import report
 from tests.support import cli as dev_cli
 
 
@@ -28,8 +29,11 @@ class Outcome:
 def run(*argv: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> Outcome:
     """``sparkspec ARGV`` in this process (fast: no interpreter start), with stdout/stderr captured; the
     generators' commands (``checkpoint generate``, ``model tiny``) go to their dev CLI,
-    ``python -m tests.support``."""
-    main = dev_cli.main if dev_cli.handles(argv) else cli.main
+    ``python -m tests.support``, and ``report`` to the controller's (``python -m tasks report``)."""
+    if argv[:1] == ("report",):
+        argv, main = argv[1:], report.main
+    else:
+        main = dev_cli.main if dev_cli.handles(argv) else cli.main
     out, err = io.StringIO(), io.StringIO()
     saved = {k: os.environ.get(k) for k in (env or {})}
     os.environ.update(env or {})

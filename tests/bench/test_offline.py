@@ -1,4 +1,4 @@
-"""Parts that need no vLLM: metrics parsing, the lossless comparison, the report, the client ceiling, and bad
+"""Parts that need no vLLM: metrics parsing, the lossless comparison, the client ceiling, and bad
 input the client refuses before any request."""
 
 from __future__ import annotations
@@ -83,46 +83,6 @@ def test_client_ceiling_counts_every_token() -> None:
     assert result["completed"] == 6 and result["failed"] == 0
     assert result["total_output_tokens"] == 6 * 512
     assert result["client_ceiling_tok_s"] > 0
-
-
-def _result(method: str, avg: float, rate: float | None) -> dict[str, object]:
-    return {"method": method, "served_model": {"id": "tiny"}, "suite": "all", "max_concurrency": 1,
-            "temperature": 0.0, "completed": 3, "failed": 0, "output_throughput": avg * 1.5,
-            "per_request_tok_s_mean": avg, "per_request_tok_s_max": avg + 5, "spec_decode_acceptance_rate": rate,
-            "spec_decode_acceptance_length": None if rate is None else 2.5, "partial": False,
-            "spec_decode_num_drafts": None if rate is None else 40, "spec_decode_draft_tokens": None if rate is None
-            else 80, "spec_decode_accepted_tokens": None if rate is None else 60,
-            "spec_decode_per_position_acceptance_rates": None if rate is None else [0.875, 0.625], "model_id": "tiny",
-            "suites": {"structured": {"per_request_tok_s_mean": avg + 1}, "open": {"per_request_tok_s_mean": avg - 1}}}
-
-
-def test_report_table_and_plot(tmp_path: Path, cli: Cli) -> None:
-    paths = []
-    for name, avg, rate in (("baseline", 36.5, None), ("mtp", 48.25, 71.0)):
-        paths.append(tmp_path / f"{name}.json")
-        paths[-1].write_text(json.dumps(_result(name, avg, rate)))
-    md, png = tmp_path / "r.md", tmp_path / "r.png"
-    loss = tmp_path / "lossless-mtp.json"  # 2 of 3 identical (allowed down to 0.6): the note names the divergence
-    loss.write_text(json.dumps({"format": "sparkspec-lossless-report/1", "method": "mtp", "model": "tiny",
-                                "identical": 2, "total": 3, "passed": True, "mismatches": [
-                                    {"id": "s3", "offset": 7, "expected": "abc", "actual": "abd", "token_index": 4,
-                                     "expected_token": 99, "actual_token": 100}]}))
-    run = cli("report", "--inputs", *map(str, paths), "--lossless", str(loss), "--markdown", str(md), "--plot",
-              str(png), "--json")
-    assert run.returncode == 0, run.stderr
-    lines = md.read_text().splitlines()
-    assert lines[0] == ("| Method | Model | Avg tok/s | Peak tok/s | Drafts | Draft tokens | Accepted | Acceptance Rate "
-                        "| Acceptance per position | Mean acceptance length | Lossless | Notes |")
-    assert lines[2].startswith("| baseline | tiny | 36.5 | 41.5 | n/a | n/a | n/a | n/a | n/a | n/a | reference | ")
-    assert lines[3].startswith("| mtp | tiny | 48.2 | 53.2 | 40 | 80 | 60 | 71.0% | 87.5% / 62.5% | 2.50 | 2/3 pass | "
-                               "first divergence in s3 at token 4: expected id 99 vs got id 100 ('abc' vs 'abd')")
-    assert "structured 49.2 tok/s" in lines[3]
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    bad = tmp_path / "bad.json"
-    bad.write_text('{"hello": 1}')
-    refused = cli("report", "--inputs", str(bad))
-    assert refused.returncode == 2 and refused.stderr.count("\n") == 1
-    assert "has no 'completed'; pass files written by `sparkspec bench`" in refused.stderr
 
 
 def test_unreachable_url_is_one_line_exit_2(tmp_path: Path, cli: Cli) -> None:

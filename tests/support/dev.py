@@ -2,8 +2,9 @@
 (tasks/dev.py) call these plain functions, and nothing else under tasks/ or src/ reaches into tests/
 (tests/unit/test_import_graph.py checks it). A checkout without tests/ still runs every host task.
 
-Each function takes the tasks' own options, checks them as the harness's command line does (the harnesses keep
-their `python -m tests.support.<name>` command lines for use by hand), and returns the exit code or what it did.
+Each function takes the tasks' own options, checks them as the harness's command line does (the harnesses
+keep their `python -m tests.support.<name>` command lines for use by hand), and returns the exit code or what
+it did.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def bench_checkpoint(root: Path, workdir: str, size_gb: float, repeats: int) -> 
 
 
 def bench_client() -> int:
-    """The bench client's parse ceiling against a local one-token-per-event server; prints the JSON figures."""
+    """The bench client's parse ceiling against a local one-token-per-event server; prints the figures."""
     from tests.support import bench_ceiling
 
     json.dump(bench_ceiling.run(), sys.stdout, indent=2)
@@ -61,8 +62,9 @@ def bench_vs_vllm(url: str, model: str, repeats: int, max_tokens: int, concurren
 
 
 def bench_switch(host: str, inventory: str, to: str, back: str, repeats: int, output: str) -> int:
-    """A method switch's cost beyond vLLM's stop and start, and a no-op provision's (tests.support.bench_switch).
-    It times `invoke deploy` and `invoke provision` as processes of their own: the user's commands, as typed."""
+    """A method switch's cost beyond vLLM's stop and start, and a no-op provision's
+    (tests.support.bench_switch). It times `invoke deploy` and `invoke provision` as processes of their own:
+    the user's commands, as typed."""
     from tests.support import bench_switch
 
     return bench_switch.main(["--host", host, "--inventory", inventory, "--to", to, "--back", back,

@@ -1,6 +1,6 @@
-"""The product never imports its test bed: nothing under tasks/ or src/ reaches into tests/ (an import at module
-or function level, importlib.import_module or __import__ of a "tests..." name, a `-m tests.` command line, a
-"tests/..." path), except tasks/dev.py's one development entry point, tests/support/dev.py. And the host tasks
+"""The product never imports its test bed: nothing under tasks/ or src/ reaches into tests/ (an import at
+module or function level, importlib.import_module or __import__ of a "tests..." name, a `-m tests.` command
+line, a "tests/..." path), except tasks/dev.py's one development entry point, tests/support/dev.py. And the host tasks
 work in a checkout without tests/: `invoke --list` and `invoke render` run in a copy of it."""
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from tests.conftest import BIN, ROOT
 ENTRY = "tests.support.dev"   # the development entry point: tasks/dev.py reaches tests/ through it alone
 ENTRY_USER = "tasks/dev.py"
 NAME = re.compile(r"^tests(\.\w+)*$")   # a module name of the test bed
-REACH = re.compile(r"(^|[\s'\"=])-m\s*tests\b|(^|[^\w.-])tests/")   # a `-m tests.x` command line, a tests/ path
+# a `-m tests.x` command line, a tests/ path
+REACH = re.compile(r"(^|[\s'\"=])-m\s*tests\b|(^|[^\w.-])tests/")
 
 
 def _docstrings(tree: ast.AST) -> set[int]:
@@ -73,7 +74,8 @@ def test_every_kind_of_reach_is_found(source: str) -> None:
 
 
 @pytest.mark.parametrize("source", [
-    '"""Run `python -m tests.support --help`: a docstring."""', "import testsuite", "from sparkspec import tests",
+    '"""Run `python -m tests.support --help`: a docstring."""', "import testsuite",
+    "from sparkspec import tests",
     "x = 'the tests passed'", "from .tests import x", "p = ROOT / 'tasks'"])
 def test_prose_and_lookalikes_are_not_reaches(source: str) -> None:
     assert reaches(source) == [], source
@@ -91,8 +93,8 @@ def test_nothing_in_the_product_reaches_into_tests_but_the_dev_entry_point() -> 
 
 @pytest.fixture(scope="module")
 def without_tests(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The checkout's files (tracked, or new and not ignored), tests/ left out, copied to a fresh folder; nothing
-    else (the venv is the checkout's)."""
+    """The checkout's files (tracked, or new and not ignored), tests/ left out, copied to a fresh folder;
+    nothing else (the venv is the checkout's)."""
     files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
                            capture_output=True, check=True).stdout
     copy = tmp_path_factory.mktemp("checkout")
@@ -114,7 +116,7 @@ def _invoke(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
 def test_invoke_lists_its_tasks_without_tests(without_tests: Path) -> None:
     done = _invoke(without_tests, "--list")
     assert done.returncode == 0, done.stderr
-    for name in ("provision", "deploy", "render", "compare", "status", "logs", "sim.up", "bench.switch"):
+    for name in ("provision", "deploy", "render", "compare", "status", "logs", "report", "sim.up", "bench.switch"):
         assert re.search(rf"^\s+{re.escape(name)}\s", done.stdout, re.M), name
 
 
@@ -130,5 +132,5 @@ def test_a_dev_task_without_tests_is_one_line(without_tests: Path) -> None:
     done = _invoke(without_tests, "sim.down")
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
-        f"sparkspec: error: {without_tests / 'tests/support/dev.py'}: not in this checkout; the sim and bench "
-        "tasks need the whole repository (git clone)"]
+        f"sparkspec: error: {without_tests / 'tests/support/dev.py'}: not in this checkout; the sim and "
+        "bench tasks need the whole repository (git clone)"]

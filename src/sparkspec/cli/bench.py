@@ -1,4 +1,4 @@
-"""Subcommands of the verify side: ``bench``, ``check-output`` and ``report``.
+"""Subcommands of the verify side: ``bench`` and ``check-output`` (``report`` moved to the controller).
 
 Every flag is checked by its argparse type (finite, in range, printable) and every output path before the run:
 an output may not be a symbolic link, a folder, an input, or an existing file that this command did not write
@@ -24,7 +24,7 @@ from sparkspec.bench.client import MAX_TOKENS, RESULT_FORMAT
 from sparkspec.bench.suites import file_of
 from sparkspec.cli.common import emit_json
 from sparkspec.errors import UserError
-from sparkspec.outputs import PNG, Output, check_outputs, json_format, write_outputs
+from sparkspec.outputs import Output, check_outputs, json_format, write_outputs
 from sparkspec.validate import open_regular
 
 KEY_ENV = "SPARKSPEC_API_KEY"
@@ -193,25 +193,12 @@ def _check_compare(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-def _report(args: argparse.Namespace) -> int:
-    from sparkspec.bench import report
+MOVED = ("sparkspec report moved to the controller: run invoke report with the same options in the project's "
+         "checkout (tasks/report.py)")
 
-    inputs = tuple(("--inputs", p) for p in args.inputs) + tuple(("--lossless", p) for p in args.lossless)
-    md = None if args.markdown is None else Output(args.markdown, "--markdown", report.MARKDOWN, inputs)
-    png = None if args.plot is None else Output(args.plot, "--plot", PNG,
-                                                (*inputs, ("--markdown", args.markdown)))
-    outputs = check_outputs([md, png])
-    if png is not None:
-        report.require_matplotlib()
-    rows = report.build(args.inputs, args.lossless)
-    text = report.markdown(rows)
-    data = {"--markdown": text.encode(), "--plot": report.plot_png(rows) if png is not None else b""}
-    write_outputs([(o, data[o.flag]) for o in outputs])
-    if md is None:
-        print(text, end="")
-    if args.json:
-        emit_json({"changed": bool(outputs), "rows": len(rows), "markdown": args.markdown, "plot": args.plot})
-    return 0
+
+def _report_moved(args: argparse.Namespace) -> int:
+    raise UserError(MOVED)
 
 
 def _add_server_args(p: argparse.ArgumentParser) -> None:
@@ -265,11 +252,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     cmp_.add_argument("--output", help="report JSON to write")
     cmp_.set_defaults(func=_check_compare)
 
-    rep = sub.add_parser("report", help="markdown Results Summary table and PNG plot from bench results")
-    rep.add_argument("--inputs", nargs="+", required=True, help="bench result JSON files")
-    rep.add_argument("--lossless", nargs="+", default=[], help="lossless reports (`check-output compare "
-                     "--output`) of the same rows: the Lossless column and the first divergence in the notes")
-    rep.add_argument("--markdown", help="markdown file to write (default: print the table)")
-    rep.add_argument("--plot", help="PNG file to write")
-    rep.add_argument("--json", action="store_true", help="print a final JSON line")
-    rep.set_defaults(func=_report)
+    # the table and the plot are written on the controller now (`invoke report`): one line saying so, whatever
+    # the flags (a script or a role of an older checkout)
+    rep = sub.add_parser("report", help="moved to the controller: `invoke report`", add_help=False,
+                         prefix_chars="\0")   # no option of its own: every flag given lands in args
+    rep.add_argument("args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    rep.set_defaults(func=_report_moved)

@@ -1,12 +1,15 @@
-"""The article's Results Summary table (markdown) and a bar plot (PNG) from bench result JSON files.
+"""The Results Summary table (markdown) and a bar plot (PNG) of bench results, on the controller: `invoke
+report`, `invoke compare` (a call) and the verify role (`python -m tasks report`, run on the controller).
 
-Bench results are read as untrusted files: bounded JSON, every field the table uses checked for its type (numbers
-finite and non-negative), strings made safe for one table cell. The table and the plot are written through
-:mod:`sparkspec.outputs` (the table is ours by its header line, the plot by its Description).
+Bench results and lossless reports are fetched from the hosts and read as untrusted files: bounded JSON, every
+field the table uses checked for its type (numbers finite and non-negative), strings made safe for one table
+cell. The table and the plot are written through :mod:`sparkspec.outputs` (the table is ours by its header
+line, the plot by its Description): both or neither, never over a file this command did not write.
 """
 
 from __future__ import annotations
 
+import argparse
 import io
 import math
 import os
@@ -15,12 +18,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from invoke import task
+
+from sparkspec import cli
+from sparkspec.bench import lossless as lossless_check
+from sparkspec.cli.common import Parser, emit_json
 from sparkspec.errors import UserError
 from sparkspec.jsonfile import expect, read_json
-from sparkspec.outputs import PNG_MARKER, Marker, starts_with
+from sparkspec.outputs import PNG, PNG_MARKER, Marker, Output, check_outputs, starts_with, write_outputs
+from tasks.common import fail
 
-COLUMNS = ("Method", "Model", "Avg tok/s", "Peak tok/s", "Drafts", "Draft tokens", "Accepted", "Acceptance Rate",
-           "Acceptance per position", "Mean acceptance length", "Lossless", "Notes")
+COLUMNS = ("Method", "Model", "Avg tok/s", "Peak tok/s", "Drafts", "Draft tokens", "Accepted",
+           "Acceptance Rate", "Acceptance per position", "Mean acceptance length", "Lossless", "Notes")
 HEADER = "| " + " | ".join(COLUMNS) + " |"
 COUNT = (int, type(None))
 MARKDOWN: Marker = starts_with(HEADER)  # a table is ours to replace when it starts with this header
@@ -82,13 +91,14 @@ def load_result(path: str | Path) -> dict[str, Any]:
             _number(value, where, key, fix, UPPER.get(key, math.inf))
     for n, rate in enumerate(doc.get("spec_decode_per_position_acceptance_rates") or []):
         if isinstance(rate, bool) or not isinstance(rate, (int, float, type(None))):
-            raise UserError(f"{where}: 'spec_decode_per_position_acceptance_rates'[{n}] is not a number; {fix}")
+            raise UserError(f"{where}: 'spec_decode_per_position_acceptance_rates'[{n}] is not a number; "
+                            f"{fix}")
         _number(rate, where, f"spec_decode_per_position_acceptance_rates[{n}]", fix, 1.0)
     served = doc.get("served_model") or {}
     expect(served, "id", TEXT, f"{where}: served_model", fix, required=False)
     for name, suite in (doc.get("suites") or {}).items():
-        _number(expect(suite, "per_request_tok_s_mean", NUMBER, f"{where}: suites.{name}", fix, required=False),
-                where, f"suites.{name}.per_request_tok_s_mean", fix)
+        mean = expect(suite, "per_request_tok_s_mean", NUMBER, f"{where}: suites.{name}", fix, required=False)
+        _number(mean, where, f"suites.{name}.per_request_tok_s_mean", fix)
     return doc
 
 
@@ -136,7 +146,8 @@ def lossless_cells(report: dict[str, Any]) -> tuple[str, str]:
                  f"{first.get('actual_token')}")
     else:
         where = f"char {first['offset']}"
-    return verdict, f"first divergence in {first['id']} at {where} ({first['expected']!r} vs {first['actual']!r})"
+    return verdict, (f"first divergence in {first['id']} at {where} "
+                     f"({first['expected']!r} vs {first['actual']!r})")
 
 
 def cell(text: str) -> str:
@@ -147,19 +158,13 @@ def cell(text: str) -> str:
 def markdown(rows: list[Row]) -> str:
     lines = [HEADER, "|" + "|".join(["---"] * len(COLUMNS)) + "|"]
     for r in rows:
-        per_pos = "n/a" if r.per_position is None else " / ".join(_fmt(100.0 * p, suffix="%") for p in r.per_position)
+        per_pos = ("n/a" if r.per_position is None
+                   else " / ".join(_fmt(100.0 * p, suffix="%") for p in r.per_position))
         counts = ("n/a" if v is None else str(v) for v in (r.drafts, r.draft_tokens, r.accepted))
-        cells = (r.method, r.model, _fmt(r.avg), _fmt(r.peak), *counts, _fmt(r.acceptance, suffix="%"), per_pos,
-                 _fmt(r.length, 2), r.lossless, r.notes)
+        cells = (r.method, r.model, _fmt(r.avg), _fmt(r.peak), *counts, _fmt(r.acceptance, suffix="%"),
+                 per_pos, _fmt(r.length, 2), r.lossless, r.notes)
         lines.append("| " + " | ".join(map(cell, cells)) + " |")
     return "\n".join(lines) + "\n"
-
-
-def require_matplotlib() -> None:
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        raise UserError("--plot needs matplotlib; pip install 'sparkspec[report]' or leave out --plot") from None
 
 
 def plot_png(rows: list[Row], title: str = "Per-request output speed") -> bytes:
@@ -170,12 +175,14 @@ def plot_png(rows: list[Row], title: str = "Per-request output speed") -> bytes:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    series: dict[str, list[float]] = {"avg": [r.avg or 0.0 for r in rows], "peak": [r.peak or 0.0 for r in rows]}
+    series: dict[str, list[float]] = {"avg": [r.avg or 0.0 for r in rows],
+                                      "peak": [r.peak or 0.0 for r in rows]}
     for name in sorted({s for r in rows for s in r.suites}):
         series[f"{cell(name)} avg"] = [r.suites.get(name) or 0.0 for r in rows]
     x = np.arange(len(rows))
     width = 0.8 / len(series)
-    labels = [f"{cell(r.method)}\n{_fmt(r.acceptance, suffix='%')} acc.\nlen {_fmt(r.length, 2)}" for r in rows]
+    labels = [f"{cell(r.method)}\n{_fmt(r.acceptance, suffix='%')} acc.\nlen {_fmt(r.length, 2)}"
+              for r in rows]
     fig, (ax, acc) = plt.subplots(1, 2, figsize=(2 * max(5.0, 1.6 * len(rows) + 2), 4.4), dpi=100)
     try:
         for i, (label, values) in enumerate(series.items()):
@@ -209,12 +216,10 @@ def plot_png(rows: list[Row], title: str = "Per-request output speed") -> bytes:
 
 def load_lossless(path: str) -> dict[str, Any]:
     """A `sparkspec check-output compare` report with what the table reads checked, else one line."""
-    from sparkspec.bench import lossless
-
     fix = "pass files written by `sparkspec check-output compare --output`"
     doc = read_json(path, "no such lossless report; run `sparkspec check-output compare --output` first", fix)
-    if not isinstance(doc, dict) or doc.get("format") != lossless.REPORT_FORMAT:
-        raise UserError(f"{path}: not a {lossless.REPORT_FORMAT} file; {fix}")
+    if not isinstance(doc, dict) or doc.get("format") != lossless_check.REPORT_FORMAT:
+        raise UserError(f"{path}: not a {lossless_check.REPORT_FORMAT} file; {fix}")
     required: tuple[tuple[str, tuple[type, ...]], ...] = (
         ("method", (str,)), ("model", (str,)), ("identical", (int,)), ("total", (int,)), ("passed", (bool,)),
         ("mismatches", (list,)))
@@ -223,8 +228,8 @@ def load_lossless(path: str) -> dict[str, Any]:
     for n, m in enumerate(doc["mismatches"]):
         where = f"{path}: mismatches[{n}]"
         fields: tuple[tuple[str, tuple[type, ...]], ...] = (
-            ("id", (str,)), ("offset", (int,)), ("expected", (str,)), ("actual", (str,)), ("token_index", COUNT),
-            ("expected_token", COUNT), ("actual_token", COUNT))
+            ("id", (str,)), ("offset", (int,)), ("expected", (str,)), ("actual", (str,)),
+            ("token_index", COUNT), ("expected_token", COUNT), ("actual_token", COUNT))
         for key, kinds in fields:
             expect(m, key, kinds, where, fix, required=key in ("id", "offset", "expected", "actual"))
     return doc
@@ -240,8 +245,8 @@ def _unique(paths: list[str], flag: str) -> None:
 
 
 def build(inputs: list[str], lossless: Sequence[str] = ()) -> list[Row]:
-    """A row per bench result, with the lossless report of the same method and served model where one is given;
-    every input is read and checked before any row is used."""
+    """A row per bench result, with the lossless report of the same method and served model where one is
+    given; every input is read and checked before any row is used."""
     if not inputs:
         raise UserError("--inputs: no bench result given; pass one or more files from `sparkspec bench`")
     _unique(list(inputs), "--inputs")
@@ -253,7 +258,79 @@ def build(inputs: list[str], lossless: Sequence[str] = ()) -> list[Row]:
         doc = load_lossless(path)
         key = (doc["method"], doc["model"])
         if keys.count(key) != 1 or key in reports:
-            raise UserError(f"--lossless {path}: method {cell(key[0])} on model {cell(key[1])} is not exactly one "
-                            "bench result's, or given twice; pass one lossless report per bench row")
+            raise UserError(f"--lossless {path}: method {cell(key[0])} on model {cell(key[1])} is not "
+                            "exactly one bench result's, or given twice; pass one lossless report per bench "
+                            "row")
         reports[key] = doc
     return [row_for(r, p, reports.get(k)) for r, p, k in zip(results, inputs, keys)]
+
+
+def write(inputs: Sequence[str], lossless: Sequence[str] = (), markdown_path: str | None = None,
+          plot_path: str | None = None) -> tuple[list[Row], str]:
+    """The rows and the table of the bench results; the table and the plot written where asked (both outputs
+    checked before any input is read, and again right before the write). One line on bad input."""
+    named = tuple(("--inputs", p) for p in inputs) + tuple(("--lossless", p) for p in lossless)
+    md = None if markdown_path is None else Output(markdown_path, "--markdown", MARKDOWN, named)
+    png = None if plot_path is None else Output(plot_path, "--plot", PNG,
+                                                (*named, ("--markdown", markdown_path)))
+    outputs = check_outputs([md, png])
+    rows = build(list(inputs), lossless)
+    text = markdown(rows)
+    data = {"--markdown": text.encode(), "--plot": plot_png(rows) if png is not None else b""}
+    write_outputs([(o, data[o.flag]) for o in outputs])
+    return rows, text
+
+
+def _show(rows: list[Row], text: str, markdown_path: str | None, plot_path: str | None,
+          as_json: bool) -> None:
+    if markdown_path is None:
+        print(text, end="")
+    if as_json:
+        emit_json({"changed": markdown_path is not None or plot_path is not None, "rows": len(rows),
+                   "markdown": markdown_path, "plot": plot_path})
+
+
+class ReportParser(Parser):
+    program = "python -m tasks report"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The report's own command line, for the verify role on the controller; `invoke report` takes the
+    same options."""
+    parser = ReportParser(prog=ReportParser.program, description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--inputs", nargs="+", required=True, help="bench result JSON files")
+    parser.add_argument("--lossless", nargs="+", default=[],
+                        help="lossless reports (`check-output compare --output`) of the same rows: the "
+                             "Lossless column and the first divergence in the notes")
+    parser.add_argument("--markdown", help="markdown file to write (default: print the table)")
+    parser.add_argument("--plot", help="PNG file to write")
+    parser.add_argument("--json", action="store_true", help="print a final JSON line")
+
+    def run(args: argparse.Namespace) -> int:
+        rows, text = write(args.inputs, args.lossless, args.markdown, args.plot)
+        _show(rows, text, args.markdown, args.plot, args.json)
+        return 0
+
+    parser.set_defaults(func=run, command="report")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    return cli.run(build_parser(), argv)
+
+
+@task(positional=[], auto_shortflags=False, iterable=["inputs", "lossless"], help={
+    "inputs": "a bench result JSON file (repeat the flag for each)",
+    "lossless": "a lossless report (`check-output compare --output`) of one of the rows: the Lossless "
+                "column and the first divergence in the notes (repeat the flag for each)",
+    "markdown": "markdown file to write (default: print the table)", "plot": "PNG file to write",
+    "json": "print a final JSON line"})
+def report(c, inputs=None, lossless=None, markdown=None, plot=None, json=False):
+    """The Results Summary table (markdown) and plot (PNG) from bench results fetched to this machine
+    (reports/): speeds, drafts, acceptance per position, mean acceptance length, the lossless verdict."""
+    try:
+        rows, text = write(inputs or [], lossless or [], markdown or None, plot or None)
+    except UserError as exc:
+        raise fail(exc) from None
+    _show(rows, text, markdown or None, plot or None, bool(json))
+

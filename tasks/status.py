@@ -16,58 +16,9 @@ from tasks.remote import Host, connect
 UNIT_PROPERTIES = ("LoadState", "ActiveState", "SubState", "MainPID", "MemoryCurrent", "NRestarts",
                    "ActiveEnterTimestamp", "ControlGroup")
 
-# Runs on the host as root with its python3: prints one JSON object (argv: unit name, properties).
-PROBE = r"""
-import json, os, subprocess, sys, urllib.error, urllib.request
-unit, props = sys.argv[1], sys.argv[2]
-out = subprocess.run(["systemctl", "show", unit + ".service", "--property=" + props],
-                     capture_output=True, text=True, check=False).stdout
-show = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
-def read(path):
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        return {"error": f"{path}: {exc}"}
-record = read(f"/etc/sparkspec/{unit}.json")
-desired = read(f"/etc/sparkspec/{unit}.desired.json")
-health, health_error = None, ""
-if isinstance(record, dict) and isinstance(record.get("url"), str):
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    try:
-        with opener.open(record["url"].rstrip("/") + "/health", timeout=5) as resp:
-            health = resp.status
-    except urllib.error.HTTPError as exc:
-        health = exc.code
-    except Exception as exc:
-        health_error = str(getattr(exc, "reason", exc))
-def unit_rss(group):
-    # where systemd keeps no MemoryCurrent (cgroup v1, a container): the RSS of the unit's processes
-    total, found = 0, False
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cgroup", encoding="ascii") as f:
-                paths = [line.rstrip("\n").split(":", 2)[-1] for line in f]
-            if not any(p == group or p.startswith(group + "/") for p in paths):
-                continue
-            with open(f"/proc/{pid}/status", encoding="ascii") as f:
-                rss = [int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:")]
-        except (OSError, ValueError):
-            continue
-        total, found = total + sum(rss), found or bool(rss)
-    return total if found else None
-group = show.get("ControlGroup", "")
-rss = unit_rss(group) if group else None
-available = None
-with open("/proc/meminfo", encoding="ascii") as f:
-    for line in f:
-        if line.startswith("MemAvailable:"):
-            available = int(line.split()[1]) * 1024
-print(json.dumps({"show": show, "record": record, "desired": desired, "health": health,
-                  "health_error": health_error, "mem_available": available, "rss": rss}))
-"""
+# Runs on the host as root with its python3: the status probe of the contract role's host code (one source
+# with the roles' probes: docs/design.md), sent as the command's text; it prints one JSON object.
+HOST_CODE = Path(__file__).resolve().parents[1] / "roles/sparkspec/module_utils/sparkspec_host.py"
 
 
 @dataclass
@@ -106,7 +57,8 @@ def host_status(inventory: str | Path, name: str, *, ask_become_pass: bool = Fal
 
 def _probe(host: Host) -> HostStatus:
     unit = str(host.vars["sparkspec_unit_name"])
-    argv = [host.python, "-c", PROBE, unit, ",".join(UNIT_PROPERTIES)]
+    code = HOST_CODE.read_text(encoding="utf-8")
+    argv = [host.python, "-c", code, "status", unit, ",".join(UNIT_PROPERTIES)]
     result = host.as_root(" ".join(shlex.quote(a) for a in argv))
     if result.exited != 0:
         raise UserError(f"host {host.name}: the status probe failed ({_last(result.stderr)}); "

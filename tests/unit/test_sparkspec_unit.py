@@ -1,7 +1,8 @@
-"""The deploy role's module sparkspec_unit (roles/deploy/library), run as Ansible runs a module (a JSON args file),
-on real files under a temporary root, with `systemctl` and `systemd-analyze` stand-ins on PATH that record their
-calls: staging writes only the staged copy, the live step keeps the previous version with its owner and mode,
-installs atomically and restarts only on a change, check mode writes nothing, and a secret never leaves."""
+"""The deploy's module sparkspec_unit (roles/sparkspec/library), run as Ansible runs a module (a JSON args
+file), on real files under a temporary root, with `systemctl` and `systemd-analyze` stand-ins on PATH that
+record their calls: staging writes only the staged copy, the live step keeps the previous version with its
+owner and mode, installs atomically and restarts only on a change, check mode writes nothing, and a secret
+never leaves."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-MODULE = Path(__file__).resolve().parents[2] / "roles/deploy/library/sparkspec_unit.py"
+MODULE = Path(__file__).resolve().parents[2] / "roles/sparkspec/library/sparkspec_unit.py"
+MODULE_UTILS = MODULE.parents[1] / "module_utils"
 SECRET = "sk-unit-test-8c1f0d"
 
 
@@ -57,10 +59,13 @@ def params(host: dict[str, Path], state: str, unit_text: str = "[Service]\nExecS
 
 
 # Runs the module file as Ansible does, with AnsibleModule.log (the journal or syslog line "Invoked with <the
-# arguments>" that every module run writes on the host) printing to stderr instead, so the test sees that line.
+# arguments>" that every module run writes on the host) printing to stderr instead, so the test sees that
+# line; the role's module_utils join ansible.module_utils, as Ansible's payload of the module carries them.
 LOGGING_RUNNER = """
 import runpy, sys
+import ansible.module_utils
 from ansible.module_utils import basic
+ansible.module_utils.__path__.append(sys.argv.pop(1))
 basic.AnsibleModule.log = lambda self, msg, log_args=None: print("LOGGED: " + msg, file=sys.stderr)
 sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
@@ -72,8 +77,9 @@ def run(host: dict[str, Path], args: dict[str, object], check: bool = False,
     argfile = host["root"] / "args.json"
     argfile.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": {**args, "_ansible_check_mode": check,
                                                            "_ansible_diff": diff}}))
-    proc = subprocess.run([sys.executable, "-c", LOGGING_RUNNER, str(MODULE), str(argfile)], capture_output=True,
-                          text=True, env={**os.environ, "PATH": f"{host['bin']}:{os.environ['PATH']}"}, timeout=60)
+    argv = [sys.executable, "-c", LOGGING_RUNNER, str(MODULE_UTILS), str(MODULE), str(argfile)]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PATH": f"{host['bin']}:{os.environ['PATH']}"})
     assert "LOGGED: Invoked with" in proc.stderr, proc.stderr   # the line the host's journal gets
     return json.loads(proc.stdout), proc.stdout + proc.stderr
 

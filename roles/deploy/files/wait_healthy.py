@@ -9,7 +9,8 @@ has crashed (systemd restarted it, is about to, or marked it failed or inactive)
 start that crashes at once (a wrong flag vLLM's parser lets through, a missing tokenizer, too little memory)
 is rolled back within a restart, not after the whole timeout. With --progress-file (given by the role's
 sparkspec_progress task) PATH is replaced at most every 5 s with the time waited and what the unit is doing
-(its state and last journal line, secrets masked), and removed at the end. Standard library only.
+(its state and last journal line, secrets masked), and removed at the end. Standard library only, and the
+contract role's host code (sparkspec_host.py), which the deploy installs beside this file.
 """
 
 import json
@@ -17,16 +18,18 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
 
+# on the host the deploy puts sparkspec_host.py beside this file; in the checkout it is the contract role's
+_HERE = os.path.dirname(os.path.realpath(__file__))
+sys.path.append(os.path.join(_HERE, "..", "..", "sparkspec", "module_utils"))
+from sparkspec_host import atomic_write, systemd_show  # noqa: E402
+
 
 def unit_state(unit):
-    out = subprocess.run(["systemctl", "show", unit, "--property=ActiveState,SubState,Result,NRestarts"],
-                         capture_output=True, text=True, check=False).stdout
-    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    return systemd_show(unit, ["ActiveState", "SubState", "Result", "NRestarts"])
 
 
 def health(url):
@@ -56,10 +59,7 @@ def write_progress(path, waited, state, unit):
     log = last_log_line(unit)
     doc = {"what": f"wait for {unit} /health", "elapsed_s": round(waited), "note": note + (f": {log}" if log else ""),
            "time": time.time()}
-    fd, tmp = tempfile.mkstemp(prefix=".progress.", dir=os.path.dirname(path) or ".")
-    with os.fdopen(fd, "w") as fh:
-        json.dump(doc, fh)
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(doc).encode(), mode=0o600, durable=False)
 
 
 def crashed(state, restarts_at_start):
@@ -75,8 +75,7 @@ def crashed(state, restarts_at_start):
 
 def journal_hits(unit, patterns):
     """Lines of the unit's current invocation's journal that one of patterns matches."""
-    invocation = subprocess.run(["systemctl", "show", "--property=InvocationID", "--value", unit],
-                                capture_output=True, text=True, check=False).stdout.strip()
+    invocation = systemd_show(unit, ["InvocationID"]).get("InvocationID", "").strip()
     if not invocation:
         return []
     out = subprocess.run(["journalctl", "--no-pager", "--output=cat", f"_SYSTEMD_INVOCATION_ID={invocation}"],

@@ -1,5 +1,6 @@
 #!/usr/bin/python
-"""Stage, compare and swap the vLLM unit's files in one module run per step (the deploy role's own module).
+"""Stage, compare and swap the vLLM unit's files in one module run per step (the deploy role's module, kept
+with the contract role's plugins: every role depends on that role, so Ansible finds it for the deploy).
 
 A method switch used to be about fifteen tasks that each ran a module on the host (a round trip of 0.2-0.8 s
 each): write three staged files, create their folders, read checksums, keep the previous version per file,
@@ -39,10 +40,10 @@ import os
 import pwd
 import re
 import subprocess
-import tempfile
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule  # type: ignore[import-untyped]
+from ansible.module_utils.sparkspec_host import atomic_write  # type: ignore[import-untyped]
 
 DOCUMENTATION = r"""
 module: sparkspec_unit
@@ -185,17 +186,7 @@ def _write(path: str, data: bytes, item: dict) -> None:
     """Atomically replaces path with data, owned and moded as item says (never readable by others before)."""
     _ensure_dir(os.path.dirname(path))
     uid, gid, mode = _ids(item)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".sparkspec-")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.chown(tmp, uid, gid)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic_write(path, data, mode=mode, uid=uid, gid=gid)
 
 
 def _put(path: str, data: bytes, item: dict, check: bool) -> bool:

@@ -5,8 +5,8 @@ argv: the project folder, the wheel folder. Reuses the wheel when the record bes
 names the sha256 of the source (pyproject.toml, README.md and every file under src/ but caches) and of the
 wheel, and the wheel still has those bytes; otherwise clears setuptools' build tree (stale modules would ship
 in the wheel), runs `pip wheel --no-deps --no-build-isolation` (SOURCE_DATE_EPOCH from the environment makes the
-bytes reproducible) and writes the record. Prints one JSON line {wheel, sha256, built}; a failure is one line on
-stderr and exit 1.
+bytes reproducible) and writes the record (atomically, with the contract role's host code). Prints one JSON
+line {wheel, sha256, built}; a failure is one line on stderr and exit 1.
 """
 
 import hashlib
@@ -16,15 +16,10 @@ import shutil
 import subprocess
 import sys
 
+sys.path.append(str(pathlib.Path(__file__).resolve().parents[2] / "sparkspec" / "module_utils"))
+from sparkspec_host import atomic_write, sha256 as file_sha256  # noqa: E402
+
 PROJECT_FILES = ("pyproject.toml", "README.md", "MANIFEST.in", "setup.cfg", "setup.py")
-
-
-def file_sha256(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def source_sha256(source):
@@ -69,9 +64,7 @@ def main():
         if not wheels:
             sys.exit(f"sparkspec_tools: no sparkspec wheel in {wheel_dir}; check that {source} is the project")
         doc = {"source": digest, "wheel": wheels[-1].name, "sha256": file_sha256(wheels[-1])}
-        tmp = record.with_suffix(".tmp")
-        tmp.write_text(json.dumps(doc) + "\n")
-        tmp.replace(record)
+        atomic_write(record, (json.dumps(doc) + "\n").encode())
     print(json.dumps({"wheel": str(wheel_dir / doc["wheel"]), "sha256": doc["sha256"], "built": built}))
 
 

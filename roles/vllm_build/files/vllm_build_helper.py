@@ -1,9 +1,8 @@
 #!/usr/bin/env python3
-"""The vllm_build role's helper on the host (standard library only, any Python >= 3.8).
+"""The vllm_build role's helper on the host (standard library only, any Python >= 3.8; it imports the contract
+role's host code, sparkspec_host.py, which the role puts beside it). The guards' reading of the toolchain,
+memory and disk is that code's ``toolchain`` probe.
 
-  facts CUDA_HOME PATH...      what the preflight guards read, as JSON: the CUDA release of nvcc, whether
-                               nvcc, ptxas and cuobjdump exist, MemAvailable and the free disk (GB) at the
-                               nearest existing folder of each PATH
   torch VENV                   torch's version and CUDA release in VENV (read from torch/version.py, without
                                importing torch), as JSON; exits 1 when there is no torch
   sass SITE CUOBJDUMP ARCH CORE_JSON
@@ -25,61 +24,30 @@
 
 from __future__ import annotations
 
-import ast
 import glob
 import json
 import os
 import re
-import shutil
-import stat
 import subprocess
 import sys
-import tempfile
 import threading
 import time
+
+# on the host the role puts sparkspec_host.py beside this file; in the checkout it is the contract role's
+_HERE = os.path.dirname(os.path.realpath(__file__))
+sys.path.append(os.path.join(_HERE, "..", "..", "sparkspec", "module_utils"))
+from sparkspec_host import atomic_write, torch_version  # noqa: E402
 
 NINJA = re.compile(r"\[(\d+)/(\d+)\]")
 ELF = re.compile(r"\.(sm_\d+[a-z]?)\.cubin")
 TAIL = 40
 
 
-def facts(cuda_home: str, paths: list[str]) -> dict:
-    nvcc = os.path.join(cuda_home, "bin", "nvcc")
-    release = None
-    if os.access(nvcc, os.X_OK):
-        out = subprocess.run([nvcc, "--version"], check=False, capture_output=True, text=True).stdout
-        found = re.search(r"release (\d+\.\d+)", out)
-        release = found.group(1) if found else None
-    mem = None
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                mem = int(line.split()[1]) / 1024 / 1024
-    disk = {}
-    for path in paths:
-        probe = path
-        while not os.path.isdir(probe):
-            probe = os.path.dirname(probe) or "/"
-        disk[path] = shutil.disk_usage(probe).free / 1024 ** 3
-    return {"cuda": release, "nvcc": os.access(nvcc, os.X_OK),
-            "ptxas": os.access(os.path.join(cuda_home, "bin", "ptxas"), os.X_OK),
-            "cuobjdump": os.access(os.path.join(cuda_home, "bin", "cuobjdump"), os.X_OK),
-            "mem_available_gb": mem, "free_disk_gb": min(disk.values()) if disk else None}
-
-
 def torch(venv: str) -> dict:
     found = sorted(glob.glob(os.path.join(venv, "lib", "python3*", "site-packages", "torch", "version.py")))
     if not found:
         raise SystemExit(f"no torch in {venv}")
-    scope: dict = {}
-    with open(found[0]) as f:  # torch's own version file: literal assignments only, read without running it
-        for node in ast.parse(f.read()).body:
-            if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
-                try:
-                    scope[node.targets[0].id] = ast.literal_eval(node.value)
-                except ValueError:
-                    pass
-    return {"torch": str(scope.get("__version__")), "cuda": scope.get("cuda")}
+    return torch_version(found[0])   # torch's own version file, read without running it
 
 
 def sass(site: str, cuobjdump: str, arch: str, core: list[str]) -> dict:
@@ -148,16 +116,8 @@ def fa_archs(src: str, arch: str) -> dict:
         new = f"{m.group(1)}{m.group(2)};{arch}{m.group(3)}"
         edits.append({"line": text.count("\n", 0, m.start()) + 1, "old": m.group(0), "new": new})
         text = text[:m.start()] + new + text[m.end():]
-    if text != old:   # atomic: a temp file next to it, the mode kept, then os.replace
-        fd, tmp = tempfile.mkstemp(prefix=".CMakeLists.txt.", suffix=".tmp", dir=os.path.dirname(path))
-        try:
-            with os.fdopen(fd, "w", newline="") as f:
-                f.write(text)
-            os.chmod(tmp, stat.S_IMODE(os.stat(path).st_mode))
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
+    if text != old:   # atomic, the mode kept
+        atomic_write(path, text.encode())
     return {"changed": text != old, "file": path, "edits": edits}
 
 
@@ -176,10 +136,7 @@ def run(argv: list[str]) -> int:
         with writing:   # the 2 s ticker and a new ninja step may write at once; one temp file
             doc = {"what": what, "elapsed_s": round(time.monotonic() - state["start"], 1), "note": state["note"],
                    "time": time.time()}
-            tmp = f"{progress}.tmp"
-            with open(tmp, "w") as f:
-                json.dump(doc, f)
-            os.replace(tmp, progress)
+            atomic_write(progress, json.dumps(doc).encode(), durable=False)
             written[0] = time.monotonic()
 
     def write(at_most_every: float = 0.0) -> None:
@@ -223,9 +180,7 @@ def run(argv: list[str]) -> int:
 
 
 def main(argv: list[str]) -> int:
-    if argv[:1] == ["facts"]:
-        print(json.dumps(facts(argv[1], argv[2:])))
-    elif argv[:1] == ["torch"]:
+    if argv[:1] == ["torch"]:
         print(json.dumps(torch(argv[1])))
     elif argv[:1] == ["sass"]:
         print(json.dumps(sass(argv[1], argv[2], argv[3], json.loads(argv[4]))))

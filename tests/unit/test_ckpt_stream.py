@@ -4,6 +4,7 @@ errors when a source shrinks mid-copy or the disk fails. No timing here: ``invok
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import fcntl
 import os
@@ -12,16 +13,19 @@ import signal
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conftest import CkptPair
+
 from sparkspec.checkpoint import stream as ckpt_stream
 from sparkspec.checkpoint.stream import HASH_NAME, Piece, copy_file, new_hash, write_pieces
 from sparkspec.errors import UserError
+from tests.badinput import refused_untouched
 
 SMALL_CHUNK = 64 << 10  # 16 aligned blocks: every boundary case in a few hundred KiB
 
@@ -220,7 +224,9 @@ def test_write_failure_mid_copy_names_the_output(tmp_path: Path, small_chunks: s
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """The disk fills up after the first chunk, slowly enough that the reading side has filled every buffer
     and waits for one: the writer thread's error reaches the caller as an OSError naming the output file
-    (the caller turns it into one line and removes its temp folder)."""
+    (the caller turns it into one line and removes its temp folder). One writer thread, so that "after the
+    failure" is well defined (with several, the chunks already taken by the others are written too)."""
+    monkeypatch.setattr(ckpt_stream, "IN_FLIGHT", 1)
     (tmp_path / "src").write_bytes(_data(6 * SMALL_CHUNK))
     real_pwrite, writes = os.pwrite, []
 
@@ -257,3 +263,131 @@ def test_output_that_is_a_link_or_fifo_is_refused_untouched(tmp_path: Path, kind
     with pytest.raises(UserError, match=r"dst: is a symbolic link or a FIFO"):
         copy_file(tmp_path / "src", tmp_path / "dst")
     assert victim.read_bytes() == b"keep me"
+
+
+# --- write-behind, preallocation, and failures of each ---------------------------------------------------
+def _fake_libc(result: int, err: int = 0, calls: list[tuple[int, ...]] | None = None) -> Callable[..., int]:
+    """A stand-in for a C library call: records its arguments but the descriptor, sets errno, returns
+    ``result``."""
+
+    def call(*args: int) -> int:
+        if calls is not None:
+            calls.append(args[1:])
+        ctypes.set_errno(err)
+        return result
+    return call
+
+
+def test_buffered_chunks_are_flushed_and_dropped_and_the_digest_is_the_files(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without direct I/O every byte written goes through sync_file_range once (the real one, spied on), and
+    the digest returned is that of the file as a separate read finds it on disk."""
+    monkeypatch.setattr(ckpt_stream, "CHUNK_BYTES", SMALL_CHUNK)
+    monkeypatch.setattr(ckpt_stream, "O_DIRECT", 0)
+    real, ranges = ckpt_stream._SYNC_FILE_RANGE, []
+    assert real is not None
+
+    def spy(fd: int, at: int, nbytes: int, flags: int) -> int:
+        ranges.append((at, nbytes, flags))
+        return int(real(fd, at, nbytes, flags))
+
+    monkeypatch.setattr(ckpt_stream, "_SYNC_FILE_RANGE", spy)
+    pieces, body = _pieces(tmp_path)
+    got = write_pieces(tmp_path / "out", b"prefix", pieces)
+    on_disk = (tmp_path / "out").read_bytes()
+    assert on_disk == b"prefix" + body
+    assert got == {"size": len(on_disk), HASH_NAME: _digest(on_disk)}
+    ranges.sort()
+    assert [(at, n) for at, n, _ in ranges] == [(at, min(SMALL_CHUNK, len(on_disk) - at))
+                                                for at in range(0, len(on_disk), SMALL_CHUNK)]
+    assert {flags for *_, flags in ranges} == {1 | 2 | 4}  # wait, write, wait: on the disk when it returns
+
+
+def test_sync_file_range_refused_falls_back_to_the_final_fsync(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                               ) -> None:
+    monkeypatch.setattr(ckpt_stream, "CHUNK_BYTES", SMALL_CHUNK)
+    monkeypatch.setattr(ckpt_stream, "O_DIRECT", 0)
+    calls: list[tuple[int, ...]] = []
+    monkeypatch.setattr(ckpt_stream, "_SYNC_FILE_RANGE", _fake_libc(-1, errno.ENOSYS, calls))
+    data = _data(5 * SMALL_CHUNK + 1)
+    (tmp_path / "src").write_bytes(data)
+    assert copy_file(tmp_path / "src", tmp_path / "dst") == {"size": len(data), HASH_NAME: _digest(data)}
+    assert (tmp_path / "dst").read_bytes() == data
+    assert len(calls) == 1 and ckpt_stream._SYNC_FILE_RANGE is None  # refused once, then not asked again
+
+
+@pytest.mark.parametrize("err", [errno.EIO, errno.ENOSPC])
+def test_writeback_error_names_the_output(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, err: int) -> None:
+    """A chunk that the disk fails to take (reported by sync_file_range, as a full thin disk or a bad sector
+    does) fails the copy with an OSError naming the output, as a failed write does."""
+    monkeypatch.setattr(ckpt_stream, "CHUNK_BYTES", SMALL_CHUNK)
+    monkeypatch.setattr(ckpt_stream, "O_DIRECT", 0)
+    monkeypatch.setattr(ckpt_stream, "_SYNC_FILE_RANGE", _fake_libc(-1, err))
+    (tmp_path / "src").write_bytes(_data(4 * SMALL_CHUNK))
+    with pytest.raises(OSError) as caught:
+        copy_file(tmp_path / "src", tmp_path / "dst")
+    assert (caught.value.errno, caught.value.filename) == (err, str(tmp_path / "dst"))
+
+
+def test_disk_full_at_preallocation_fails_before_any_write(tmp_path: Path, small_chunks: str,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[int, ...]] = []
+    monkeypatch.setattr(ckpt_stream, "_FALLOCATE", _fake_libc(-1, errno.ENOSPC, calls))
+    pwrites: list[int] = []
+    real_pwrite = os.pwrite
+    monkeypatch.setattr(os, "pwrite", lambda fd, data, at: pwrites.append(at) or real_pwrite(fd, data, at))
+    (tmp_path / "src").write_bytes(_data(3 * SMALL_CHUNK + 5))
+    with pytest.raises(OSError) as caught:
+        copy_file(tmp_path / "src", tmp_path / "dst")
+    assert (caught.value.errno, caught.value.filename) == (errno.ENOSPC, str(tmp_path / "dst"))
+    assert calls == [(0, 0, 3 * SMALL_CHUNK + 5)] and pwrites == []
+
+
+def test_preallocation_refused_by_the_filesystem_is_skipped(tmp_path: Path, small_chunks: str,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ckpt_stream, "_FALLOCATE", _fake_libc(-1, errno.EOPNOTSUPP))
+    data = _data(2 * SMALL_CHUNK + 7)
+    (tmp_path / "src").write_bytes(data)
+    assert copy_file(tmp_path / "src", tmp_path / "dst") == {"size": len(data), HASH_NAME: _digest(data)}
+    assert (tmp_path / "dst").read_bytes() == data
+
+
+def test_several_writes_are_in_flight_at_once(tmp_path: Path, small_chunks: str,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The writers overlap: a write that waits for a second one to start is released by it (with one write at
+    a time it would wait forever, and the alarm fails the test)."""
+    monkeypatch.setattr(ckpt_stream, "IN_FLIGHT", 2)
+    two = threading.Barrier(2)
+    real_pwrite, seen = os.pwrite, []
+
+    def overlapping(fd, data, at):  # type: ignore[no-untyped-def]
+        if at < 2 * SMALL_CHUNK and at % SMALL_CHUNK == 0 and at not in seen:
+            seen.append(at)
+            two.wait(timeout=10)  # the first two chunks' writes meet here
+        return real_pwrite(fd, data, at)
+
+    monkeypatch.setattr(os, "pwrite", overlapping)
+    data = _data(4 * SMALL_CHUNK + 3)
+    (tmp_path / "src").write_bytes(data)
+    assert copy_file(tmp_path / "src", tmp_path / "dst") == {"size": len(data), HASH_NAME: _digest(data)}
+    assert (tmp_path / "dst").read_bytes() == data
+    assert sorted(seen) == [0, SMALL_CHUNK]
+
+
+def test_short_write_then_disk_full_leaves_no_output(ckpt_pair: CkptPair,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through the real command: the disk takes half of a chunk, then is full. One line, exit 1, and nothing
+    of the hybrid left beside the sources (the temp folder is removed)."""
+    real_pwrite, writes = os.pwrite, []
+
+    def short_then_full(fd, data, at):  # type: ignore[no-untyped-def]
+        writes.append(at)
+        if len(writes) == 1:
+            return real_pwrite(fd, memoryview(data)[: len(data) // 2 or 1], at)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "pwrite", short_then_full)
+    p = ckpt_pair
+    refused_untouched(["checkpoint", "assemble", "--int4", p.int4, "--fp8", p.fp8, "--out", p.out, "--json"],
+                      [p.int4.parent], rc=1, match=r"(?i)no space left on device")
+    assert len(writes) >= 2

@@ -2,17 +2,22 @@
 
 The output (a header prefix, then source ranges, adjacent ranges merged) is gathered chunk by chunk into one
 of a few page-aligned buffers: each chunk is read once from the sources (``preadv``), hashed in place, and
-handed to a writer thread that writes it with ``O_DIRECT`` while the next chunk is read. The device takes the
-buffer by DMA, so there is no second copy into the page cache and no writeback afterwards; that is what makes
-the hashed copy faster than ``cp``, which copies in-kernel (``copy_file_range``) on filesystems without
-reflinks. Where a filesystem or device refuses direct I/O (or its alignment), the same buffer is written the
-ordinary way. Memory stays flat (``BUFFERS`` x ``CHUNK_BYTES``) whatever the file sizes. xxh3_128 (the
-``xxhash`` package) hashes at memory speed; without it the stdlib blake2b is used and the manifest records
-which.
+handed to a pool of writer threads, so that ``IN_FLIGHT`` chunks are on their way to the disk while the next
+one is read. A chunk is written with ``O_DIRECT`` where the filesystem takes it: the device takes the buffer
+by DMA, with no copy into the page cache and no writeback afterwards. Where a filesystem or device refuses
+direct I/O (or its alignment), the chunk is written the ordinary way and at once pushed to the disk and
+dropped from the page cache (``sync_file_range``, then ``posix_fadvise(DONTNEED)``): write-behind, so that the
+page cache never holds more than a few chunks of the output, which a plain buffered copy (``cp``) of a large
+file does, paying for fresh pages and for a writeback burst at the end. Either way several writes are in
+flight, as the kernel's writeback keeps them for ``cp``; a single synchronous write at a time leaves the disk
+idle between writes. Memory stays flat (``BUFFERS`` x ``CHUNK_BYTES``) whatever the file sizes. xxh3_128
+(the ``xxhash`` package) hashes at memory speed; without it the stdlib blake2b is used and the manifest
+records which. Durability is the caller's: it fsyncs every file before making the output visible.
 """
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import fcntl
 import hashlib
@@ -31,8 +36,10 @@ from sparkspec.validate import open_regular
 
 ALIGN = 4096  # direct I/O alignment of offsets, lengths and memory; the page size serves 512 B and 4 KiB devices
 CHUNK_BYTES = 8 << 20  # a multiple of ALIGN; 16 and 32 MiB measured no faster, only bigger
-BUFFERS = 3  # one being filled, one being written, one spare: reading never waits on a single write
+IN_FLIGHT = 3  # chunks being written at once, each by a writer thread of its own
+BUFFERS = IN_FLIGHT + 2  # + one being filled + one spare: reading waits only when every writer is busy
 O_DIRECT = getattr(os, "O_DIRECT", 0)  # 0 where the platform has none: buffered writes only
+_FLUSH_RANGE = 1 | 2 | 4  # SYNC_FILE_RANGE_WAIT_BEFORE | _WRITE | _WAIT_AFTER: the range's data on the disk
 Progress = Callable[[int], None]
 
 try:  # xxh3_128 runs at memory speed; blake2b is the stdlib fallback (slower, same role)
@@ -107,16 +114,65 @@ def _open_output(path: Path) -> tuple[int, bool]:
     return fd, direct
 
 
+_LIBC = ctypes.CDLL(None, use_errno=True)
+
+
+def _libc_call(name: str, *argtypes: Any) -> Callable[..., int] | None:
+    """A C library function Python has no binding for (``fallocate``, ``sync_file_range``), or None."""
+    fn = getattr(_LIBC, name, None)
+    if fn is None:
+        return None
+    fn.argtypes, fn.restype = list(argtypes), ctypes.c_int
+    return fn  # type: ignore[no-any-return]
+
+
+_FALLOCATE = _libc_call("fallocate", ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
+_SYNC_FILE_RANGE = _libc_call("sync_file_range", ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
+_UNSUPPORTED = (errno.ENOSYS, errno.EPERM, errno.EOPNOTSUPP, errno.EINVAL, errno.ESPIPE)
+
+
+def _write_behind(fd: int, at: int, nbytes: int) -> None:
+    """Push ``nbytes`` at ``at``, just written through the page cache, to the disk and drop them from it. A
+    write error of that range (EIO, ENOSPC) is raised; without ``sync_file_range`` the final fsync does it."""
+    global _SYNC_FILE_RANGE
+    flush = _SYNC_FILE_RANGE
+    if flush is not None and flush(fd, at, nbytes, _FLUSH_RANGE) != 0:
+        err = ctypes.get_errno()
+        if err not in _UNSUPPORTED:
+            raise OSError(err, os.strerror(err))
+        _SYNC_FILE_RANGE = None  # refused here (a sandbox, another kernel): not asked again
+    if hasattr(os, "posix_fadvise"):
+        try:
+            os.posix_fadvise(fd, at, nbytes, os.POSIX_FADV_DONTNEED)  # advice: clean pages go, dirty stay
+        except OSError:
+            pass
+
+
+def _preallocate(fd: int, size: int) -> None:
+    """Reserve the file's ``size`` bytes before writing (a full disk fails here, before any copying), so that
+    the chunk writes are no longer appends: ext4 runs direct writes inside the file side by side, appending
+    ones one at a time. Skipped where the filesystem cannot (glibc's ``posix_fallocate`` would write
+    zeros)."""
+    if _FALLOCATE is not None and size and _FALLOCATE(fd, 0, 0, size) != 0:
+        err = ctypes.get_errno()
+        if err not in _UNSUPPORTED:
+            raise OSError(err, os.strerror(err))
+
+
 class _Writer:
-    """Writes filled buffers in order in a thread of its own and hands each back once written. After an error
-    it writes nothing more but still hands buffers back, so the reading side never waits forever."""
+    """Writes filled buffers with ``IN_FLIGHT`` threads, each chunk at its own offset, and hands each buffer
+    back once its chunk is on its way to the disk. After an error it writes nothing more but still hands
+    buffers back, so the reading side never waits forever."""
 
     def __init__(self, fd: int, direct: bool, free: queue.SimpleQueue[memoryview]) -> None:
         self.fd, self.direct, self.free = fd, direct, free
         self.todo: queue.SimpleQueue[tuple[memoryview, int, int] | None] = queue.SimpleQueue()
         self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, name="sparkspec-writer", daemon=True)
-        self.thread.start()
+        self.lock = threading.Lock()
+        self.threads = [threading.Thread(target=self._run, name="sparkspec-writer", daemon=True)
+                        for _ in range(IN_FLIGHT)]
+        for thread in self.threads:
+            thread.start()
 
     def _run(self) -> None:
         while (item := self.todo.get()) is not None:
@@ -125,7 +181,8 @@ class _Writer:
                 try:
                     self._write(buf[:length], at)
                 except BaseException as exc:  # noqa: BLE001 - re-raised by the reading side
-                    self.error = exc
+                    with self.lock:
+                        self.error = self.error or exc
             self.free.put(buf)
 
     def _write(self, view: memoryview, at: int) -> None:
@@ -139,26 +196,41 @@ class _Writer:
                 head = 0  # the device wants another alignment: this chunk and the rest written buffered
             if head == len(view):
                 return
-            # an unaligned tail (the end of the file) or a refusal: ordinary writes from here on
-            fcntl.fcntl(self.fd, fcntl.F_SETFL, fcntl.fcntl(self.fd, fcntl.F_GETFL) & ~O_DIRECT)
-            self.direct = False
+            # a refusal, or the unaligned tail of the file (its last chunk): written the ordinary way
+            self._buffered_from_now()
             view, at = view[head:], at + head
         _pwrite_all(self.fd, view, at)
+        _write_behind(self.fd, at, len(view))
+
+    def _buffered_from_now(self) -> None:
+        """Clear O_DIRECT on the descriptor: writes started after this are buffered (a write in flight in
+        another thread finishes as it began; both land at their own offsets)."""
+        with self.lock:
+            if self.direct:
+                fcntl.fcntl(self.fd, fcntl.F_SETFL, fcntl.fcntl(self.fd, fcntl.F_GETFL) & ~O_DIRECT)
+                self.direct = False
 
     def finish(self) -> None:
-        """Write what is queued, stop the thread (idempotent)."""
-        if self.thread.is_alive():
+        """Write what is queued, stop the threads (idempotent)."""
+        alive = [t for t in self.threads if t.is_alive()]
+        for _ in alive:
             self.todo.put(None)
-            self.thread.join()
+        for thread in alive:
+            thread.join()
 
 
 class Sink:
     """The new file ``path``, written front to back: bytes and source ranges land in a chunk buffer, which is
-    hashed and queued for the writer thread when full."""
+    hashed and queued for the writer threads when full."""
 
-    def __init__(self, path: Path, progress: Progress | None) -> None:
+    def __init__(self, path: Path, progress: Progress | None, size: int = 0) -> None:
         self.path, self.progress = path, progress
         self.fd, direct = _open_output(path)
+        try:
+            _preallocate(self.fd, size)
+        except OSError as exc:
+            os.close(self.fd)
+            raise _with_path(exc, path) from None
         self.buffers = _take_buffers()
         free: queue.SimpleQueue[memoryview] = queue.SimpleQueue()
         for b in self.buffers[1:]:
@@ -250,10 +322,11 @@ def _runs(pieces: Iterable[Piece]) -> Iterator[tuple[Path, int, int]]:
 def write_pieces(path: Path, prefix: bytes, pieces: list[Piece], progress: Progress | None = None) -> dict[str, Any]:
     """Write ``prefix`` then each piece's source range to ``path``; return size and digest."""
     fds: dict[Path, int] = {}
-    sink = Sink(path, progress)
+    runs = list(_runs(pieces))
+    sink = Sink(path, progress, len(prefix) + sum(nbytes for _, _, nbytes in runs))
     try:
         sink.put_bytes(prefix)
-        for src, offset, nbytes in _runs(pieces):
+        for src, offset, nbytes in runs:
             if src not in fds:
                 fds[src] = open_regular(src, "source shard")
             sink.put_range(fds[src], src, offset, nbytes)
@@ -268,9 +341,10 @@ def copy_file(src: Path, dst: Path, progress: Progress | None = None) -> dict[st
     """Copy a whole file, hashing it in the same pass."""
     fd = open_regular(src, "source file")
     try:
-        sink = Sink(dst, progress)
+        size = os.fstat(fd).st_size
+        sink = Sink(dst, progress, size)
         try:
-            sink.put_range(fd, src, 0, os.fstat(fd).st_size)
+            sink.put_range(fd, src, 0, size)
             return sink.close()
         finally:
             sink.abort()

@@ -9,11 +9,11 @@ from pathlib import Path
 from invoke import Exit, task
 
 from sparkspec.errors import UserError
+from tasks.common import ROOT, ask_become_pass, fail, inventory_of, require_host
 from tasks.compare_plan import CONTRACT, Row, check, parse, plan
+from tasks.host import method_playbook, run_play
 from tasks.report import write as write_report
 from tasks.status import host_status
-from tasks.common import ROOT, ask_become_pass, fail, inventory_of, require_host
-from tasks.host import method_playbook, run_play
 
 
 @task(positional=[], auto_shortflags=False, help={

@@ -11,8 +11,8 @@ from invoke import Context, Exit, task
 
 from sparkspec import registry
 from sparkspec.errors import UserError
-from tasks.play import PlayResult, failure_summary, run_playbook
 from tasks.common import ROOT, fail, require_host
+from tasks.play import PlayResult, failure_summary, run_playbook
 
 INVENTORY_HELP = "inventory folder (default from invoke.yaml)"
 

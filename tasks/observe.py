@@ -8,10 +8,10 @@ import sys
 from invoke import Exit, task
 
 from sparkspec.errors import UserError
+from tasks.common import ask_become_pass, fail, inventory_of, require_host
 from tasks.inventory import load
 from tasks.remote import connect
 from tasks.status import as_json, host_status, table
-from tasks.common import ask_become_pass, fail, inventory_of, require_host
 
 MAX_LOG_LINES = 100_000
 

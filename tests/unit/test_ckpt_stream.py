@@ -1,6 +1,7 @@
-"""The hashed copy of ckpt_stream: byte identity and digests against a plain reference (xxh3_128 / blake2b over
-the same bytes), chunk and alignment boundaries, the buffered fallback where direct I/O is refused, and clear
-errors when a source shrinks mid-copy or the disk fails. No timing here: ``invoke bench.checkpoint`` measures."""
+"""The hashed copy of ckpt_stream: byte identity and digests against a plain reference (xxh3_128 / blake2b
+over the same bytes), chunk and alignment boundaries, the buffered write-behind where direct I/O is refused,
+several writes in flight, preallocation, and clear errors when a source shrinks mid-copy or the disk fails.
+No timing here: ``invoke bench.checkpoint`` measures."""
 
 from __future__ import annotations
 
@@ -140,8 +141,9 @@ def _layouts(draw: st.DrawFn) -> tuple[int, list[int], bytes, list[tuple[int, in
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(layout=_layouts(), direct=st.booleans())
-def test_any_layout_is_copied_and_hashed_exactly(layout: tuple[int, list[int], bytes, list[tuple[int, int, int]]],
-                                                 direct: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_any_layout_is_copied_and_hashed_exactly(
+        layout: tuple[int, list[int], bytes, list[tuple[int, int, int]]], direct: bool,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     chunk, sizes, prefix, spans = layout
     monkeypatch.setattr(ckpt_stream, "CHUNK_BYTES", chunk)
     monkeypatch.setattr(ckpt_stream, "O_DIRECT", os.O_DIRECT if direct else 0)
@@ -171,7 +173,8 @@ def test_existing_output_file_is_replaced_whole(tmp_path: Path, small_chunks: st
     assert (tmp_path / "dst").read_bytes() == b"new"
 
 
-def test_direct_io_refused_by_the_filesystem_falls_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_direct_io_refused_by_the_filesystem_falls_back(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """A filesystem without O_DIRECT (EINVAL at open, as tmpfs before Linux 6.6) and a device that wants
     another alignment (EINVAL at write) both get the same bytes the ordinary way."""
     monkeypatch.setattr(ckpt_stream, "CHUNK_BYTES", SMALL_CHUNK)

@@ -34,7 +34,7 @@ from typing import Any
 from sparkspec.errors import UserError
 from sparkspec.validate import open_regular
 
-ALIGN = 4096  # direct I/O alignment of offsets, lengths and memory; the page size serves 512 B and 4 KiB devices
+ALIGN = 4096  # direct I/O alignment of offsets, sizes and memory (the page size: 512 B and 4 KiB sectors)
 CHUNK_BYTES = 8 << 20  # a multiple of ALIGN; 16 and 32 MiB measured no faster, only bigger
 IN_FLIGHT = 3  # chunks being written at once, each by a writer thread of its own
 BUFFERS = IN_FLIGHT + 2  # + one being filled + one spare: reading waits only when every writer is busy
@@ -109,7 +109,8 @@ def _open_output(path: Path) -> tuple[int, bool]:
         raise _with_path(exc, path) from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
-        raise UserError(f"{path}: is not a regular file where sparkspec writes a new file; remove it and run again")
+        raise UserError(f"{path}: is not a regular file where sparkspec writes a new file; remove it and run "
+                        "again")
     os.set_blocking(fd, True)
     return fd, direct
 
@@ -319,7 +320,8 @@ def _runs(pieces: Iterable[Piece]) -> Iterator[tuple[Path, int, int]]:
         yield run
 
 
-def write_pieces(path: Path, prefix: bytes, pieces: list[Piece], progress: Progress | None = None) -> dict[str, Any]:
+def write_pieces(path: Path, prefix: bytes, pieces: list[Piece], progress: Progress | None = None
+                 ) -> dict[str, Any]:
     """Write ``prefix`` then each piece's source range to ``path``; return size and digest."""
     fds: dict[Path, int] = {}
     runs = list(_runs(pieces))

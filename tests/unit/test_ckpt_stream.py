@@ -18,10 +18,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from conftest import CkptPair
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from conftest import CkptPair
 
 from sparkspec.checkpoint import stream as ckpt_stream
 from sparkspec.checkpoint.stream import HASH_NAME, Piece, copy_file, new_hash, write_pieces

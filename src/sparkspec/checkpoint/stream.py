@@ -49,7 +49,9 @@ try:  # xxh3_128 runs at memory speed; blake2b is the stdlib fallback (slower, s
     new_hash: Callable[[], Any] = xxhash.xxh3_128
 except ModuleNotFoundError:  # pragma: no cover - depends on the environment
     HASH_NAME = "blake2b-128"
-    new_hash = lambda: hashlib.blake2b(digest_size=16)
+
+    def new_hash() -> Any:
+        return hashlib.blake2b(digest_size=16)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,8 @@ def number(kind: type[int | float], low: float | None = None, high: float | None
         try:
             value = kind(text)
         except (TypeError, ValueError):
-            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}")
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
         if isinstance(value, float) and not math.isfinite(value):
             raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
         if low is not None and (value <= low if low_open else value < low):

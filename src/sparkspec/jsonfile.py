@@ -2,8 +2,8 @@
 the file and the fix; and its writer (through :mod:`sparkspec.outputs`).
 
 Every JSON document sparkspec did not write itself (config.json, an index, a safetensors header, a manifest, a
-suite, a bench result, a reference, a server's stream) is parsed by ``loads_bounded``: its size and nesting depth
-are checked before ``json`` sees it, and non-finite numbers (NaN, Infinity) are refused.
+suite, a bench result, a reference, a server's stream) is parsed by ``loads_bounded``: its size and nesting
+depth are checked before ``json`` sees it, and non-finite numbers (NaN, Infinity) are refused.
 """
 
 from __future__ import annotations
@@ -62,8 +62,8 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def loads_bounded(raw: bytes | str, max_bytes: int = MAX_DOC_BYTES, max_depth: int = MAX_DEPTH) -> Any:
-    """``json.loads`` with a size and depth bound, NaN/Infinity and duplicate keys refused. Raises ValueError (JSONDecodeError,
-    UnicodeDecodeError or JsonShapeError) with a short reason."""
+    """``json.loads`` with a size and depth bound, NaN/Infinity and duplicate keys refused. Raises ValueError
+    (JSONDecodeError, UnicodeDecodeError or JsonShapeError) with a short reason."""
     data = raw.encode("utf-8") if isinstance(raw, str) else bytes(raw)
     if len(data) > max_bytes:
         raise JsonShapeError(f"is {len(data)} bytes, more than the {max_bytes} allowed")
@@ -73,8 +73,8 @@ def loads_bounded(raw: bytes | str, max_bytes: int = MAX_DOC_BYTES, max_depth: i
 
 
 def read_json(path: str | os.PathLike[str], missing: str, fix: str) -> Any:
-    """The parsed document. A missing file raises ``PATH: {missing}``; a file that is not a regular file, or not
-    bounded UTF-8 JSON, raises one line naming the file and ``fix``."""
+    """The parsed document. A missing file raises ``PATH: {missing}``; a file that is not a regular file, or
+    not bounded UTF-8 JSON, raises one line naming the file and ``fix``."""
     if not os.path.lexists(path):
         raise UserError(f"{path}: {missing}")
     raw = read_regular(path, "JSON file", MAX_DOC_BYTES)

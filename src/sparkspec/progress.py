@@ -26,8 +26,8 @@ from sparkspec.errors import UserError
 from sparkspec.figures import duration, size
 from sparkspec.jsonfile import write_json
 
-HELP = ("while running, replace PATH every few seconds with the bytes done, total, rate and time left as JSON "
-        "(read by the sparkspec_progress Ansible action); removed at the end")
+HELP = ("while running, replace PATH every few seconds with the bytes done, total, rate and time left as "
+        "JSON (read by the sparkspec_progress Ansible action); removed at the end")
 WINDOW_S = 30.0  # the rate is measured over this much recent time
 EVERY_S = 2.0  # the file is replaced at most this often
 

@@ -2,9 +2,9 @@
 
 Every path that sparkspec builds from a string it did not write (a URL segment, a repo id, a revision, a file
 name from an index, a manifest or a mirror) goes through this module: the string must match a strict pattern,
-and the joined path must stay under its root once resolved. Outputs are checked against inputs by resolved real
-paths (symlinks included) before anything is touched (:mod:`sparkspec.outputs`, re-exported here), and files
-that must be regular are opened so that a FIFO or a device cannot hang or feed a command.
+and the joined path must stay under its root once resolved. Outputs are checked against inputs by resolved
+real paths (symlinks included) before anything is touched (:mod:`sparkspec.outputs`, re-exported here), and
+files that must be regular are opened so that a FIFO or a device cannot hang or feed a command.
 """
 
 from __future__ import annotations
@@ -133,7 +133,8 @@ def open_regular(path: str | os.PathLike[str], what: str = "file") -> int:
         raise UserError(f"{path}: {what} not found; check the path") from None
     except OSError as exc:
         if exc.errno == errno.ENXIO:  # a FIFO or socket with nobody on the other side
-            raise UserError(f"{path}: is not a regular file (a FIFO or socket); give the {what} itself") from None
+            raise UserError(f"{path}: is not a regular file (a FIFO or socket); give the {what} "
+                            "itself") from None
         raise UserError(f"{path}: cannot open the {what} ({exc.strerror}); check the path and its "
                         "permissions") from None
     st = os.fstat(fd)

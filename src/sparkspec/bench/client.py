@@ -1,16 +1,17 @@
 """Benchmark client: streamed chat completions against an OpenAI-compatible vLLM server.
 
 Result keys and units follow ``vllm bench serve`` where they mean the same (``completed``, ``duration`` in s,
-``*_ms`` latencies, ``output_throughput`` in tok/s, ``spec_decode_*`` from the server's own counters), plus the
-article's per-request speed: a request's tok/s is its output tokens over its end-to-end time. Output tokens come
-from the server's streamed usage (``stream_options.include_usage``); TPOT = (e2e - TTFT) / (output tokens - 1),
-never inter-chunk gaps, since one chunk carries several tokens under speculative decoding.
+``*_ms`` latencies, ``output_throughput`` in tok/s, ``spec_decode_*`` from the server's own counters), plus
+the article's per-request speed: a request's tok/s is its output tokens over its end-to-end time. Output
+tokens come from the server's streamed usage (``stream_options.include_usage``); TPOT = (e2e - TTFT) / (output
+tokens - 1), never inter-chunk gaps, since one chunk carries several tokens under speculative decoding.
 
-What the server sends is untrusted: every stream is parsed line by line with bounds (line length, response size,
-JSON depth), every chunk must have the shape of an OpenAI chat.completion.chunk, and usage counts must be integers
-within max_tokens. The first request that fails in any way (HTTP error, error event, malformed or unfinished
-stream, a connection that breaks) stops the run: one line naming the URL and what was wrong, exit 1, and nothing
-is written. Server text quoted in a message is cut short, stripped of control characters and of the API key.
+What the server sends is untrusted: every stream is parsed line by line with bounds (line length, response
+size, JSON depth), every chunk must have the shape of an OpenAI chat.completion.chunk, and usage counts must
+be integers within max_tokens. The first request that fails in any way (HTTP error, error event, malformed or
+unfinished stream, a connection that breaks) stops the run: one line naming the URL and what was wrong, exit
+1, and nothing is written. Server text quoted in a message is cut short, stripped of control characters and of
+the API key.
 """
 
 from __future__ import annotations
@@ -146,7 +147,8 @@ class ChunkParser:
         self.parts.append(content or "")
         ids = choice.get("token_ids")
         if ids is not None:
-            if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            if not isinstance(ids,
+                              list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
                 raise _shape("token_ids", ids)
             self.result.token_ids = (self.result.token_ids or []) + ids
         if finish:
@@ -157,7 +159,8 @@ class ChunkParser:
             raise StreamError("the stream ended before [DONE]")
         if not self.has_usage:
             raise StreamError("no usage in the stream; the server ignored stream_options.include_usage")
-        self.result.e2e = self.last - self.start  # as vllm bench serve: the end is the last chunk with choices
+        # as vllm bench serve: the end is the last chunk with choices
+        self.result.e2e = self.last - self.start
         self.result.text = "".join(self.parts)
         return self.result
 
@@ -198,7 +201,8 @@ async def stream_chat(client: httpx.AsyncClient, base_url: str, prompt: Prompt, 
                 if chunks.done:
                     break
     except httpx.HTTPError as exc:
-        raise StreamError(f"the stream broke ({exc.__class__.__name__}: {clean(str(exc), api_key)})") from None
+        raise StreamError(f"the stream broke ({exc.__class__.__name__}: "
+                          f"{clean(str(exc), api_key)})") from None
     return chunks.finish()
 
 
@@ -277,8 +281,8 @@ def preflight(client: httpx.Client, base_url: str, model: str, api_key: str | No
     data = doc.get("data") if isinstance(doc, dict) else None
     entries = [_model_entry(m) for m in data] if isinstance(data, list) else [None]
     if None in entries:
-        raise UserError(f"{url}: the model list has the wrong shape (each entry needs a string id, string root, "
-                        "integer max_model_len); --url must point at a vLLM server")
+        raise UserError(f"{url}: the model list has the wrong shape (each entry needs a string id, string "
+                        "root, integer max_model_len); --url must point at a vLLM server")
     models = {m["id"]: m for m in entries if m is not None}
     if model not in models:
         raise UserError(f"--model {model}: not served at {base_url} (serves "
@@ -366,5 +370,6 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     result |= _figures(all_results, total_duration, first, snapshot)
     if len(planned) > 1:
         result["suites"] = per_suite
-    result["partial"], result["error"] = False, None  # kept for readers of older results: a failed run writes none
+    # kept for readers of older results: a failed run writes none
+    result["partial"], result["error"] = False, None
     return result

@@ -49,7 +49,7 @@ def first_token_divergence(expected: Any, actual: Any) -> tuple[int, int | None,
     on both sides, or when they are equal."""
     if not isinstance(expected, list) or not isinstance(actual, list) or expected == actual:
         return None
-    for i, (a, b) in enumerate(zip(expected, actual)):
+    for i, (a, b) in enumerate(zip(expected, actual, strict=False)):
         if a != b:
             return i, a, b
     n = min(len(expected), len(actual))
@@ -60,7 +60,7 @@ def first_divergence(expected: str, actual: str) -> int | None:
     """Index of the first differing character (the shorter length when one is a prefix); None when equal."""
     if expected == actual:
         return None
-    for i, (a, b) in enumerate(zip(expected, actual)):
+    for i, (a, b) in enumerate(zip(expected, actual, strict=False)):
         if a != b:
             return i
     return min(len(expected), len(actual))
@@ -79,7 +79,8 @@ def parses_as_json(text: str) -> bool:
 
 
 def generate(url: str, model: str, prompts: list[Prompt], max_tokens: int, api_key: str | None = None,
-             concurrency: int = 1, enable_thinking: bool = False, timeout: float = 600.0) -> list[dict[str, Any]]:
+             concurrency: int = 1, enable_thinking: bool = False,
+             timeout: float = 600.0) -> list[dict[str, Any]]:
     """Greedy (temperature 0) outputs for ``prompts``; a failed request ends the run (RunFailure), it is never
     counted as a mismatch."""
     with sync_client() as client:
@@ -119,12 +120,12 @@ def load_reference(path: str | Path, model: str) -> dict[str, Any]:
         raise UserError(f"{path}: not a {FORMAT} file; {fix}")
     recorded = expect(doc, "model", str, str(path), fix)
     if recorded != model:
-        raise UserError(f"{path}: recorded for model {clean(recorded)!r}, not --model {model}; a reference for "
-                        "another model is no reference: record one for this model")
+        raise UserError(f"{path}: recorded for model {clean(recorded)!r}, not --model {model}; a reference "
+                        "for another model is no reference: record one for this model")
     temp = expect(doc, "temperature", (int, float), str(path), fix)
     if isinstance(temp, bool) or temp != 0:
-        raise UserError(f"{path}: recorded at temperature {clean(str(temp))}, not 0 (greedy); only greedy outputs "
-                        f"can be compared: {fix}")
+        raise UserError(f"{path}: recorded at temperature {clean(str(temp))}, not 0 (greedy); only greedy "
+                        f"outputs can be compared: {fix}")
     max_tokens = expect(doc, "max_tokens", int, str(path), fix)
     if not 1 <= max_tokens <= MAX_TOKENS:
         raise UserError(f"{path}: max_tokens {max_tokens} is not from 1 to {MAX_TOKENS}; {fix}")
@@ -142,7 +143,8 @@ def load_reference(path: str | Path, model: str) -> dict[str, Any]:
         ids = expect(out, "token_ids", (list, type(None)), where, fix, required=False)
         if ids is not None and not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
             raise UserError(f"{where}: token_ids holds something other than token ids; {fix}")
-        if not out["id"] or len(out["id"]) > MAX_ID or not out["id"].isprintable() or not out["prompt"].strip():
+        if (not out["id"] or len(out["id"]) > MAX_ID or not out["id"].isprintable()
+                or not out["prompt"].strip()):
             raise UserError(f"{where}: needs a printable id of 1 to {MAX_ID} characters and a prompt; {fix}")
     ids = [o["id"] for o in outputs]
     if len(set(ids)) != len(ids):
@@ -191,20 +193,22 @@ def verdict(report: dict[str, Any], min_share: float, require_json: bool) -> tup
     if report["share"] < min_share:
         reasons.append(f"identical share {report['share']:.3f} < {min_share:.3f}")
     if require_json and report["json_parse_failures"]:
-        reasons.append(f"{report['json_parse_failures']} of {report['json_expected']} JSON outputs do not parse")
+        reasons.append(f"{report['json_parse_failures']} of {report['json_expected']} JSON outputs do not "
+                       "parse")
     summary = (f"{report['identical']}/{report['total']} identical (share {report['share']:.3f}), "
                f"JSON parse failures {report['json_parse_failures']}/{report['json_expected']}")
     for m in report["mismatches"][:5]:
-        token = "" if m.get("token_index") is None else (f" (token {m['token_index']}: id {m['expected_token']} "
-                                                          f"expected, {m['actual_token']} produced)")
+        token = "" if m.get("token_index") is None else (f" (token {m['token_index']}: id "
+                                                          f"{m['expected_token']} expected, "
+                                                          f"{m['actual_token']} produced)")
         summary += f"; {m['id']} diverges at char {m['offset']}{token}: {m['expected']!r} vs {m['actual']!r}"
     return not reasons, summary if not reasons else f"FAIL ({'; '.join(reasons)}): {summary}"
 
 
 def run_compare(url: str, model: str, reference: dict[str, Any], api_key: str | None = None,
                 concurrency: int = 1, method: str | None = None, timeout: float = 600.0) -> dict[str, Any]:
-    outputs = generate(url, model, reference_prompts(reference), reference["max_tokens"], api_key, concurrency,
-                       bool(reference.get("enable_thinking", False)), timeout)
+    outputs = generate(url, model, reference_prompts(reference), reference["max_tokens"], api_key,
+                       concurrency, bool(reference.get("enable_thinking", False)), timeout)
     return {"format": REPORT_FORMAT, "method": method, "model": model, "url": url,
             "reference_method": reference.get("method"),
             "max_tokens": reference.get("max_tokens"), **compare(reference, outputs), "outputs": outputs}

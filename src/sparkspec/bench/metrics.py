@@ -1,5 +1,5 @@
-"""The figures of a run: the client's own (``summarize``) and vLLM's /metrics (counter snapshots, deltas over a
-run, and the spec-decode figures they give); and the bounded, key-redacting reads of a server's answers.
+"""The figures of a run: the client's own (``summarize``) and vLLM's /metrics (counter snapshots, deltas over
+a run, and the spec-decode figures they give); and the bounded, key-redacting reads of a server's answers.
 
 Parsed with prometheus_client's text parser; every counter is summed over its label sets (model_name, engine),
 per-position acceptance keeps the ``position`` label. Formulas (as ``vllm bench serve`` reports them):
@@ -51,7 +51,8 @@ def auth(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
-def get_bounded(client: httpx.Client, url: str, api_key: str | None, limit: int = MAX_BODY) -> tuple[int, bytes]:
+def get_bounded(client: httpx.Client, url: str, api_key: str | None,
+                limit: int = MAX_BODY) -> tuple[int, bytes]:
     """GET ``url``: its status and at most ``limit`` bytes of body, else one line naming the URL."""
     try:
         with client.stream("GET", url, headers=auth(api_key)) as response:
@@ -59,11 +60,12 @@ def get_bounded(client: httpx.Client, url: str, api_key: str | None, limit: int 
             for piece in response.iter_bytes():
                 body += piece
                 if len(body) > limit:
-                    raise UserError(f"{url}: answers more than {limit} bytes; --url must point at a vLLM server")
+                    raise UserError(f"{url}: answers more than {limit} bytes; --url must point at a vLLM "
+                                    "server")
             return response.status_code, bytes(body)
     except httpx.HTTPError as exc:
-        raise UserError(f"{url}: unreachable or a broken answer ({exc.__class__.__name__}: {exc}); check --url "
-                        "and that the server is up") from None
+        raise UserError(f"{url}: unreachable or a broken answer ({exc.__class__.__name__}: {exc}); check "
+                        "--url and that the server is up") from None
 
 
 @dataclass(frozen=True)
@@ -92,8 +94,8 @@ def parse(text: str) -> Snapshot:
                 if sample.name != ACCEPTED_PER_POS and sample.name not in wanted:
                     continue
                 if not (math.isfinite(sample.value) and sample.value >= 0):
-                    raise UserError(f"/metrics: {sample.name} is {sample.value}, not a count; point --url at a "
-                                    "vLLM server")
+                    raise UserError(f"/metrics: {sample.name} is {sample.value}, not a count; point --url at "
+                                    "a vLLM server")
                 if sample.name == ACCEPTED_PER_POS:
                     pos = int(sample.labels.get("position", "0"))
                     if not 0 <= pos <= MAX_POSITION:
@@ -187,7 +189,8 @@ def settled(client: httpx.Client, base_url: str, before: Snapshot, min_generatio
 
 def _stats(name: str, values_s: list[float]) -> dict[str, float | None]:
     if not values_s:
-        return {f"mean_{name}_ms": None, f"median_{name}_ms": None, f"std_{name}_ms": None, f"p99_{name}_ms": None}
+        return {f"mean_{name}_ms": None, f"median_{name}_ms": None, f"std_{name}_ms": None,
+                f"p99_{name}_ms": None}
     ms = np.asarray(values_s) * 1000.0
     return {f"mean_{name}_ms": float(ms.mean()), f"median_{name}_ms": float(np.median(ms)),
             f"std_{name}_ms": float(ms.std()), f"p99_{name}_ms": float(np.percentile(ms, 99))}
@@ -219,7 +222,8 @@ def summarize(results: Sequence[Timed], duration: float) -> dict[str, Any]:
         "total_token_throughput": (in_tokens + out_tokens) / duration if duration > 0 else None,
     }
     figures |= _stats("ttft", [r.ttft for r in results])
-    figures |= _stats("tpot", [(r.e2e - r.ttft) / (r.output_tokens - 1) for r in results if r.output_tokens > 1])
+    figures |= _stats("tpot",
+                      [(r.e2e - r.ttft) / (r.output_tokens - 1) for r in results if r.output_tokens > 1])
     figures |= _stats("e2el", [r.e2e for r in results])
     figures["per_request_tok_s_mean"] = float(np.mean(speeds)) if speeds else None
     figures["per_request_tok_s_max"] = float(np.max(speeds)) if speeds else None

@@ -193,8 +193,8 @@ def plan_assembly(int4: Path, fp8: Path | None, patterns: Iterable[str] = (), ex
             if file not in h8:
                 h8[file] = read_header(source_file(fp8, fp8 / file, "--fp8"))
             if name not in h8[file].tensors:
-                raise UserError(f"{fp8 / INDEX_NAME}: maps {name} to {file}, whose header has no such tensor; "
-                                "re-fetch the FP8 source")
+                raise UserError(f"{fp8 / INDEX_NAME}: maps {name} to {file}, whose header has no such "
+                                "tensor; re-fetch the FP8 source")
             fp8_tensors[name] = h8[file].tensors[name]
     check_unique(fp8, h8, "re-download the checkpoint")
 
@@ -204,7 +204,8 @@ def plan_assembly(int4: Path, fp8: Path | None, patterns: Iterable[str] = (), ex
     modules = fp8_selection(int4_tensors, fp8_tensors, patterns, block, where)
     if not modules:
         raise UserError(f"{fp8}: no tensor of {int4} has an F8_E4M3 X.weight with X.weight_scale_inv there; "
-                        "check that --fp8 is the FP8 checkpoint of the same model (or widen with --fp8-pattern)")
+                        "check that --fp8 is the FP8 checkpoint of the same model (or widen with "
+                        "--fp8-pattern)")
     replaced: dict[str, tuple[Piece, Piece]] = {}
     for module in modules:
         pair = []
@@ -215,9 +216,9 @@ def plan_assembly(int4: Path, fp8: Path | None, patterns: Iterable[str] = (), ex
     return _finish(int4, fp8, shard_files, h4, config, replaced, modules, patterns, block, expect_fp8)
 
 
-def _finish(int4: Path, fp8: Path | None, shard_files: list[str], h4: dict[str, Header], config: dict[str, Any],
-            replaced: dict[str, tuple[Piece, Piece]], modules: list[str], patterns: list[str],
-            block: tuple[int, ...] | None, expect_fp8: int | None) -> Plan:
+def _finish(int4: Path, fp8: Path | None, shard_files: list[str], h4: dict[str, Header],
+            config: dict[str, Any], replaced: dict[str, tuple[Piece, Piece]], modules: list[str],
+            patterns: list[str], block: tuple[int, ...] | None, expect_fp8: int | None) -> Plan:
     """The plan from the INT4 headers and the FP8 pieces chosen (none without ``--fp8``)."""
     shards: dict[str, list[Piece]] = {}
     for file, header in h4.items():
@@ -243,9 +244,11 @@ def _finish(int4: Path, fp8: Path | None, shard_files: list[str], h4: dict[str, 
     fp8_modules = modules
     scale_dtypes = sorted({replaced[m][1].dtype for m in fp8_modules})
     out_config = dict(config)
-    out_config[CONFIG_KEY] = {"fp8_layers": fp8_modules, "fp8_weight_block_size": None if block is None else list(block),
+    out_config[CONFIG_KEY] = {"fp8_layers": fp8_modules,
+                              "fp8_weight_block_size": None if block is None else list(block),
                               "fp8_scale_dtype": scale_dtypes, "fp8_patterns": list(patterns),
-                              "int4_revision": _revision(int4), "fp8_revision": None if fp8 is None else _revision(fp8)}
+                              "int4_revision": _revision(int4),
+                              "fp8_revision": None if fp8 is None else _revision(fp8)}
     used = {p.src for pieces in shards.values() for p in pieces}
     inputs = {
         "format": FORMAT_VERSION, "hash": HASH_NAME, "fp8_patterns": list(patterns),
@@ -294,7 +297,8 @@ class AssembleResult:
                 "warnings": self.warnings, "hash": HASH_NAME}
 
 
-def assemble(int4: Path, fp8: Path | None, out: Path, patterns: Iterable[str] = (), expect_fp8: int | None = None,
+def assemble(int4: Path, fp8: Path | None, out: Path, patterns: Iterable[str] = (),
+             expect_fp8: int | None = None,
              progress: Callable[[int], Progress | None] | None = None) -> AssembleResult:
     """Build (or confirm) the hybrid in ``out``. ``progress(total_bytes)`` may return a per-bytes callback."""
     int4, fp8, out = Path(int4), None if fp8 is None else Path(fp8), Path(out)

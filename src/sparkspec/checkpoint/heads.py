@@ -1,16 +1,18 @@
 """Check a draft head (EAGLE3 or DFlash) against its target before the server is touched.
 
-vLLM refuses a wrong head only at engine start, deep in a traceback (a hidden size that differs from the target's
-dies in a matmul: ``CHECK_EQ ... 512 vs 768``), or not at all (a DFlash head without ``dflash_config`` is taken as
-another drafter). Reading the two config.json files and the head's safetensors headers (no weights) is enough to
-refuse these in one line naming the field and the fix:
+vLLM refuses a wrong head only at engine start, deep in a traceback (a hidden size that differs from the
+target's dies in a matmul: ``CHECK_EQ ... 512 vs 768``), or not at all (a DFlash head without
+``dflash_config`` is taken as another drafter). Reading the two config.json files and the head's safetensors
+headers (no weights) is enough to refuse these in one line naming the field and the fix:
 
-* the head's hidden size (``target_hidden_size`` when set, else ``hidden_size``) equals the target's, and ``fc``
-  reads exactly one target hidden state per aux layer;
-* EAGLE3: ``architectures`` names an EAGLE3 model; ``eagle_config.eagle_aux_hidden_state_layer_ids`` (when given)
-  are integers from 0 to the target's layer count (id i is the input of target layer i; id L the last output);
+* the head's hidden size (``target_hidden_size`` when set, else ``hidden_size``) equals the target's, and
+  ``fc`` reads exactly one target hidden state per aux layer;
+* EAGLE3: ``architectures`` names an EAGLE3 model; ``eagle_config.eagle_aux_hidden_state_layer_ids`` (when
+  given) are integers from 0 to the target's layer count (id i is the input of target layer i; id L the last
+  output);
 * DFlash: ``architectures`` is ``DFlashDraftModel``; ``dflash_config`` holds ``block_size`` (>= 2),
-  ``mask_token_id`` (inside the head's vocabulary) and ``target_layer_ids`` (zero-based, below the layer count);
+  ``mask_token_id`` (inside the head's vocabulary) and ``target_layer_ids`` (zero-based, below the layer
+  count);
 * the head's vocabulary is the target's (``draft_vocab_size`` may be smaller only with a ``d2t`` map).
 """
 
@@ -23,7 +25,9 @@ from typing import Any
 
 from sparkspec.checkpoint.safetensors_io import read_header
 from sparkspec.errors import UserError
-from sparkspec.registry.data import HEAD_KINDS as METHODS   # the methods that draft with a head: the registry's
+
+# the methods that draft with a head: the registry's
+from sparkspec.registry.data import HEAD_KINDS as METHODS
 
 
 @dataclass(frozen=True)
@@ -116,8 +120,8 @@ def check_head(method: str, head: str | Path, target: str | Path) -> HeadReport:
         mask = _int(dcfg, "mask_token_id", f"{where} dflash_config", minimum=0)
         vocab = _int(hcfg, "vocab_size", where)
         if mask >= vocab:
-            raise UserError(f"{where}: dflash_config.mask_token_id {mask} is outside the vocabulary (0..{vocab - 1})"
-                            "; fix the head's config.json")
+            raise UserError(f"{where}: dflash_config.mask_token_id {mask} is outside the vocabulary "
+                            f"(0..{vocab - 1}); fix the head's config.json")
         aux = _layer_ids(dcfg.get("target_layer_ids"), where, "dflash_config.target_layer_ids", layers - 1,
                          f"the target has {layers} layers, numbered from 0")
     else:
@@ -136,12 +140,12 @@ def _check_tensors(where: str, shapes: dict[str, tuple[int, ...]], hcfg: dict[st
                    h_hidden: int, t_hidden: int, n_aux: int) -> None:
     fc = shapes.get("fc.weight") or shapes.get("model.fc.weight")
     if fc is None:
-        raise UserError(f"{where}: the head has no fc.weight (the layer that reads the target's hidden states); "
-                        "re-fetch the head")
+        raise UserError(f"{where}: the head has no fc.weight (the layer that reads the target's hidden "
+                        "states); re-fetch the head")
     if fc != (h_hidden, n_aux * t_hidden):
         raise UserError(f"{where}: fc.weight is {list(fc)}, expected [{h_hidden}, {n_aux * t_hidden}] for "
-                        f"{n_aux} aux states of hidden size {t_hidden}; the head's aux layer list does not fit "
-                        "its fc: use a head made for this target")
+                        f"{n_aux} aux states of hidden size {t_hidden}; the head's aux layer list does not "
+                        "fit its fc: use a head made for this target")
     vocab = hcfg.get("draft_vocab_size") or hcfg.get("vocab_size")
     has_map = any(n.endswith("d2t") for n in shapes)
     if vocab != t_vocab and not (has_map and isinstance(vocab, int) and vocab < t_vocab):

@@ -5,7 +5,8 @@ Right after writing each output file, the manifest records its size, modificatio
 (any write to the file changes its change time, which no user can set back) and the digest of its bytes; for
 shards also the digest of the header. A re-run is a no-op only when all of that still matches
 (:func:`stale_outputs`); ``verify`` re-hashes the files whose record no longer matches, ``verify --full``
-every file (:func:`rehash`), with the digest the copy computed (ckpt_stream: the whole file's bytes, in order).
+every file (:func:`rehash`), with the digest the copy computed (ckpt_stream: the whole file's bytes, in
+order).
 """
 
 from __future__ import annotations
@@ -74,7 +75,8 @@ def load(directory: Path) -> dict[str, Any]:
     if expect(doc, "tool", str, where, _FIX) != TOOL:
         raise UserError(f"{where}: was not written by `{TOOL}`; {_FIX}")
     if expect(doc, "format", int, where, _FIX) != FORMAT_VERSION:
-        raise UserError(f"{where}: format {doc['format']} is not {FORMAT_VERSION} (an older sparkspec); {_FIX}")
+        raise UserError(f"{where}: format {doc['format']} is not {FORMAT_VERSION} (an older sparkspec); "
+                        f"{_FIX}")
     expect(doc, "key", str, where, _FIX)
     expect(doc, "hash", str, where, _FIX)
     outputs = expect(doc, "outputs", dict, where, _FIX)
@@ -89,8 +91,8 @@ def load(directory: Path) -> dict[str, Any]:
     weight_map = expect(doc, "weight_map", dict, where, _FIX)
     for tensor, file in weight_map.items():
         if not isinstance(file, str) or file not in outputs:
-            raise UserError(f"{where}: weight_map maps {tensor!r:.80} to {file!r:.80}, which is not an output; "
-                            f"{_FIX}")
+            raise UserError(f"{where}: weight_map maps {tensor!r:.80} to {file!r:.80}, which is not an "
+                            f"output; {_FIX}")
     return doc
 
 
@@ -132,8 +134,8 @@ def check_digests(directory: Path, manifest: dict[str, Any], names: list[str]) -
     """Re-hash ``names`` (those the manifest holds a digest for); one problem per file that differs."""
     algo = manifest["hash"]
     if algo != HASH_NAME:
-        raise UserError(f"{directory / MANIFEST_NAME}: digests are {algo}, this install computes {HASH_NAME}; "
-                        "install the same digest (pip install xxhash) or re-run assemble")
+        raise UserError(f"{directory / MANIFEST_NAME}: digests are {algo}, this install computes "
+                        f"{HASH_NAME}; install the same digest (pip install xxhash) or re-run assemble")
     problems = []
     for name in names:
         want = manifest["outputs"][name].get(algo)

@@ -82,7 +82,8 @@ def _validated(source: Path, target: Path) -> tuple[Path, Header, list[str], dic
     if not source.is_dir():
         raise UserError(f"--source {source}: not a folder; point it at the INT4 checkpoint download")
     if not target.is_dir():
-        raise UserError(f"--target {target}: not a folder; point it at the hybrid `checkpoint assemble` wrote")
+        raise UserError(f"--target {target}: not a folder; point it at the hybrid `checkpoint assemble` "
+                        "wrote")
     if not owned(target):
         raise UserError(f"--target {target} was not written by {TOOL}; add-mtp registers the head in an "
                         "assembled hybrid only: assemble first, then point --target at its --out")

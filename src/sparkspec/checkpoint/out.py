@@ -55,7 +55,8 @@ def existing_ancestor(path: Path) -> Path:
 
 
 def check_room(out: Path, needed: int, flag: str, what: str) -> None:
-    """Refuse before writing when the filesystem that will hold ``out`` has less than ``needed`` bytes free."""
+    """Refuse before writing when the filesystem that will hold ``out`` has less than ``needed`` bytes
+    free."""
     where = existing_ancestor(out.parent)
     free = shutil.disk_usage(where).free
     if free < needed:
@@ -74,7 +75,8 @@ def _locked(out: Path, flag: str) -> Iterator[None]:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise UserError(f"{out}: another run is writing it ({path} is locked); wait for it to finish") from None
+            raise UserError(f"{out}: another run is writing it ({path} is locked); wait for it to "
+                            "finish") from None
         st = os.fstat(fd)
         try:
             now = os.stat(path, follow_symlinks=False)

@@ -126,7 +126,8 @@ def parse_header(read: Callable[[int, int], bytes], size: int, source: str) -> H
     try:
         doc = loads_bounded(raw, max_bytes=MAX_HEADER_BYTES)
     except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, JsonShapeError, ...
-        raise _fail(source, f"header is not valid JSON ({exc.__class__.__name__}: {str(exc)[:200]})") from None
+        raise _fail(source, f"header is not valid JSON ({exc.__class__.__name__}: "
+                            f"{str(exc)[:200]})") from None
     if not isinstance(doc, dict):
         raise _fail(source, "header JSON is not an object")
     metadata = doc.pop("__metadata__", None)
@@ -145,8 +146,8 @@ def parse_header(read: Callable[[int, int], bytes], size: int, source: str) -> H
     data_start = 8 + length
     if data_start + cursor != size:
         what = "truncated" if data_start + cursor > size else "has trailing bytes"
-        raise _fail(source, f"file is {size} bytes but its header says the data ends at {data_start + cursor} "
-                            f"(file {what})")
+        raise _fail(source, f"file is {size} bytes but its header says the data ends at "
+                            f"{data_start + cursor} (file {what})")
     return Header({t.name: t for t in infos}, metadata, data_start)
 
 
@@ -257,6 +258,6 @@ def check_unique(root: str | os.PathLike[str], headers: Mapping[str, Header], fi
     for file, header in headers.items():
         for name in header.tensors:
             if name in seen:
-                raise UserError(f"{root}: tensor {name} is in both {seen[name]} and {file}; a tensor lives in "
-                                f"one file: {fix}")
+                raise UserError(f"{root}: tensor {name} is in both {seen[name]} and {file}; a tensor lives "
+                                f"in one file: {fix}")
             seen[name] = file

@@ -59,11 +59,13 @@ def weight_block_size(config: Mapping[str, Any], where: str = "config.json") -> 
     if qc is None:
         return DEFAULT_BLOCK
     if not isinstance(qc, dict):
-        raise UserError(f"{where}: quantization_config is {type(qc).__name__}, expected an object; {_CONFIG_FIX}")
+        raise UserError(f"{where}: quantization_config is {type(qc).__name__}, expected an object; "
+                        f"{_CONFIG_FIX}")
     block = qc.get("weight_block_size")
     if block is None:
         return DEFAULT_BLOCK
-    if not (isinstance(block, list) and len(block) == 2 and all(_is_int(b) and 0 < b <= 1 << 20 for b in block)):
+    if not (isinstance(block,
+                       list) and len(block) == 2 and all(_is_int(b) and 0 < b <= 1 << 20 for b in block)):
         raise UserError(f"{where}: quantization_config.weight_block_size is {block!r:.60}, expected two "
                         f"positive integers like [128, 128]; {_CONFIG_FIX}")
     return tuple(block)
@@ -95,7 +97,8 @@ def compile_patterns(patterns: Iterable[str]) -> list[re.Pattern[str]]:
         try:
             regexes.append(re.compile(pat))
         except re.error as exc:
-            raise UserError(f"--fp8-pattern {pat!r}: not a valid regular expression ({exc}); fix it") from None
+            raise UserError(f"--fp8-pattern {pat!r}: not a valid regular expression ({exc}); fix "
+                            "it") from None
     return regexes
 
 
@@ -149,11 +152,13 @@ def fp8_selection(int4_tensors: Mapping[str, TensorInfo], fp8_tensors: Mapping[s
         if tuple(w.shape) != tuple(want):
             raise UserError(f"{source('fp8', w.name)}: {w.name} is {list(w.shape)} but "
                             f"{source('int4', t.name)} has {t.name} {t.dtype} {list(t.shape)} (weight "
-                            f"{list(want)}); shape mismatch between sources, check --int4 and --fp8 are one model")
-        want_scale = tuple(math.ceil(d / b) for d, b in zip(want, block))
+                            f"{list(want)}); shape mismatch between sources, check --int4 and --fp8 are one "
+                            "model")
+        want_scale = tuple(math.ceil(d / b) for d, b in zip(want, block, strict=False))
         if scale.dtype not in ("BF16", "F32") or tuple(scale.shape) != want_scale:
-            raise UserError(f"{source('fp8', scale.name)}: {scale.name} is {scale.dtype} {list(scale.shape)}, "
-                            f"expected BF16 or F32 {list(want_scale)} for block {list(block)}; re-fetch it")
+            raise UserError(f"{source('fp8', scale.name)}: {scale.name} is {scale.dtype} "
+                            f"{list(scale.shape)}, expected BF16 or F32 {list(want_scale)} for block "
+                            f"{list(block)}; re-fetch it")
         chosen.append(module)
     int4_modules = {module_of(n) for n in int4_tensors}
     for module in chosen:
@@ -162,6 +167,7 @@ def fp8_selection(int4_tensors: Mapping[str, TensorInfo], fp8_tensors: Mapping[s
             missing = [f"{parent}.{o}" for o in sorted(group - {leaf}) if leaf in group
                        and f"{parent}.{o}" in int4_modules and f"{parent}.{o}" not in chosen]
             if missing:
-                raise UserError(f"{source('fp8', module + '.weight')}: {module} would be FP8 but {missing[0]} "
-                                "not; vLLM fuses them, so make --fp8-pattern cover the whole group or none")
+                raise UserError(f"{source('fp8', module + '.weight')}: {module} would be FP8 but "
+                                f"{missing[0]} not; vLLM fuses them, so make --fp8-pattern cover the whole "
+                                "group or none")
     return chosen

@@ -48,7 +48,8 @@ class VerifyReport:
         return {"changed": False, "ok": self.ok, "dir": str(self.directory), "files": self.files,
                 "tensors": self.tensors, "total_size": self.total_size, "mtp_tensors": self.mtp,
                 "expected_mtp": self.expected_mtp, "fp8_weights": self.fp8_weights,
-                "problems": self.problems, "notes": self.notes, "loader": self.loader, "rehashed": self.rehashed}
+                "problems": self.problems, "notes": self.notes, "loader": self.loader,
+                "rehashed": self.rehashed}
 
 
 def expected_mtp_from_config(directory: Path) -> tuple[int | None, str]:
@@ -99,8 +100,8 @@ def _structure(directory: Path, weight_map: dict[str, str], declared_total: Any,
                     report.problems.append(f"{directory / file}: FP8 {tensor} has no {tensor}_scale_inv in "
                                            "the index")
     if declared_total != total:
-        report.problems.append(f"{directory / INDEX_NAME}: metadata.total_size is {declared_total}, the mapped "
-                               f"tensors hold {total} bytes")
+        report.problems.append(f"{directory / INDEX_NAME}: metadata.total_size is {declared_total}, the "
+                               f"mapped tensors hold {total} bytes")
     report.files, report.tensors, report.total_size = len(headers), len(weight_map), total
     for path in sorted(directory.glob("*.safetensors")):
         if path.name not in headers and path.is_file():
@@ -113,8 +114,8 @@ def _sample_load(directory: Path, headers: dict[str, Header], report: VerifyRepo
         import torch
         from fastsafetensors import SafeTensorsFileLoader, SingleGroup
     except Exception as exc:  # noqa: BLE001 - any import failure means "cannot check here"
-        report.loader = f"loader check skipped: fastsafetensors/torch not importable ({exc.__class__.__name__}: " \
-                        f"{exc})"
+        report.loader = ("loader check skipped: fastsafetensors/torch not importable "
+                         f"({exc.__class__.__name__}: {exc})")
         return
     files = sorted(headers, key=lambda f: (directory / f).stat().st_size)[:SAMPLE_FILES]
     loader = SafeTensorsFileLoader(SingleGroup(), "cpu", nogds=True)
@@ -133,10 +134,12 @@ def _sample_load(directory: Path, headers: dict[str, Header], report: VerifyRepo
                         info = header.tensors[name]
                         tensor = buffers.get_tensor(name)
                         raw = os.pread(fh.fileno(), info.nbytes, header.data_start + info.begin)
-                        loaded = tensor.contiguous().view(torch.uint8).numpy().tobytes() if info.nbytes else b""
+                        loaded = (tensor.contiguous().view(torch.uint8).numpy().tobytes() if info.nbytes
+                                  else b"")
                         if tuple(tensor.shape) != info.shape or loaded != raw:
-                            report.problems.append(f"{directory / file}: {name} loads with fastsafetensors as "
-                                                   f"{tensor.dtype} {list(tensor.shape)}, not the bytes on disk")
+                            report.problems.append(f"{directory / file}: {name} loads with fastsafetensors "
+                                                   f"as {tensor.dtype} {list(tensor.shape)}, not the bytes "
+                                                   "on disk")
                         checked += 1
         finally:
             buffers.close()
@@ -152,9 +155,9 @@ def _against_manifest(directory: Path, weight_map: dict[str, str], full: bool, r
     """Assemble's own files as it wrote them: re-hash those whose stat record changed (all with ``full``)."""
     if not os.path.lexists(directory / ckpt_manifest.MANIFEST_NAME):
         if full:
-            raise UserError(f"{directory / ckpt_manifest.MANIFEST_NAME}: not found; --full re-hashes the files "
-                            "against the digests assemble records there: point at an assembled hybrid, or "
-                            "drop --full")
+            raise UserError(f"{directory / ckpt_manifest.MANIFEST_NAME}: not found; --full re-hashes the "
+                            "files against the digests assemble records there: point at an assembled hybrid, "
+                            "or drop --full")
         report.notes.append(f"no {ckpt_manifest.MANIFEST_NAME}: file contents not checked against digests")
         return
     manifest = ckpt_manifest.load(directory)

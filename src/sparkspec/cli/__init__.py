@@ -38,7 +38,8 @@ def run(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> int:
     with stops.handled():
         code = _main(parser, argv)
         sig = stops.requested()
-        if sig is not None and code != 130:  # the interrupt was swallowed where it was raised; the output was not
+        # the interrupt was swallowed where it was raised; the output was not
+        if sig is not None and code != 130:
             print(f"sparkspec: interrupted by {sig.name}; nothing half-written was left", file=sys.stderr)
             return 130
         return code

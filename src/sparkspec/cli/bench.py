@@ -3,8 +3,8 @@
 Every flag is checked by its argparse type (finite, in range, printable) and every output path before the run:
 an output may not be a symbolic link, a folder, an input, or an existing file that this command did not write
 (it must carry the command's format marker, or be empty). Outputs are written only after everything succeeded,
-each to a fresh sibling that is renamed over the target. The API key comes from a file (``--api-key-file``, not
-readable by other users) or ``$SPARKSPEC_API_KEY``, never from the command line.
+each to a fresh sibling that is renamed over the target. The API key comes from a file (``--api-key-file``,
+not readable by other users) or ``$SPARKSPEC_API_KEY``, never from the command line.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ from sparkspec.validate import open_regular
 KEY_ENV = "SPARKSPEC_API_KEY"
 MAX_KEY_BYTES = 4096
 _KEY_RE = re.compile(r"[\x21-\x7e]+")  # visible ASCII: what an HTTP header carries as is
-_KEY_FIX = f"put the key alone on one line in a file (chmod 600) and pass --api-key-file FILE, or set ${KEY_ENV}"
+_KEY_FIX = ("put the key alone on one line in a file (chmod 600) and pass --api-key-file FILE, or set "
+            f"${KEY_ENV}")
 MAX_CONCURRENCY = 256  # requests in flight: vLLM's default max_num_seqs; each holds a socket
 MAX_REQUESTS = 100_000  # per suite
 MIN_TIMEOUT, MAX_TIMEOUT = 0.001, 86_400.0  # seconds per request
@@ -53,7 +54,8 @@ def check_url(url: str) -> str:
         port = parts.port
     except ValueError:
         raise UserError(f"--url {url}: the port is not a number from 1 to 65535; {fix}") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname or port == 0 or parts.path not in ("", "/"):
+    if parts.scheme not in ("http",
+                            "https") or not parts.hostname or port == 0 or parts.path not in ("", "/"):
         raise UserError(f"--url {url}: not http(s)://host[:port]; {fix}")
     return url.rstrip("/")
 
@@ -82,10 +84,11 @@ def read_api_key(path: str) -> str:
         st = os.fstat(fd)  # the mode of the file opened, not of whatever the path names later
         if st.st_mode & stat.S_IROTH:
             raise UserError(f"{path}: the API key file is readable by every user (mode "
-                            f"{stat.S_IMODE(st.st_mode):04o}); chmod 600 {path} (or 640 for the service's group)")
+                            f"{stat.S_IMODE(st.st_mode):04o}); chmod 600 {path} (or 640 for the service's "
+                            "group)")
         if st.st_size > MAX_KEY_BYTES:
-            raise UserError(f"{path}: the API key file is {st.st_size} bytes, more than the {MAX_KEY_BYTES} a key "
-                            "can be; give a file holding only the key")
+            raise UserError(f"{path}: the API key file is {st.st_size} bytes, more than the {MAX_KEY_BYTES} "
+                            "a key can be; give a file holding only the key")
         raw = os.read(fd, MAX_KEY_BYTES + 1)
     finally:
         os.close(fd)
@@ -110,7 +113,8 @@ class _KeyOnArgv(argparse.Action):
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
                  option_string: str | None = None) -> None:
-        parser.error(f"--api-key is not taken (a key on the command line shows in `ps` and in logs); {_KEY_FIX}")
+        parser.error("--api-key is not taken (a key on the command line shows in `ps` and in logs); "
+                     f"{_KEY_FIX}")
 
 
 def arg_type(check: Callable[[str, str], str], flag: str) -> Callable[[str], str]:
@@ -139,16 +143,18 @@ def _bench(args: argparse.Namespace) -> int:
                  (("--suite", file_of(args.suite)), ("--api-key-file", args.api_key_file)))
     check_outputs([out])
     cfg = bench_mod.BenchConfig(
-        url=args.url, model=args.model, suite=args.suite, concurrency=args.concurrency, requests=args.requests,
-        max_tokens=args.max_tokens, temperature=args.temperature, api_key=api_key(args.api_key_file),
-        method=args.method, unit=args.unit, enable_thinking=args.enable_thinking, ignore_eos=args.ignore_eos,
-        timeout=args.timeout, extra={"profile": args.profile} if args.profile else {})
+        url=args.url, model=args.model, suite=args.suite, concurrency=args.concurrency,
+        requests=args.requests, max_tokens=args.max_tokens, temperature=args.temperature,
+        api_key=api_key(args.api_key_file), method=args.method, unit=args.unit,
+        enable_thinking=args.enable_thinking, ignore_eos=args.ignore_eos, timeout=args.timeout,
+        extra={"profile": args.profile} if args.profile else {})
     result = bench_mod.run_bench(cfg)
     write_outputs([(out, json_bytes(result))])
     rate = result["spec_decode_acceptance_rate"]
-    print(f"{result['completed']} completed, {result['output_throughput'] or 0:.1f} output tok/s, per request "
-          f"{result['per_request_tok_s_mean'] or 0:.1f} avg / {result['per_request_tok_s_max'] or 0:.1f} peak "
-          f"tok/s, acceptance {'n/a' if rate is None else f'{rate:.1f}%'} -> {args.output}")
+    print(f"{result['completed']} completed, {result['output_throughput'] or 0:.1f} output tok/s, per "
+          f"request {result['per_request_tok_s_mean'] or 0:.1f} avg / "
+          f"{result['per_request_tok_s_max'] or 0:.1f} peak tok/s, acceptance "
+          f"{'n/a' if rate is None else f'{rate:.1f}%'} -> {args.output}")
     if args.json:
         emit_json({"changed": False, "ok": True, "output": args.output, "partial": False,
                    "output_throughput": result["output_throughput"],
@@ -180,8 +186,8 @@ def _check_compare(args: argparse.Namespace) -> int:
         (("--reference", args.reference), ("--api-key-file", args.api_key_file)))
     check_outputs([out])
     reference = lossless.load_reference(args.reference, args.model)
-    report = lossless.run_compare(args.url, args.model, reference, api_key(args.api_key_file), args.concurrency,
-                                  args.method, args.timeout)
+    report = lossless.run_compare(args.url, args.model, reference, api_key(args.api_key_file),
+                                  args.concurrency, args.method, args.timeout)
     ok, summary = lossless.verdict(report, args.min_share, args.require_json)
     report |= {"min_share": args.min_share, "require_json": args.require_json, "passed": ok}
     if out is not None:
@@ -205,8 +211,8 @@ def _add_server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", required=True, type=arg_type(lambda v, f: check_url(v), "--url"),
                    help="server base URL, http(s)://host[:port], e.g. http://127.0.0.1:8000")
     p.add_argument("--model", required=True, type=arg_type(check_label, "--model"), help="served model name")
-    p.add_argument("--api-key-file", metavar="FILE", help=f"file holding the server's API key (chmod 600 or 640; "
-                   f"default: ${KEY_ENV})")
+    p.add_argument("--api-key-file", metavar="FILE", help="file holding the server's API key (chmod 600 or "
+                   f"640; default: ${KEY_ENV})")
     p.add_argument("--api-key", nargs="?", action=_KeyOnArgv, help=argparse.SUPPRESS)
     p.add_argument("--enable-thinking", action="store_true", help="leave thinking on (default: off)")
     p.add_argument("--timeout", type=number(float, MIN_TIMEOUT, MAX_TIMEOUT), default=600.0,
@@ -225,13 +231,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     bench.add_argument("--requests", type=number(int, 1, MAX_REQUESTS),
                        help="requests per suite (default: each prompt once)")
     bench.add_argument("--max-tokens", type=tokens, default=256, help="max output tokens per request")
-    bench.add_argument("--temperature", type=temperature, default=0.0, help="sampling temperature, always sent "
-                       "(default 0)")
+    bench.add_argument("--temperature", type=temperature, default=0.0, help="sampling temperature, always "
+                       "sent (default 0)")
     bench.add_argument("--ignore-eos", action="store_true", help="generate max-tokens every request")
     bench.add_argument("--unit", type=arg_type(check_label, "--unit"), help="systemd unit serving it "
                        "(recorded)")
     bench.add_argument("--output", required=True, help="result JSON file")
-    bench.add_argument("--profile", type=arg_type(check_label, "--profile"), help="profile serving now (recorded)")
+    bench.add_argument("--profile", type=arg_type(check_label, "--profile"), help="profile serving now "
+                                                                                  "(recorded)")
     bench.set_defaults(func=_bench)
 
     check = sub.add_parser("check-output", help="lossless check: greedy outputs of a method vs baseline's")
@@ -239,7 +246,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     rec = check_sub.add_parser("record", help="record baseline's greedy outputs as the reference")
     _add_server_args(rec)
     rec.add_argument("--suite", default="all", help="structured | open | all | PATH.jsonl (default all)")
-    rec.add_argument("--max-tokens", type=tokens, default=128, help="max output tokens per prompt (default 128)")
+    rec.add_argument("--max-tokens", type=tokens, default=128, help="max output tokens per prompt (default "
+                                                                    "128)")
     rec.add_argument("--output", required=True, help="reference JSON to write")
     rec.set_defaults(func=_check_record, method="baseline")
     cmp_ = check_sub.add_parser("compare", help="compare a method's greedy outputs with the reference")

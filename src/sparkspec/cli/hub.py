@@ -321,7 +321,8 @@ def _announce(server: HubServer, root: Path) -> None:
               f"when it holds {MARKER}; touch it in each folder to serve", file=sys.stderr, flush=True)
     for repo in names:
         try:
-            snap = server.repos.snapshot(*repo.split("/"), "main")
+            org, _, name = repo.partition("/")
+            snap = server.repos.snapshot(org, name, "main")
         except HubError as exc:
             print(f"sparkspec: warning: hub: {repo}: {exc.message}; not served", file=sys.stderr, flush=True)
             continue

@@ -165,9 +165,10 @@ def _counting(progress: ProgressFile, name: str) -> type[hf_tqdm]:
     """huggingface_hub's bar class, whose bar called ``name`` also adds what it counts to ``progress`` (even
     when bars are off: no terminal, or HF_HUB_DISABLE_PROGRESS_BARS)."""
 
-    class Counting(hf_tqdm):  # type: ignore[misc]
+    class Counting(hf_tqdm):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
+            # huggingface_hub's tqdm subclass has no annotations on __init__ (a third-party signature)
+            super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
             self.counted = kwargs.get("name") == name
 
         def update(self, n: float | None = 1) -> bool | None:

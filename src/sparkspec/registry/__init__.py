@@ -1,11 +1,11 @@
 """The registry of methods and profiles: the only schema, the one home of their values, and everything a host
 needs resolved once.
 
-The roles call it through the sparkspec role's filter plugin (roles/sparkspec/filter_plugins): the contract role
-sets one fact per host, ``sparkspec_resolved``, from :func:`resolve`, and every role reads folders, profile
-values, heads, the venv, the serve knobs, the verify floors and the speculative config from it; the deploy role
-turns it into vLLM's command line with :func:`vllm_command`. Each error is one line naming the inventory key and
-the fix.
+The roles call it through the sparkspec role's filter plugin (roles/sparkspec/filter_plugins): the contract
+role sets one fact per host, ``sparkspec_resolved``, from :func:`resolve`, and every role reads folders,
+profile values, heads, the venv, the serve knobs, the verify floors and the speculative config from it; the
+deploy role turns it into vLLM's command line with :func:`vllm_command`. Each error is one line naming the
+inventory key and the fix.
 
 - :mod:`.data`: the built-in methods, the serve defaults and verify floors, and the names other places use
   (head kinds, contract keys, serve knob names, renamed keys);
@@ -15,15 +15,43 @@ the fix.
 """
 
 from sparkspec.registry.command import BASE_ENV, vllm_command
-from sparkspec.registry.data import (BUILTIN_METHODS, CONTRACT_KEYS, HEAD_KINDS, KNOBS, RENAMED, SERVE,
-                                     SERVE_DEFAULTS, SERVE_FLAGS, VERIFY_DEFAULTS, VERIFY_KEYS)
-from sparkspec.registry.resolve import (check_renamed, choose_method, defined_methods, downloads, lookup_profile,
-                                        resolve)
-from sparkspec.registry.schema import (KINDS, METHOD_KEYS, PROFILE_KEYS, SPEC_FIELDS, SPEC_INTERNAL, RegistryError,
-                                       check_method, check_profile, check_serve, check_verify, repo_folder)
+from sparkspec.registry.data import (
+                                     BUILTIN_METHODS,
+                                     CONTRACT_KEYS,
+                                     HEAD_KINDS,
+                                     KNOBS,
+                                     RENAMED,
+                                     SERVE,
+                                     SERVE_DEFAULTS,
+                                     SERVE_FLAGS,
+                                     VERIFY_DEFAULTS,
+                                     VERIFY_KEYS,
+)
+from sparkspec.registry.resolve import (
+                                     check_renamed,
+                                     choose_method,
+                                     defined_methods,
+                                     downloads,
+                                     lookup_profile,
+                                     resolve,
+)
+from sparkspec.registry.schema import (
+                                     KINDS,
+                                     METHOD_KEYS,
+                                     PROFILE_KEYS,
+                                     SPEC_FIELDS,
+                                     SPEC_INTERNAL,
+                                     RegistryError,
+                                     check_method,
+                                     check_profile,
+                                     check_serve,
+                                     check_verify,
+                                     repo_folder,
+)
 
 __all__ = ["BASE_ENV", "BUILTIN_METHODS", "CONTRACT_KEYS", "HEAD_KINDS", "KINDS", "KNOBS", "METHOD_KEYS",
-           "PROFILE_KEYS", "RENAMED", "SERVE", "SERVE_DEFAULTS", "SERVE_FLAGS", "SPEC_FIELDS", "SPEC_INTERNAL", "VERIFY_DEFAULTS",
+           "PROFILE_KEYS", "RENAMED", "SERVE", "SERVE_DEFAULTS", "SERVE_FLAGS", "SPEC_FIELDS",
+           "SPEC_INTERNAL", "VERIFY_DEFAULTS",
            "VERIFY_KEYS", "RegistryError", "check_method", "check_profile", "check_renamed", "check_serve",
            "check_verify", "choose_method", "defined_methods", "downloads", "lookup_profile", "repo_folder",
            "resolve", "vllm_command"]

@@ -1,13 +1,14 @@
-"""Resolving a host once: which method it serves (the inventory, a switch, or the switch recorded on the host), its
-profile and staged profiles with their folders, the merged serve knobs and verify floors, and what it downloads.
+"""Resolving a host once: which method it serves (the inventory, a switch, or the switch recorded on the
+host), its profile and staged profiles with their folders, the merged serve knobs and verify floors, and what
+it downloads.
 
 Which method a host serves (:func:`choose_method`): an explicit switch (``deploy-<method>.yml``, ``invoke
 deploy/provision --method``) wins and is recorded on the host; later runs without a switch keep the recorded
 one while the inventory's ``sparkspec_method`` is still what it was when the switch was made; once the
 inventory's method changes, the inventory wins (a newer decision) and the record goes.
 
-Serve knobs and verify floors are applied in one order: the contract defaults (:mod:`sparkspec.registry.data`) <
-the profile's block < the method's block < the host's own (``sparkspec_serve``, ``sparkspec_verify``).
+Serve knobs and verify floors are applied in one order: the contract defaults (:mod:`sparkspec.registry.data`)
+< the profile's block < the method's block < the host's own (``sparkspec_serve``, ``sparkspec_verify``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,15 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from sparkspec.registry.data import BUILTIN_METHODS, HEAD_KINDS, RENAMED, SERVE_DEFAULTS, VERIFY_DEFAULTS
-from sparkspec.registry.schema import _fail, _mapping, _string, check_method, check_profile, check_serve, check_verify
+from sparkspec.registry.schema import (
+    _fail,
+    _mapping,
+    _string,
+    check_method,
+    check_profile,
+    check_serve,
+    check_verify,
+)
 
 
 def check_renamed(names: Iterable[str]) -> None:
@@ -26,12 +35,13 @@ def check_renamed(names: Iterable[str]) -> None:
             raise _fail(name, f"renamed in sparkspec 0.2.0; set {RENAMED[name]} instead (CHANGELOG.md)")
 
 
-def lookup_profile(profiles: Any, name: Any, dirs: Mapping[str, str], var: str = "sparkspec_profile") -> dict[str, Any]:
+def lookup_profile(profiles: Any, name: Any, dirs: Mapping[str, str],
+                   var: str = "sparkspec_profile") -> dict[str, Any]:
     """The one profile lookup: ``profiles[name]``, checked, or an error listing the known profiles."""
     table = _mapping(profiles, "sparkspec_profiles", "give a mapping of profile name to profile")
     if not isinstance(name, str) or name not in table:
-        raise _fail(var, f"{name!r} is not a key of sparkspec_profiles (known: {', '.join(table) or 'none'}); "
-                    "set it to one of them")
+        raise _fail(var, f"{name!r} is not a key of sparkspec_profiles (known: "
+                    f"{', '.join(table) or 'none'}); set it to one of them")
     return check_profile(name, table[name], dirs)
 
 
@@ -50,7 +60,8 @@ def _merge(defaults: Mapping[str, Any], *layers: Mapping[str, Any]) -> dict[str,
     return out
 
 
-def choose_method(inventory: str, switch: str | None, record: Mapping[str, Any] | None, now: str) -> dict[str, Any]:
+def choose_method(inventory: str, switch: str | None, record: Mapping[str, Any] | None,
+                  now: str) -> dict[str, Any]:
     """Say what wins between the inventory's method, an explicit switch and the switch recorded on the host.
 
     Returns the method, where it came from (inventory | switch | recorded), a note for the play (empty when
@@ -61,29 +72,33 @@ def choose_method(inventory: str, switch: str | None, record: Mapping[str, Any] 
         if switch == inventory:
             return {"method": switch, "source": "switch", "note": "", "record": None,
                     "action": "remove" if record else "none"}
-        same = record is not None and (record["method"], record.get("inventory_method")) == (switch, inventory)
+        same = record is not None and (record["method"],
+                                       record.get("inventory_method")) == (switch, inventory)
         new = record if same else {"method": switch, "inventory_method": inventory, "time": now}
         return {"method": switch, "source": "switch", "record": new, "action": "keep" if same else "write",
-                "note": f"switch to {switch} recorded on the host; a provision keeps it while the inventory says "
-                        f"{inventory}; go back with: invoke deploy --method {inventory}"}
+                "note": f"switch to {switch} recorded on the host; a provision keeps it while the inventory "
+                        f"says {inventory}; go back with: invoke deploy --method {inventory}"}
     if record is None:
         return {"method": inventory, "source": "inventory", "note": "", "record": None, "action": "none"}
     if record.get("inventory_method") == inventory and record["method"] != inventory:
         return {"method": record["method"], "source": "recorded", "record": record, "action": "keep",
-                "note": f"serving {record['method']}, switched to at {record.get('time', '?')} (the switch wins "
-                        f"while the inventory still says {inventory}); go back with: invoke deploy --method {inventory}"}
+                "note": f"serving {record['method']}, switched to at {record.get('time', '?')} (the switch "
+                        f"wins while the inventory still says {inventory}); go back with: invoke deploy "
+                        f"--method {inventory}"}
     return {"method": inventory, "source": "inventory", "record": None, "action": "remove",
-            "note": f"the inventory's method {inventory} wins over the earlier switch to {record['method']} (made "
-                    f"when it said {record.get('inventory_method')}); switch record removed"}
+            "note": f"the inventory's method {inventory} wins over the earlier switch to {record['method']} "
+                    f"(made when it said {record.get('inventory_method')}); switch record removed"}
 
 
 def resolve(contract: Mapping[str, Any], record: Mapping[str, Any] | None = None, now: str = "",
             set_names: Iterable[str] = ()) -> dict[str, Any]:
-    """Everything the roles need for one host, from the contract's variables (sparkspec_<key> without the prefix,
-    for each key of sparkspec.registry.data.CONTRACT_KEYS), the switch recorded on the host (None: none) and the
-    names of the variables the inventory sets (``set_names``: a renamed one is refused in one line)."""
+    """Everything the roles need for one host, from the contract's variables (sparkspec_<key> without the
+    prefix, for each key of sparkspec.registry.data.CONTRACT_KEYS), the switch recorded on the host (None:
+    none) and the names of the variables the inventory sets (``set_names``: a renamed one is refused in one
+    line)."""
     check_renamed(set_names)
-    dirs = {"models": contract["models_dir"], "sources": contract["sources_dir"], "heads": contract["heads_dir"]}
+    dirs = {"models": contract["models_dir"], "sources": contract["sources_dir"],
+            "heads": contract["heads_dir"]}
     methods = defined_methods(contract.get("methods"))
     inventory = _string(contract.get("method"), "sparkspec_method", f"choose one of {', '.join(methods)}")
     chosen = choose_method(inventory, contract.get("method_switch") or None, record, now)
@@ -98,21 +113,25 @@ def resolve(contract: Mapping[str, Any], record: Mapping[str, Any] | None = None
     stage = contract.get("stage_profiles") or [profile["name"]]
     if not isinstance(stage, list):
         raise _fail("sparkspec_stage_profiles", "is not a list of profile names; fix it")
-    staged = [lookup_profile(contract["profiles"], s, dirs, "sparkspec_stage_profiles") for s in dict.fromkeys(stage)]
+    staged = [lookup_profile(contract["profiles"], s, dirs,
+                             "sparkspec_stage_profiles") for s in dict.fromkeys(stage)]
     spec = method["speculative_config"]
     if method["head"] is not None:
         if method["head"] not in profile["heads"]:
-            raise _fail(f"sparkspec_methods.{name}.head", f"method {name} needs a {method['head']} head, and profile "
-                        f"{profile['name']} has none (heads: {', '.join(profile['heads']) or 'none'}); add one under "
+            raise _fail(f"sparkspec_methods.{name}.head", f"method {name} needs a {method['head']} head, and "
+                        f"profile {profile['name']} has none (heads: "
+                        f"{', '.join(profile['heads']) or 'none'}); add one under "
                         f"sparkspec_profiles.{profile['name']}.heads or choose another method")
         if spec is not None:
             spec = {**spec, "model": profile["heads"][method["head"]]["folder"]}
     host_serve = check_serve(contract.get("serve"), "sparkspec_serve")
     host_verify = check_verify(contract.get("verify"), "sparkspec_verify")
     serve = _merge(SERVE_DEFAULTS, profile["serve"], method["serve"], host_serve)
-    if serve["enable_prefix_caching"] is None:   # the default: off for hybrid profiles (Gated-DeltaNet layers)
+    # the default: off for hybrid profiles (Gated-DeltaNet layers)
+    if serve["enable_prefix_caching"] is None:
         serve["enable_prefix_caching"] = profile["kind"] != "hybrid"
-    floors = {m: _merge(VERIFY_DEFAULTS, profile["verify"], c["verify"], host_verify) for m, c in checked.items()}
+    floors = {m: _merge(VERIFY_DEFAULTS, profile["verify"], c["verify"],
+                        host_verify) for m, c in checked.items()}
     return {"method": name, "method_source": chosen["source"], "method_note": chosen["note"],
             "inventory_method": inventory,
             "desired": {"action": chosen["action"], "record": chosen["record"],
@@ -124,22 +143,24 @@ def resolve(contract: Mapping[str, Any], record: Mapping[str, Any] | None = None
             "profile": profile, "staged": staged, "disk_gb": sum(p["disk_gb"] for p in staged)}
 
 
+def _download(profile: str, mode: str, src: Mapping[str, str], **extra: str) -> dict[str, Any]:
+    return {"profile": profile, "mode": mode, "repo": src["repo"], "revision": src["revision"],
+            "dest": src["folder"], "repo_folder": src["repo_folder"], **extra}
+
+
 def downloads(resolved: Mapping[str, Any], heads: str = "all") -> list[dict[str, Any]]:
     """What a host fetches, in order, for every staged profile of a resolved host: the model (plain) or the
     INT4 source and then the FP8 subset that reads it (hybrid), then the heads: all of them (``heads='all'``)
     or only the head of the method served (``'method'``)."""
     out: list[dict[str, Any]] = []
     for profile in resolved["staged"]:
-        sources = profile["sources"]
-        def item(mode: str, src: Mapping[str, str], **extra: str) -> dict[str, Any]:
-            return {"profile": profile["name"], "mode": mode, "repo": src["repo"], "revision": src["revision"],
-                    "dest": src["folder"], "repo_folder": src["repo_folder"], **extra}
+        sources, pname = profile["sources"], profile["name"]
         if profile["kind"] == "hybrid":
-            out.append(item("repo", sources["int4"]))
+            out.append(_download(pname, "repo", sources["int4"]))
             if "fp8" in sources:
-                out.append(item("fp8-subset", sources["fp8"], int4=sources["int4"]["folder"]))
+                out.append(_download(pname, "fp8-subset", sources["fp8"], int4=sources["int4"]["folder"]))
         else:
-            out.append(item("repo", sources["model"]))
-        out += [item("repo", src) for name, src in profile["heads"].items()
+            out.append(_download(pname, "repo", sources["model"]))
+        out += [_download(pname, "repo", src) for name, src in profile["heads"].items()
                 if heads == "all" or name == resolved["head"]]
     return out

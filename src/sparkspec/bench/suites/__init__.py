@@ -1,8 +1,8 @@
 """Prompt suites: the built-in ones (``structured``, ``open``) and JSON-lines files a user gives.
 
-A suite file is untrusted input: it is read only when it is a regular file of bounded size, as UTF-8; every line
-is bounded JSON (``jsonfile.loads_bounded``), an object whose fields have the documented types. Anything else is
-one line naming the file, the line and the fix.
+A suite file is untrusted input: it is read only when it is a regular file of bounded size, as UTF-8; every
+line is bounded JSON (``jsonfile.loads_bounded``), an object whose fields have the documented types. Anything
+else is one line naming the file, the line and the fix.
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ def _text_field(row: object, key: str, where: str, default: str, limit: int) -> 
 
 
 def parse(text: str, source: str, suite: str) -> list[Prompt]:
-    """The prompts of a JSON-lines suite: ``{"prompt": str, "id": str, "category": str, "expect_json": bool}``,
-    only ``prompt`` required; blank lines are skipped."""
+    """The prompts of a JSON-lines suite: ``{"prompt": str, "id": str, "category": str, "expect_json":
+    bool}``, only ``prompt`` required; blank lines are skipped."""
     prompts = []
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -70,7 +70,8 @@ def load(name: str) -> list[Prompt]:
         text = resources.files(__name__).joinpath(f"{name}.jsonl").read_text(encoding="utf-8")
         return parse(text, f"suite {name}", name)
     if not name or not os.path.lexists(name):
-        raise UserError(f"--suite {name!r}: no such suite or file; use {'|'.join(BUILTIN)}|all or a .jsonl path")
+        raise UserError(f"--suite {name!r}: no such suite or file; use {'|'.join(BUILTIN)}|all or a .jsonl "
+                        "path")
     raw = read_regular(name, "suite file", MAX_SUITE_BYTES)
     try:
         text = raw.decode("utf-8")

@@ -354,15 +354,3 @@ def copy_file(src: Path, dst: Path, progress: Progress | None = None) -> dict[st
             sink.abort()
     finally:
         os.close(fd)
-
-
-def fsync_path(path: Path, flags: int = os.O_RDONLY) -> None:
-    fd = os.open(path, flags)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_dir(path: Path) -> None:
-    fsync_path(path, os.O_RDONLY | os.O_DIRECTORY)

@@ -2,11 +2,11 @@
 
 Usage: <vllm venv>/bin/python check_vllm_args.py ARG... ; exit 0 when vLLM's parser accepts the
 arguments, else exit 2 with the parser's message as one line on stderr. Nothing is started.
-The parser takes --speculative-config (-sc) as any JSON object; vLLM builds its SpeculativeConfig, which forbids
-unknown keys, only at engine start. So every key of the parsed speculative config (hyphens read as underscores,
-as vLLM does) must also be a field of the installed vLLM's SpeculativeConfig, else one line names the key.
-With --records, reads a JSON list of argument lists on stdin and prints one line per list ("ok" or the
-parser's message), exiting 2 if any was refused (one import of vLLM for many command lines).
+The parser takes --speculative-config (-sc) as any JSON object; vLLM builds its SpeculativeConfig, which
+forbids unknown keys, only at engine start. So every key of the parsed speculative config (hyphens read as
+underscores, as vLLM does) must also be a field of the installed vLLM's SpeculativeConfig, else one line names
+the key. With --records, reads a JSON list of argument lists on stdin and prints one line per list ("ok" or
+the parser's message), exiting 2 if any was refused (one import of vLLM for many command lines).
 
 With --cache DIR (first), the answer is looked up before vLLM is imported (importing it takes seconds: it
 imports torch): the key is the SHA-256 of the arguments, this venv, the installed vLLM's version and file list
@@ -40,7 +40,8 @@ def make_parser():
 
 
 def spec_fields() -> frozenset:
-    """The installed vLLM's SpeculativeConfig fields (a pydantic dataclass; imported with the parser already)."""
+    """The installed vLLM's SpeculativeConfig fields (a pydantic dataclass; imported with the parser
+    already)."""
     from vllm.config import SpeculativeConfig
     return frozenset(f.name for f in dataclasses.fields(SpeculativeConfig))
 
@@ -60,8 +61,9 @@ def refusal(parser, fields: frozenset, argv: list[str]) -> str:
     for key in spec if isinstance(spec, dict) else ():
         if str(key).replace("-", "_") not in fields:
             close = difflib.get_close_matches(str(key).replace("-", "_"), sorted(fields), 1, 0.5)
-            return (f"vLLM refused the command line: --speculative-config key {key!r} is not a field of this vLLM's "
-                    f"SpeculativeConfig (its engine would refuse it at start){'; use ' + close[0] if close else ''}")
+            return (f"vLLM refused the command line: --speculative-config key {key!r} is not a field of this "
+                    "vLLM's SpeculativeConfig (its engine would refuse it at "
+                    f"start){'; use ' + close[0] if close else ''}")
     return ""
 
 
@@ -72,13 +74,15 @@ def vllm_identity() -> bytes:
             dist = metadata.distribution(name)
         except metadata.PackageNotFoundError:
             continue
-        return f"{dist.metadata['Name']}=={dist.version}\n".encode() + (dist.read_text("RECORD") or "").encode()
+        record = dist.read_text("RECORD") or ""
+        return f"{dist.metadata['Name']}=={dist.version}\n".encode() + record.encode()
     return b"no vllm distribution"
 
 
 def cache_key(argv: list[str]) -> str:
     digest = hashlib.sha256()
-    for part in (json.dumps(argv).encode(), sys.prefix.encode(), vllm_identity(), open(__file__, "rb").read()):
+    for part in (json.dumps(argv).encode(), sys.prefix.encode(), vllm_identity(),
+                 open(__file__, "rb").read()):
         digest.update(hashlib.sha256(part).digest())
     return digest.hexdigest()
 

@@ -1,4 +1,5 @@
-"""Wait until a vLLM unit answers /health with 200, and stop early when the unit crashes (run by the deploy role).
+"""Wait until a vLLM unit answers /health with 200, and stop early when the unit crashes (run by the deploy
+role).
 
 Usage: python3 wait_healthy.py URL UNIT TIMEOUT_S DELAY_S [--journal-fail REGEX]... [--progress-file PATH]
 Exit 0 with "healthy after N s" once /health answers 200; with --journal-fail, then one "journal: LINE"
@@ -43,7 +44,8 @@ def health(url):
 
 
 HEALTH_POLL_S = 0.2
-SECRET = re.compile(r"(key|token|secret|passw\w*|auth\w*)(['\"]?\s*[:=]\s*)(\[?['\"]?)[^'\",\s\])}]+", re.IGNORECASE)
+SECRET = re.compile(r"(key|token|secret|passw\w*|auth\w*)(['\"]?\s*[:=]\s*)(\[?['\"]?)[^'\",\s\])}]+",
+                    re.IGNORECASE)
 
 
 def last_log_line(unit):
@@ -57,8 +59,8 @@ def write_progress(path, waited, state, unit):
     """Replace PATH atomically with the wait's progress (a reader never sees half a file)."""
     note = f"unit {state.get('ActiveState', '?')}/{state.get('SubState', '?')}"
     log = last_log_line(unit)
-    doc = {"what": f"wait for {unit} /health", "elapsed_s": round(waited), "note": note + (f": {log}" if log else ""),
-           "time": time.time()}
+    doc = {"what": f"wait for {unit} /health", "elapsed_s": round(waited),
+           "note": note + (f": {log}" if log else ""), "time": time.time()}
     atomic_write(path, json.dumps(doc).encode(), mode=0o600, durable=False)
 
 
@@ -109,8 +111,8 @@ def main(argv):
 
 
 def wait(argv, progress):
-    """/health is polled every HEALTH_POLL_S (a local request: the play sees readiness within a fifth of a second);
-    the unit's state every DELAY_S (a systemctl call: a crash rolls back within DELAY_S)."""
+    """/health is polled every HEALTH_POLL_S (a local request: the play sees readiness within a fifth of a
+    second); the unit's state every DELAY_S (a systemctl call: a crash rolls back within DELAY_S)."""
     url, unit, timeout, delay = argv[0].rstrip("/") + "/health", argv[1], float(argv[2]), float(argv[3])
     start = time.monotonic()
     restarts_at_start = int(unit_state(unit).get("NRestarts", "0") or 0)

@@ -13,12 +13,12 @@ verify --full, the health wait of a model load)::
 
 The command runs as an Ansible async job (the task's ``become``, ``environment`` and connection apply as
 for ``command``) and is given ``--progress-file PATH``, a file in the async folder of the user it runs as,
-which it replaces with its counters as it goes (:mod:`sparkspec.progress`) and removes when it ends. The job is
-followed by long polls: each is one run of this role's ``sparkspec_job_wait`` module, which waits on the host
-until the job ends (seen within 0.1 s; the results file is removed in the same run) or the next line is due
-(then it returns the progress file's text). So a short command costs two round trips (start, end), and a long
-one a round trip per line, not one every second. Every ``interval`` seconds one line goes through Ansible's
-Display (``sim01: fetch org/name: 1.2 GiB of 77.0 GiB,
+which it replaces with its counters as it goes (:mod:`sparkspec.progress`) and removes when it ends. The job
+is followed by long polls: each is one run of this role's ``sparkspec_job_wait`` module, which waits on the
+host until the job ends (seen within 0.1 s; the results file is removed in the same run) or the next line is
+due (then it returns the progress file's text). So a short command costs two round trips (start, end), and a
+long one a round trip per line, not one every second. Every ``interval`` seconds one line goes through
+Ansible's Display (``sim01: fetch org/name: 1.2 GiB of 77.0 GiB,
 90.6 MiB/s, 13 min left``); a command that wrote no progress yet still gets ``running for N s``. When the
 job ends the task returns the command's own result (rc, stdout, stderr, failed with ``non-zero return code``
 when rc != 0), exactly what ``command`` would have returned, so ``register``, ``changed_when`` and
@@ -42,9 +42,9 @@ import secrets
 import time
 from typing import Any
 
-from ansible.errors import AnsibleActionFail  # type: ignore[import-untyped]
-from ansible.plugins.action import ActionBase  # type: ignore[import-untyped]
-from ansible.utils.display import Display  # type: ignore[import-untyped]
+from ansible.errors import AnsibleActionFail
+from ansible.plugins.action import ActionBase
+from ansible.utils.display import Display
 
 from sparkspec.jsonfile import JsonShapeError, loads_bounded
 from sparkspec.progress import line
@@ -62,7 +62,7 @@ ARGS = {
 ASYNC_KEYS = ("ansible_job_id", "started", "finished", "results_file", "_ansible_parsed")
 
 
-class ActionModule(ActionBase):  # type: ignore[misc]
+class ActionModule(ActionBase):
     _supports_check_mode = True
 
     def run(self, tmp: Any = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -77,8 +77,8 @@ class ActionModule(ActionBase):  # type: ignore[misc]
             raise AnsibleActionFail(f"timeout {args['timeout']}: give the seconds after which the command "
                                     "is stopped (>= 1)")
         if (args["argv"] is None) == (args["job"] is None) or (args["start"] and args["job"] is not None):
-            raise AnsibleActionFail("give argv (a command to run, optionally start: true) or job (the job a task "
-                                    "started with start: true), not both")
+            raise AnsibleActionFail("give argv (a command to run, optionally start: true) or job (the job a "
+                                    "task started with start: true), not both")
         if self._task.check_mode:  # as command would: it skips without running anything
             if args["job"] is not None:
                 return {**result, "skipped": True, "msg": "check mode: no job was started"}
@@ -86,12 +86,14 @@ class ActionModule(ActionBase):  # type: ignore[misc]
                                                task_vars=task_vars))
             return result
         host = str(task_vars.get("inventory_hostname", "host"))
-        # not expanded here (a round trip): the command, async_status and slurp expand ~ as the user they run as
+        # not expanded here (a round trip): the command, async_status and slurp expand ~ as the user they run
+        # as
         async_dir = self.get_shell_option("async_dir", default="~/.ansible_async")
         if args["job"] is not None:
             jid, progress = _job(args["job"])
         else:
-            progress = self._connection._shell.join_path(async_dir, f"sparkspec-progress-{secrets.token_hex(8)}.json")
+            progress = self._connection._shell.join_path(async_dir,
+                                                         f"sparkspec-progress-{secrets.token_hex(8)}.json")
             jid = self._start([*args["argv"], "--progress-file", progress], args["timeout"], task_vars)
             if args["start"]:
                 return {**result, "changed": True, "job": {"jid": jid, "progress": progress}}
@@ -122,7 +124,8 @@ class ActionModule(ActionBase):  # type: ignore[misc]
                 task_vars: dict[str, Any]) -> dict[str, Any]:
         what = self._task.get_name()
         start = time.monotonic()
-        seen: list[Any] = [None, start]  # the document's stamp, and when it was first read (host clock unused)
+        # the document's stamp, and when it was first read (host clock unused)
+        seen: list[Any] = [None, start]
         next_line = start + args["interval"]
         while True:
             status: dict[str, Any] = self._execute_module(
@@ -146,7 +149,8 @@ class ActionModule(ActionBase):  # type: ignore[misc]
 
 
 def _job(job: dict[str, Any]) -> tuple[str, str]:
-    """The job a start: true task returned: async_wrapper's id (j<digits>.<pid>) and a progress file of ours."""
+    """The job a start: true task returned: async_wrapper's id (j<digits>.<pid>) and a progress file of
+    ours."""
     jid, progress = str(job["jid"]), str(job["progress"])
     if not re.fullmatch(r"j\d+\.\d+", jid) or not re.fullmatch(r"sparkspec-progress-[0-9a-f]{16}\.json",
                                                                  progress.rsplit("/", 1)[-1]):

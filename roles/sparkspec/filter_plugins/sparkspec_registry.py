@@ -1,8 +1,8 @@
 """Ansible filters over sparkspec's registry of methods and profiles (sparkspec.registry), for the roles.
 
-The contract role resolves each host once (``sparkspec_resolve``) into the fact ``sparkspec_resolved``; the deploy
-role turns that into vLLM's command line (``sparkspec_vllm_command``), the fetch role into what to download
-(``sparkspec_downloads``). Errors come back as one line in
+The contract role resolves each host once (``sparkspec_resolve``) into the fact ``sparkspec_resolved``; the
+deploy role turns that into vLLM's command line (``sparkspec_vllm_command``), the fetch role into what to
+download (``sparkspec_downloads``). Errors come back as one line in
 ``problems``, which the role asserts on, so the play stops with the line and not a traceback.
 """
 
@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ansible.errors import AnsibleFilterError  # type: ignore[import-untyped]
+from ansible.errors import AnsibleFilterError
 
 from sparkspec import registry
 from sparkspec.errors import UserError
@@ -45,8 +45,8 @@ def resolve(contract: Mapping[str, Any], slurped: Any = None, now: str = "",
 
 
 def registry_names(kind: str) -> list[str] | str:
-    """Names the registry owns, for the roles: ``contract`` (the contract's keys, without the sparkspec_ prefix)
-    or ``renamed_pattern`` (a regular expression matching a variable this version renamed)."""
+    """Names the registry owns, for the roles: ``contract`` (the contract's keys, without the sparkspec_
+    prefix) or ``renamed_pattern`` (a regular expression matching a variable this version renamed)."""
     if kind == "contract":
         return list(registry.CONTRACT_KEYS)
     if kind == "renamed_pattern":

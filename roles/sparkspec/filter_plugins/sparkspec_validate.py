@@ -1,10 +1,10 @@
 """Ansible filters that check what the roles write into environment, config and unit files.
 
-The roles write the unit's environment file, pip's config file and vLLM's command line from inventory values, and
-name the unit and its user after inventory strings (profile folders, repo ids and revisions are checked by the
-resolver: sparkspec_registry.py over sparkspec.registry). A value that systemd or pip would read differently from
-what was written, or that would leave its folder, is reported as one line naming the variable and the fix,
-before anything on the host changes.
+The roles write the unit's environment file, pip's config file and vLLM's command line from inventory values,
+and name the unit and its user after inventory strings (profile folders, repo ids and revisions are checked by
+the resolver: sparkspec_registry.py over sparkspec.registry). A value that systemd or pip would read
+differently from what was written, or that would leave its folder, is reported as one line naming the variable
+and the fix, before anything on the host changes.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ansible.errors import AnsibleFilterError  # type: ignore[import-untyped]
+from ansible.errors import AnsibleFilterError
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH", re.IGNORECASE)
@@ -30,7 +30,8 @@ def name_problems(unit_name: Any, user: Any) -> list[str]:
     if not (isinstance(unit_name, str) and UNIT_NAME.fullmatch(unit_name)):
         out.append(f"sparkspec_unit_name {unit_name!r} is not a unit name (letters, digits, '_.@-'); fix it")
     if not (isinstance(user, str) and USER_NAME.fullmatch(user)):
-        out.append(f"sparkspec_user {user!r} is not a system user name (lowercase letters, digits, '_-'); fix it")
+        out.append(f"sparkspec_user {user!r} is not a system user name (lowercase letters, digits, '_-'); "
+                   "fix it")
     return out
 
 
@@ -40,7 +41,8 @@ def _value_problem(where: str, value: Any) -> str | None:
                 "(quote true/false to mean the word)")
     text = str(value)
     if "\n" in text or "\r" in text:
-        return f"{where}: the value holds a newline, which an environment or config file cannot carry; remove it"
+        return (f"{where}: the value holds a newline, which an environment or config file cannot carry; "
+                "remove it")
     if "\0" in text:
         return f"{where}: the value holds a NUL character, which no environment can carry; remove it"
     return None
@@ -53,7 +55,8 @@ def env_problems(env: Any, var: str = "deploy_env") -> list[str]:
     out = []
     for name, value in env.items():
         if not (isinstance(name, str) and ENV_NAME.fullmatch(name)):
-            out.append(f"{var}: {name!r} is not a variable name (letters, digits, '_'; not starting with a digit)")
+            out.append(f"{var}: {name!r} is not a variable name (letters, digits, '_'; not starting with a "
+                       "digit)")
         elif (p := _value_problem(f"{var}.{name}", value)) is not None:
             out.append(p)
     return out
@@ -63,8 +66,8 @@ def pip_env_problems(env: Any) -> list[str]:
     """sparkspec_pip_env: PIP_* options only (they go to pip's 0600 config file, never to the environment)."""
     out = env_problems(env, "sparkspec_pip_env")
     if isinstance(env, Mapping):
-        out += [f"sparkspec_pip_env: {name!r} is not a PIP_* option; pip reads only those from its config file "
-                "(an environment variable shows in the process list); e.g. a proxy is PIP_PROXY"
+        out += [f"sparkspec_pip_env: {name!r} is not a PIP_* option; pip reads only those from its config "
+                "file (an environment variable shows in the process list); e.g. a proxy is PIP_PROXY"
                 for name in env if isinstance(name, str) and not name.startswith("PIP_")]
     return out
 
@@ -78,11 +81,12 @@ def args_problems(args: Any) -> list[str]:
         flag = text.split("=", 1)[0]
         if flag in SECRET_FLAGS:
             out.append(f"serve.extra_args: {flag} puts a secret on vLLM's command line, where every process "
-                       f"list shows it; remove it{' and set sparkspec_api_key' if flag == '--api-key' else ''}")
+                       "list shows it; remove "
+                       f"it{' and set sparkspec_api_key' if flag == '--api-key' else ''}")
         elif any(ord(c) < 32 or ord(c) == 127 for c in text):
-            out.append(f"vLLM argument {text!r} holds a control character (a newline would start another line "
-                       "of the unit); fix serve.extra_args (sparkspec_serve, the profile's or the method's) or the "
-                       "profile's served_model_name")
+            out.append(f"vLLM argument {text!r} holds a control character (a newline would start another "
+                       "line of the unit); fix serve.extra_args (sparkspec_serve, the profile's or the "
+                       "method's) or the profile's served_model_name")
     return out
 
 
@@ -115,7 +119,8 @@ def pip_config(env: Mapping[str, Any]) -> str:
     """pip's config file holding the PIP_* options of ``env`` exactly as pip would read them from the
     environment ([global] section, PIP_FOO_BAR -> foo-bar; pip reads it without interpolation)."""
     _raise_first(pip_env_problems(env))
-    lines = ["# Written by sparkspec (sparkspec_pip_env); readable by root only: it may hold index credentials.",
+    lines = ["# Written by sparkspec (sparkspec_pip_env); readable by root only: it may hold index "
+             "credentials.",
              "[global]"]
     lines += [f"{name[4:].lower().replace('_', '-')} = {value}" for name, value in sorted(env.items())]
     return "\n".join(lines) + "\n"

@@ -1,9 +1,18 @@
 #!/usr/bin/python
-"""sparkspec_job_wait: wait on the host, up to some seconds, for an Ansible async job to end (the sparkspec_progress
-action plugin's long poll). One round trip per wait instead of one per poll: a job that ends is seen within
-0.1 s, and its results file is removed in the same run. The job's result comes back as async_status gives it."""
+"""sparkspec_job_wait: wait on the host, up to some seconds, for an Ansible async job to end (the
+sparkspec_progress action plugin's long poll). One round trip per wait instead of one per poll: a job that
+ends is seen within 0.1 s, and its results file is removed in the same run. The job's result comes back as
+async_status gives it."""
 
 from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+
+from ansible.module_utils.basic import AnsibleModule
 
 DOCUMENTATION = r"""
 module: sparkspec_job_wait
@@ -11,7 +20,8 @@ short_description: Wait for an async job of this host to end, for at most some s
 description:
   - Reads the job's results file in the async folder every 0.1 s until async_wrapper wrote the job's result or
     I(wait) seconds passed.
-  - Ended, it returns the job's result with C(finished=1), as C(async_status) does, and removes the results file.
+  - Ended, it returns the job's result with C(finished=1), as C(async_status) does, and removes the results
+    file.
   - Still running, it returns C(finished=0) and the text of I(progress), when that file exists.
 options:
   jid:
@@ -32,13 +42,6 @@ options:
 author: sparkspec
 """
 
-import json
-import os
-import re
-import sys
-import time
-
-from ansible.module_utils.basic import AnsibleModule
 
 TICK_S = 0.1
 MAX_PROGRESS = 1 << 16
@@ -66,7 +69,8 @@ def _text(path: str | None) -> str | None:
 
 def main() -> None:
     module = AnsibleModule(
-        argument_spec={"jid": {"type": "str", "required": True}, "async_dir": {"type": "path", "required": True},
+        argument_spec={"jid": {"type": "str", "required": True},
+                       "async_dir": {"type": "path", "required": True},
                        "wait": {"type": "float", "required": True}, "progress": {"type": "path"}},
         supports_check_mode=True)
     jid, wait = module.params["jid"], module.params["wait"]

@@ -8,10 +8,10 @@ install per file, fix the env file's mode, daemon-reload, restart. This module d
 
 ``state: staged``
     writes the files under ``staged_root`` (at their live paths below it), and the ``assets`` (the helper
-    scripts the role runs on the host) and ``directories`` where they differ; compares each file's content with
-    the live one. Returns ``differs`` (a live file is missing or its content differs), ``differed`` (those
-    paths), ``has_live`` (the first file, the unit, is installed) and ``live_present``. The live unit is
-    untouched, so the staged unit can be checked before it replaces the live one. With ``analyze`` (not in
+    scripts the role runs on the host) and ``directories`` where they differ; compares each file's content
+    with the live one. Returns ``differs`` (a live file is missing or its content differs), ``differed``
+    (those paths), ``has_live`` (the first file, the unit, is installed) and ``live_present``. The live unit
+    is untouched, so the staged unit can be checked before it replaces the live one. With ``analyze`` (not in
     check mode) the same run rates the staged unit (``systemd-analyze security --offline``: ``security``, rc,
     stdout, stderr) and, when it differs, verifies it (``systemd-analyze verify``: ``verify``) and runs
     ``check_argv`` as ``check_user`` (vLLM's parser on the command line: ``args_check``, rc, stdout, stderr);
@@ -20,14 +20,14 @@ install per file, fix the env file's mode, daemon-reload, restart. This module d
     user, only reads that folder).
 ``state: live``
     when ``differs``: keeps the live files under ``previous_root`` (for rollback), installs the new ones
-    (atomically, with their owner, group and mode) and reloads systemd; then fixes a live file's owner, group or
-    mode that drifted, stops and disables ``stop_units``, enables ``unit`` and restarts it when its files changed
-    (starts it when it is not running); writes ``assets`` and removes ``absent`` as the files step does (the
-    method switch's record goes with the unit it names; rollback.yml puts the record back with the unit). Returns
-    ``restarted`` and ``differed``.
+    (atomically, with their owner, group and mode) and reloads systemd; then fixes a live file's owner, group
+    or mode that drifted, stops and disables ``stop_units``, enables ``unit`` and restarts it when its files
+    changed (starts it when it is not running); writes ``assets`` and removes ``absent`` as the files step
+    does (the method switch's record goes with the unit it names; rollback.yml puts the record back with the
+    unit). Returns ``restarted`` and ``differed``.
 ``state: files``
-    writes the ``assets`` where they differ and removes the ``absent`` paths (rollback.yml: the method switch's
-    record as it was before the deploy).
+    writes the ``assets`` where they differ and removes the ``absent`` paths (rollback.yml: the method
+    switch's record as it was before the deploy).
 
 Check mode changes nothing and reports what would change; diff mode shows the files of ``files`` (never those
 of ``secret_files``, whose content is also kept out of the module's log and result).
@@ -42,8 +42,8 @@ import re
 import subprocess
 from typing import Any
 
-from ansible.module_utils.basic import AnsibleModule  # type: ignore[import-untyped]
-from ansible.module_utils.sparkspec_host import atomic_write  # type: ignore[import-untyped]
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.sparkspec_host import atomic_write
 
 DOCUMENTATION = r"""
 module: sparkspec_unit
@@ -71,20 +71,21 @@ options:
     elements: dict
     default: []
   secret_files:
-    description: Like files, without the content (path, mode, owner, group); their contents are secret_contents.
+    description: Like files, without the content (path, mode, owner, group); their contents are
+      secret_contents.
     type: list
     elements: dict
     default: []
   secret_contents:
-    description: The contents of secret_files, in their order. A parameter of its own so that Ansible never logs
-      it (the module's journal line of its arguments) and masks each value in the result; diff mode never shows
-      these files.
+    description: The contents of secret_files, in their order. A parameter of its own so that Ansible never
+      logs it (the module's journal line of its arguments) and masks each value in the result; diff mode never
+      shows these files.
     type: list
     elements: str
     default: []
   assets:
-    description: Files installed as they are in the staged step (helper scripts), the live step and the files step
-      (the method switch's record); same keys as files.
+    description: Files installed as they are in the staged step (helper scripts), the live step and the files
+      step (the method switch's record); same keys as files.
     type: list
     elements: dict
     default: []
@@ -99,7 +100,8 @@ options:
     elements: str
     default: []
   analyze:
-    description: In the staged step, rate the staged unit with systemd-analyze security, and verify it when it differs.
+    description: In the staged step, rate the staged unit with systemd-analyze security, and verify it when it
+      differs.
     type: bool
     default: false
   check_argv:
@@ -109,10 +111,12 @@ options:
     elements: str
     default: []
   check_user:
-    description: The user check_argv runs as (the unit's user, so a venv it cannot read fails before the restart).
+    description: The user check_argv runs as (the unit's user, so a venv it cannot read fails before the
+      restart).
     type: str
   check_cache_dir:
-    description: Folder of accepted command lines; a "checked KEY" line of check_argv writes KEY here (root only).
+    description: Folder of accepted command lines; a "checked KEY" line of check_argv writes KEY here (root
+      only).
     type: path
   absent:
     description: Paths removed in the files and live steps.
@@ -127,9 +131,12 @@ differs: {description: a live file is missing or differs from the new one, type:
 differed: {description: the paths that differ, type: list, returned: always}
 has_live: {description: the unit file is installed, type: bool, returned: always}
 live_present: {description: the live files that exist, type: list, returned: always}
-restarted: {description: the unit was (or, in check mode, would be) restarted or started, type: bool, returned: live}
-security: {description: systemd-analyze security of the staged unit (rc, stdout, stderr), type: dict, returned: analyze}
-verify: {description: systemd-analyze verify of the staged unit (rc, stdout, stderr), type: dict, returned: analyze}
+restarted: {description: the unit was (or, in check mode, would be) restarted or started, type: bool,
+            returned: live}
+security: {description: systemd-analyze security of the staged unit (rc, stdout, stderr), type: dict,
+           returned: analyze}
+verify: {description: systemd-analyze verify of the staged unit (rc, stdout, stderr), type: dict,
+         returned: analyze}
 args_check: {description: check_argv's rc, stdout and stderr, type: dict, returned: when it ran}
 """
 
@@ -140,10 +147,12 @@ FILE_SPEC: dict[str, Any] = {
     "owner": {"type": "str", "default": "root"},
     "group": {"type": "str", "default": "root"},
 }
-# A secret file's content is not a suboption: Ansible logs a list parameter as its Python repr, where the content's
-# newlines are escaped, so a no_log suboption's value would no longer match itself and reach the journal in clear.
+# A secret file's content is not a suboption: Ansible logs a list parameter as its Python repr, where the
+# content's newlines are escaped, so a no_log suboption's value would no longer match itself and reach the
+# journal in clear.
 SECRET_SPEC = {k: v for k, v in FILE_SPEC.items() if k != "content"}
-DIR_SPEC = {k: v for k, v in FILE_SPEC.items() if k != "content"} | {"mode": {"type": "str", "default": "0755"}}
+DIR_SPEC = {k: v for k, v in FILE_SPEC.items() if k != "content"} | {"mode": {"type": "str",
+                                                                              "default": "0755"}}
 
 
 def _read(path: str) -> bytes | None:
@@ -223,7 +232,8 @@ def _staged(module: AnsibleModule, files: list[dict], check: bool) -> dict:
               "has_live": bool(files) and files[0]["path"] in present, "live_present": present}
     if p["analyze"] and not check:
         unit_file = p["staged_root"] + files[0]["path"]
-        result["security"] = _run(module, ["systemd-analyze", "security", "--offline=true", "--no-pager", unit_file])
+        result["security"] = _run(module,
+                                  ["systemd-analyze", "security", "--offline=true", "--no-pager", unit_file])
         if differed:
             result["verify"] = _run(module, ["systemd-analyze", "verify", unit_file])
             if p["check_argv"]:
@@ -236,13 +246,15 @@ def _check_args(module: AnsibleModule) -> dict:
     p = module.params
     user = pwd.getpwnam(p["check_user"])
     proc = subprocess.run(p["check_argv"], user=user.pw_uid, group=user.pw_gid,
-                          extra_groups=os.getgrouplist(user.pw_name, user.pw_gid), cwd="/", capture_output=True,
-                          text=True, check=False,
+                          extra_groups=os.getgrouplist(user.pw_name, user.pw_gid), cwd="/",
+                          capture_output=True, text=True, check=False,
                           env={"HOME": user.pw_dir, "USER": user.pw_name, "LOGNAME": user.pw_name,
                                "PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"})
     answer = proc.stdout.split()
-    if proc.returncode == 0 and len(answer) == 2 and answer[0] == "checked" and re.fullmatch(r"[0-9a-f]{64}", answer[1]):
-        _put(os.path.join(p["check_cache_dir"], answer[1]), b"", {"owner": "root", "group": "root", "mode": "0644"},
+    if proc.returncode == 0 and len(answer) == 2 and answer[0] == "checked" \
+            and re.fullmatch(r"[0-9a-f]{64}", answer[1]):
+        _put(os.path.join(p["check_cache_dir"], answer[1]), b"",
+             {"owner": "root", "group": "root", "mode": "0644"},
              False)
     return {"rc": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr}
 
@@ -313,7 +325,8 @@ def _live(module: AnsibleModule, files: list[dict], check: bool) -> dict:
                     "live_present": present, "restarted": restarted}
     if module._diff:
         result["diff"] = [{"before_header": f["path"], "after_header": f["path"],
-                           "before": (before[f["path"]] or b"").decode(errors="replace"), "after": f["content"]}
+                           "before": (before[f["path"]] or b"").decode(errors="replace"),
+                           "after": f["content"]}
                           for f in p["files"] if f["path"] in differed]
     return result
 
@@ -343,10 +356,11 @@ def main() -> None:
     )
     secret, contents = module.params["secret_files"], module.params["secret_contents"]
     if len(secret) != len(contents):
-        module.fail_json(msg=f"sparkspec_unit: {len(secret)} secret_files but {len(contents)} secret_contents")
+        module.fail_json(msg=f"sparkspec_unit: {len(secret)} secret_files but {len(contents)} "
+                             "secret_contents")
     if module.params["check_argv"] and not (module.params["check_user"] and module.params["check_cache_dir"]):
         module.fail_json(msg="sparkspec_unit: check_argv needs check_user and check_cache_dir")
-    files = module.params["files"] + [f | {"content": c} for f, c in zip(secret, contents)]
+    files = module.params["files"] + [f | {"content": c} for f, c in zip(secret, contents, strict=True)]
     step = {"staged": _staged, "live": _live, "files": _files}[module.params["state"]]
     try:
         module.exit_json(**step(module, files, module.check_mode))

@@ -1,4 +1,5 @@
-"""lookup('sparkspec_project'): the sparkspec checkout on the controller (the folder holding roles/, src/, .sim/).
+"""lookup('sparkspec_project'): the sparkspec checkout on the controller (the folder holding roles/, src/,
+.sim/).
 
 Roles and the simulated inventory use it for controller-side paths (the source the tools wheel is built from,
 the reports folder, the simulation's generated secrets) instead of climbing out of a role with
@@ -16,7 +17,8 @@ DOCUMENTATION = r"""
 name: sparkspec_project
 short_description: the sparkspec checkout on the controller
 description:
-  - Returns the absolute path of the sparkspec checkout that holds this role (roles/sparkspec/lookup_plugins/..).
+  - Returns the absolute path of the sparkspec checkout that holds this role
+    (roles/sparkspec/lookup_plugins/..).
 options: {}
 """
 

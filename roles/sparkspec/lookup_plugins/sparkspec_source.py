@@ -12,8 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ansible.errors import AnsibleLookupError  # type: ignore[import-untyped]
-from ansible.plugins.lookup import LookupBase  # type: ignore[import-untyped]
+from ansible.errors import AnsibleLookupError
+from ansible.plugins.lookup import LookupBase
 
 DOCUMENTATION = r"""
 name: sparkspec_source
@@ -44,6 +44,6 @@ def source(relative: str) -> str:
     return path.read_text(encoding="utf-8")
 
 
-class LookupModule(LookupBase):  # type: ignore[misc]
+class LookupModule(LookupBase):
     def run(self, terms: list[Any], variables: dict[str, Any] | None = None, **kwargs: Any) -> list[str]:
         return [source(str(term)) for term in terms]

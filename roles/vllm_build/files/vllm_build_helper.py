@@ -7,8 +7,8 @@ memory and disk is that code's ``toolchain`` probe.
                                importing torch), as JSON; exits 1 when there is no torch
   sass SITE CUOBJDUMP ARCH CORE_JSON
                                every extension (.so) of the vllm package under SITE: the SASS its device
-                               code carries (cuobjdump --list-elf); which core extensions are missing and which
-                               extensions with device code lack ARCH (sm_121a), as JSON
+                               code carries (cuobjdump --list-elf); which core extensions are missing and
+                               which extensions with device code lack ARCH (sm_121a), as JSON
   fa-archs FA_SRC ARCH         edit FA_SRC/CMakeLists.txt (vllm-project/flash-attention) in place so that ARCH
                                (12.1a or 12.1) survives FA's own arch selection: add its base (12.1) to each
                                CUDA_SUPPORTED_ARCHS list ending at 12.0 and ARCH to the FA2 list of
@@ -32,6 +32,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
 # on the host the role puts sparkspec_host.py beside this file; in the checkout it is the contract role's
 _HERE = os.path.dirname(os.path.realpath(__file__))
@@ -52,13 +53,14 @@ def torch(venv: str) -> dict:
 
 def sass(site: str, cuobjdump: str, arch: str, core: list[str]) -> dict:
     root = os.path.join(site, "vllm")
-    extensions = {}
+    extensions: dict[str, dict[str, Any]] = {}
     for path in sorted(glob.glob(os.path.join(root, "**", "*.so"), recursive=True)):
         rel = os.path.relpath(path, root)
         proc = subprocess.run([cuobjdump, "--list-elf", path], check=False, capture_output=True, text=True)
         text = proc.stdout + proc.stderr
         if proc.returncode != 0 and "does not contain device code" not in text:
-            extensions[rel] = {"error": text.strip().splitlines()[-1] if text.strip() else f"rc {proc.returncode}"}
+            extensions[rel] = {"error": text.strip().splitlines()[-1] if text.strip()
+                               else f"rc {proc.returncode}"}
             continue
         extensions[rel] = {"sass": sorted(set(ELF.findall(proc.stdout)))}
     names = {rel.split(".")[0].replace(os.sep, ".") for rel in extensions}
@@ -126,7 +128,7 @@ def run(argv: list[str]) -> int:
     if len(argv) >= 2 and argv[-2] == "--progress-file":
         progress, argv = os.path.expanduser(argv[-1]), argv[:-2]
     log, what, cmd = argv[0], argv[1], argv[2:]
-    state = {"note": "starting", "start": time.monotonic()}
+    state: dict[str, Any] = {"note": "starting", "start": time.monotonic()}
     done = threading.Event()
     writing = threading.Lock()
 
@@ -134,8 +136,8 @@ def run(argv: list[str]) -> int:
 
     def dump() -> None:
         with writing:   # the 2 s ticker and a new ninja step may write at once; one temp file
-            doc = {"what": what, "elapsed_s": round(time.monotonic() - state["start"], 1), "note": state["note"],
-                   "time": time.time()}
+            doc = {"what": what, "elapsed_s": round(time.monotonic() - state["start"], 1),
+                   "note": state["note"], "time": time.time()}
             atomic_write(progress, json.dumps(doc).encode(), durable=False)
             written[0] = time.monotonic()
 
@@ -156,7 +158,8 @@ def run(argv: list[str]) -> int:
     tail: list[str] = []
     with open(log, "a") as out:
         out.write(f"$ {' '.join(cmd)}\n")
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                errors="replace")
         assert proc.stdout is not None
         for text in proc.stdout:
             out.write(text)

@@ -20,8 +20,8 @@ SIM_FIRST = ("test_provision.py",)
 
 
 def _sim_lane() -> frozenset[str]:
-    """The test files with a test that takes a sim01 fixture (read from their source: xdist's scheduler runs in the
-    controller, which collects nothing). Every test of such a file runs in the sim lane."""
+    """The test files with a test that takes a sim01 fixture (read from their source: xdist's scheduler runs
+    in the controller, which collects nothing). Every test of such a file runs in the sim lane."""
     lane = set()
     for path in sorted((ROOT / "tests").rglob("test_*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
@@ -37,11 +37,12 @@ SIM_LANE = _sim_lane()
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
-    """`invoke test` runs pytest-xdist with two workers in two lanes: "sim" (every test of a SIM_LANE file, in file
-    order, test_provision.py first: there is one simulated Spark, and such a file's tests share its state from test
-    to test) and "host" (every other test, molecule's scenarios too: their containers have podman's own
-    network), so each session fixture (a vLLM server, generated checkpoints) is made once. (xdist's own loadgroup
-    cannot do this with pytest 9: it renames nodeids through an attribute pytest 9 no longer reads.)"""
+    """`invoke test` runs pytest-xdist with two workers in two lanes: "sim" (every test of a SIM_LANE file, in
+    file order, test_provision.py first: there is one simulated Spark, and such a file's tests share its state
+    from test to test) and "host" (every other test, molecule's scenarios too: their containers have podman's
+    own network), so each session fixture (a vLLM server, generated checkpoints) is made once. (xdist's own
+    loadgroup cannot do this with pytest 9: it renames nodeids through an attribute pytest 9 no longer
+    reads.)"""
     from xdist.scheduler import LoadScopeScheduling
 
     class Lanes(LoadScopeScheduling):
@@ -52,13 +53,14 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """sim01's files first, test_provision.py before them all; a test that reaches sim01 through another fixture
-    in a file outside SIM_LANE would run beside sim01's lane: refused at collection."""
+    """sim01's files first, test_provision.py before them all; a test that reaches sim01 through another
+    fixture in a file outside SIM_LANE would run beside sim01's lane: refused at collection."""
     stray = sorted({item.nodeid.split("::", 1)[0] for item in items
                     if SIM_FIXTURES & set(getattr(item, "fixturenames", ()))} - SIM_LANE)
     if stray:
-        raise pytest.UsageError(f"{', '.join(stray)}: tests use sim01 only through other fixtures; give one test "
-                                f"of the file a sim, provisioned or api_key argument (tests/conftest.py SIM_LANE)")
+        raise pytest.UsageError(f"{', '.join(stray)}: tests use sim01 only through other fixtures; give one "
+                                "test of the file a sim, provisioned or api_key argument (tests/conftest.py "
+                                "SIM_LANE)")
     first = [i for i in items if i.path.name in SIM_FIRST]
     items[:] = first + [i for i in items if i not in first]
 
@@ -107,7 +109,8 @@ def api_key(sim) -> str:
     return sim.api_key_file.read_text().strip()
 
 
-def run_cli(*argv: str, env: dict[str, str] | None = None, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+def run_cli(*argv: str, env: dict[str, str] | None = None,
+            timeout: float = 900) -> subprocess.CompletedProcess[str]:
     """Run a project command (invoke task or sparkspec CLI) the way a user would, from the project root."""
     full_env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", **(env or {})}
     return subprocess.run(list(argv), cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout,

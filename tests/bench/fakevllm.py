@@ -121,7 +121,8 @@ class FakeVllm:
         gen = "NaN" if self.metrics == "nan" else f"{float(self.generated)}"
         if self.metrics == "garbage":
             return b"\x00\xff{{{ not prometheus\n"
-        return (f'# TYPE vllm:generation_tokens_total counter\nvllm:generation_tokens_total{{model_name="m"}} {gen}\n'
+        return ('# TYPE vllm:generation_tokens_total '
+                f'counter\nvllm:generation_tokens_total{{model_name="m"}} {gen}\n'
                 f'# TYPE vllm:prompt_tokens_total counter\nvllm:prompt_tokens_total{{model_name="m"}} '
                 f"{float(self.prompted)}\n").encode()
 
@@ -190,11 +191,13 @@ class FakeVllm:
 
 def bench_result(**changes: Any) -> dict[str, Any]:
     doc = {"backend": "openai-chat", "method": "ngram", "served_model": {"id": "tiny", "root": "tiny",
-           "max_model_len": 1024}, "model_id": "tiny", "suite": "all", "max_concurrency": 1, "temperature": 0.0,
+           "max_model_len": 1024}, "model_id": "tiny", "suite": "all", "max_concurrency": 1,
+           "temperature": 0.0,
            "completed": 3, "failed": 0, "output_throughput": 60.0, "per_request_tok_s_mean": 40.0,
            "per_request_tok_s_max": 45.0, "spec_decode_acceptance_rate": 70.0,
            "spec_decode_acceptance_length": 2.5, "partial": False, "error": None,
-           "suites": {"structured": {"per_request_tok_s_mean": 41.0}, "open": {"per_request_tok_s_mean": 39.0}}}
+           "suites": {"structured": {"per_request_tok_s_mean": 41.0},
+                      "open": {"per_request_tok_s_mean": 39.0}}}
     doc.update(changes)
     return {k: v for k, v in doc.items() if v is not DROP}
 

@@ -1,10 +1,10 @@
 """Hostile input against `bench`, `check-output record|compare` and `report`, in-process: flags, outputs, the
 server's answers and streams, the API key, and the stream parser under hypothesis.
 
-Every bad flag value is refused with one line ``sparkspec: error: ...`` and exit 2 before any request and before
-anything is written; a server whose stream is broken ends the run with one line naming the URL and exit 1, with
-no output file and no temp file left. The server is the fake vLLM of fakevllm.py. The files the commands read,
-and ``model tiny``, are in test_bench_hostile_files.py.
+Every bad flag value is refused with one line ``sparkspec: error: ...`` and exit 2 before any request and
+before anything is written; a server whose stream is broken ends the run with one line naming the URL and exit
+1, with no output file and no temp file left. The server is the fake vLLM of fakevllm.py. The files the
+commands read, and ``model tiny``, are in test_bench_hostile_files.py.
 """
 
 from __future__ import annotations
@@ -91,7 +91,8 @@ def test_valid_command_lines_succeed(fake: FakeVllm, work: Path) -> None:
     for command in ("bench", "check-output record", "check-output compare"):
         out = run(*argv(command, fake, work))
         assert out.rc == 0, (command, out.stderr)
-        assert json.loads((work / "out.json").read_text())["model" if "check" in command else "model_id"] == MODEL
+        assert json.loads((work / "out.json").read_text())["model" if "check" in command
+                                                           else "model_id"] == MODEL
         (work / "out.json").unlink()
     out = run(*argv("report", fake, work))
     assert out.rc == 0, out.stderr
@@ -131,7 +132,8 @@ def test_output_that_is_not_ours_to_replace_is_refused(command: str, flag: str, 
     (work / "link").symlink_to(outside)
     target = {"dir": work / "dir", "link": work / "link", "foreign": work / "precious.json",
               "suite": work / "suite.jsonl", "reference": work / "ref.json", "input": work / "result.json",
-              "markdown": work / "out.md", "under-a-file": work / "precious.json" / "x.png", "key": work / "key"}[kind]
+              "markdown": work / "out.md", "under-a-file": work / "precious.json" / "x.png",
+              "key": work / "key"}[kind]
     if kind == "key":
         flags["--api-key-file"] = str(work / "key")
     if flag == "--markdown" and kind == "foreign":
@@ -277,13 +279,16 @@ def test_wrong_key_is_refused_in_one_line_naming_the_ways_to_give_it(fake: FakeV
     assert KEY not in out.stderr
 
 
-@pytest.mark.parametrize("form", [["--api-key", KEY], [f"--api-key={KEY}"], ["--api-ke", KEY], ["--api", KEY]])
+@pytest.mark.parametrize("form",
+                         [["--api-key", KEY], [f"--api-key={KEY}"], ["--api-ke", KEY], ["--api", KEY]])
 @pytest.mark.parametrize("command", ["bench", "check-output record", "check-output compare"])
 def test_key_on_the_command_line_is_refused_without_echoing_it(form: list[str], command: str, fake: FakeVllm,
                                                                work: Path) -> None:
-    # the full flag is refused with the fix; abbreviations are unknown options (argparse abbreviations are off)
+    # the full flag is refused with the fix; abbreviations are unknown options (argparse abbreviations are
+    # off)
     out = refused_untouched(argv(command, fake, work) + form, [work], 2,
-                            match=r"--api-key-file" if form[0].startswith("--api-key") else r"unrecognized.*--api")
+                            match=r"--api-key-file" if form[0].startswith("--api-key")
+                            else r"unrecognized.*--api")
     assert KEY not in out.stderr and fake.seen == []
 
 
@@ -291,7 +296,8 @@ def test_key_on_the_command_line_is_refused_without_echoing_it(form: list[str], 
     ("world-readable", r"chmod 600"), ("empty", r"empty"), ("newline-only", r"empty"),
     ("two-lines", r"one line"), ("control", r"visible ASCII"), ("fifo", r"not a regular file"),
     ("dir", r"not a regular file"), ("missing", r"not found"), ("huge", r"bytes")])
-def test_bad_key_file_is_refused_without_echoing_it(kind: str, words: str, fake: FakeVllm, work: Path) -> None:
+def test_bad_key_file_is_refused_without_echoing_it(kind: str, words: str, fake: FakeVllm,
+                                                    work: Path) -> None:
     key = work / "bad-key"
     content = {"empty": "", "newline-only": "\n", "two-lines": f"{KEY}\nsecond\n", "control": f"{KEY}\x07\n",
                "huge": KEY * 1000, "world-readable": KEY}.get(kind)
@@ -308,7 +314,8 @@ def test_bad_key_file_is_refused_without_echoing_it(kind: str, words: str, fake:
 
 
 @pytest.mark.parametrize("value", ["a\nb", "key with\x01control", "ünïcode"])
-def test_bad_key_in_the_environment_is_refused_without_echoing_it(value: str, fake: FakeVllm, work: Path) -> None:
+def test_bad_key_in_the_environment_is_refused_without_echoing_it(value: str, fake: FakeVllm,
+                                                                  work: Path) -> None:
     out = refused_untouched(argv("bench", fake, work), [work], 2,
                             match=r"SPARKSPEC_API_KEY", env={"SPARKSPEC_API_KEY": value})
     assert value not in out.stderr and fake.seen == []
@@ -327,8 +334,9 @@ JSON = st.recursive(st.none() | st.booleans() | st.integers(-2**40, 2**40) | st.
                     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner,
                                                                                    max_size=4), max_leaves=20)
 COUNT = st.integers(0, TOKENS) | JSON
-CHOICE = st.fixed_dictionaries({"delta": st.fixed_dictionaries({"content": st.text(max_size=8) | st.none() | JSON})
-                                | JSON, "finish_reason": st.none() | st.text(max_size=8) | JSON}) | JSON
+DELTA = st.fixed_dictionaries({"content": st.text(max_size=8) | st.none() | JSON})
+CHOICE = st.fixed_dictionaries({"delta": DELTA | JSON,
+                                "finish_reason": st.none() | st.text(max_size=8) | JSON}) | JSON
 CHUNKISH = st.one_of(
     st.fixed_dictionaries({"choices": st.lists(CHOICE, min_size=1, max_size=2) | JSON}),
     st.fixed_dictionaries({"choices": st.just([]), "usage": st.fixed_dictionaries(
@@ -341,8 +349,8 @@ CHUNKISH = st.one_of(
 @given(st.lists(st.one_of(CHUNKISH.map(lambda d: json.dumps(d).encode()), st.binary(max_size=64),
                           st.just(b"[DONE]")), max_size=6))
 def test_stream_parser_takes_any_data_lines_or_says_what_is_wrong(lines: list[bytes]) -> None:
-    """Whatever a server sends, the parser folds it in or raises StreamError: never another exception, and what
-    it keeps has the types and bounds the figures rely on."""
+    """Whatever a server sends, the parser folds it in or raises StreamError: never another exception, and
+    what it keeps has the types and bounds the figures rely on."""
     from sparkspec.bench.client import ChunkParser, RequestResult, StreamError
     from sparkspec.bench.suites import Prompt
 

@@ -1,7 +1,7 @@
 """Hostile files for `bench`, `check-output record|compare` and `report` (suites, bench results, references:
-wrong types, missing keys, NaN, deep nesting, truncation, FIFOs, folders), and `model tiny`, which never writes
-into a folder it did not create. Each is refused with one line ``sparkspec: error: ...`` naming the file, exit 2,
-before any request, with nothing written (tests.badinput)."""
+wrong types, missing keys, NaN, deep nesting, truncation, FIFOs, folders), and `model tiny`, which never
+writes into a folder it did not create. Each is refused with one line ``sparkspec: error: ...`` naming the
+file, exit 2, before any request, with nothing written (tests.badinput)."""
 
 from __future__ import annotations
 
@@ -109,8 +109,10 @@ def test_malformed_bench_result_is_refused_by_report(name: str, fake: FakeVllm, 
     else:
         bad.write_text(RAW_RESULTS[name])
     # the good file first: nothing may be written for it either
-    refused_untouched(argv("report", fake, work, **{"--inputs": None}) + ["--inputs", str(work / "result.json"),
-                                                                       str(bad)], [work], 2, match=r"bad\.json")
+    refused_untouched(argv("report", fake, work, **{"--inputs": None}) + ["--inputs",
+                                                                          str(work / "result.json"),
+                                                                       str(bad)], [work], 2,
+                                                                       match=r"bad\.json")
 
 
 @pytest.mark.parametrize("alias", ["same", "symlink", "dotted"])
@@ -119,7 +121,8 @@ def test_report_refuses_the_same_input_twice(alias: str, fake: FakeVllm, work: P
     second = {"same": first, "symlink": work / "link.json", "dotted": work / "." / "result.json"}[alias]
     if alias == "symlink":
         second.symlink_to(first)
-    refused_untouched(argv("report", fake, work, **{"--inputs": None}) + ["--inputs", str(first), str(second)],
+    refused_untouched(argv("report", fake, work, **{"--inputs": None}) + ["--inputs", str(first),
+                                                                          str(second)],
                       [work], 2, match=r"--inputs .*result\.json.* twice")
 
 
@@ -183,16 +186,19 @@ def test_report_replaces_its_own_plot_but_no_other_png(fake: FakeVllm, work: Pat
 
 
 def _reference(**changes: Any) -> dict[str, Any]:
-    doc = {"format": "sparkspec-lossless-reference/1", "model": MODEL, "method": "baseline", "max_tokens": TOKENS,
+    doc = {"format": "sparkspec-lossless-reference/1", "model": MODEL, "method": "baseline",
+           "max_tokens": TOKENS,
            "temperature": 0.0,
-           "enable_thinking": False, "outputs": [{"id": "a", "suite": "s", "prompt": "p", "expect_json": False,
+           "enable_thinking": False,
+           "outputs": [{"id": "a", "suite": "s", "prompt": "p", "expect_json": False,
                                                    "text": "t"}]}
     doc.update(changes)
     return {k: v for k, v in doc.items() if v is not DROP}
 
 
 def _output(**changes: Any) -> dict[str, Any]:
-    return _reference(outputs=[{k: v for k, v in ({"id": "a", "suite": "s", "prompt": "p", "expect_json": False,
+    return _reference(outputs=[{k: v for k, v in ({"id": "a", "suite": "s", "prompt": "p",
+                                                   "expect_json": False,
                                                    "text": "t"} | changes).items() if v is not DROP}])
 
 
@@ -274,7 +280,8 @@ def test_tiny_model_rewrites_its_own_folder_and_an_empty_one(work: Path) -> None
     other = run("model", "tiny", "--out", str(model), "--seed", "3", "--json")
     assert other.rc == 0 and json.loads(other.stdout.splitlines()[-1])["changed"] is True, other.stderr
     assert sorted(p.name for p in model.iterdir()) == sorted(
-        ["model.safetensors", "tokenizer.json", "config.json", "tokenizer_config.json", "special_tokens_map.json",
+        ["model.safetensors", "tokenizer.json", "config.json", "tokenizer_config.json",
+         "special_tokens_map.json",
          "generation_config.json"])
 
 
@@ -290,5 +297,6 @@ def test_tiny_model_failure_leaves_nothing(work: Path, monkeypatch: pytest.Monke
     monkeypatch.setattr(tinymodel, "_dump", full)
     before = fingerprint(work)
     out = run("model", "tiny", "--out", str(work / "new" / "model"))
-    assert out.rc == 1 and out.stderr.startswith("sparkspec: error: ") and out.stderr.count("\n") == 1, out.stderr
+    assert out.rc == 1 and out.stderr.startswith("sparkspec: "
+                                                 "error: ") and out.stderr.count("\n") == 1, out.stderr
     assert "No space left" in out.stderr and fingerprint(work) == before

@@ -25,7 +25,8 @@ def test_metrics_sum_label_sets_and_keep_positions() -> None:
     one = metrics.parse(text)
     assert one.has_spec_decode and one.num_drafts > 0 and len(one.accepted_per_pos) == 4
     # The same counters from a second engine: every figure is summed over label sets.
-    two = metrics.parse(text + "\n".join(line.replace('engine="0"', 'engine="1"') for line in text.splitlines()
+    two = metrics.parse(text + "\n".join(line.replace('engine="0"',
+                                                      'engine="1"') for line in text.splitlines()
                                          if line.startswith("vllm:")) + "\n")
     assert two.generation_tokens == 2 * one.generation_tokens
     assert two.num_accepted_tokens == 2 * one.num_accepted_tokens
@@ -37,7 +38,8 @@ def test_spec_figures_from_deltas_and_none_without_spec_decode() -> None:
     figures = metrics.spec_decode_figures(metrics.delta(metrics.Snapshot(has_spec_decode=True), after))
     assert figures["spec_decode_acceptance_rate"] == pytest.approx(
         100 * after.num_accepted_tokens / after.num_draft_tokens)
-    assert figures["spec_decode_acceptance_length"] == pytest.approx(1 + after.num_accepted_tokens / after.num_drafts)
+    expected = 1 + after.num_accepted_tokens / after.num_drafts
+    assert figures["spec_decode_acceptance_length"] == pytest.approx(expected)
     assert figures["spec_decode_per_position_acceptance_rates"] == pytest.approx(
         [v / after.num_drafts for v in after.accepted_per_pos.values()])
     base = metrics.parse((DATA / "metrics_baseline.txt").read_text())
@@ -67,11 +69,13 @@ def test_compare_reports_mismatch_offset_missing_and_json() -> None:
     assert rep["mismatches"][0]["id"] == "a" and rep["mismatches"][0]["offset"] == 6
     assert rep["json_expected"] == 1 and rep["json_parse_failures"] == 0
     assert lossless.verdict(rep, 0.3, True)[0] and not lossless.verdict(rep, 0.5, False)[0]
-    assert rep["mismatches"][0]["token_index"] is None  # no token ids on either side: the character offset only
+    # no token ids on either side: the character offset only
+    assert rep["mismatches"][0]["token_index"] is None
     with_ids = lossless.compare({"outputs": [{"id": "a", "text": "ab", "token_ids": [5, 6, 7]}]},
                                 [{"id": "a", "text": "ax", "token_ids": [5, 8]}])
     first = with_ids["mismatches"][0]
-    assert (first["offset"], first["token_index"], first["expected_token"], first["actual_token"]) == (1, 1, 6, 8)
+    assert (first["offset"], first["token_index"], first["expected_token"],
+            first["actual_token"]) == (1, 1, 6, 8)
     assert lossless.first_token_divergence([1, 2], [1, 2, 3]) == (2, None, 3)
     bad_json = lossless.compare(ref, [{"id": "b", "text": "not json"}])
     assert bad_json["json_failed_ids"] == ["b"]
@@ -87,7 +91,8 @@ def test_client_ceiling_counts_every_token() -> None:
 
 def test_unreachable_url_is_one_line_exit_2(tmp_path: Path, cli: Cli) -> None:
     port = free_port()  # bound then released: nothing listens there
-    run = cli("bench", "--url", f"http://127.0.0.1:{port}", "--model", "m", "--output", str(tmp_path / "o.json"))
+    run = cli("bench", "--url", f"http://127.0.0.1:{port}", "--model", "m", "--output",
+              str(tmp_path / "o.json"))
     assert run.returncode == 2 and run.stderr.count("\n") == 1
     assert "unreachable" in run.stderr and "Traceback" not in run.stderr
     assert not (tmp_path / "o.json").exists()
@@ -100,7 +105,8 @@ def test_empty_suite_is_refused(tmp_path: Path, cli: Cli) -> None:
         listener.bind(("127.0.0.1", 0))
         listener.listen()
         url = f"http://127.0.0.1:{listener.getsockname()[1]}"
-        run = cli("bench", "--url", url, "--model", "m", "--suite", str(suite), "--output", str(tmp_path / "o"))
+        run = cli("bench", "--url", url, "--model", "m", "--suite", str(suite), "--output",
+                  str(tmp_path / "o"))
     assert run.returncode == 2 and run.stderr.count("\n") == 1 and "suite has no prompts" in run.stderr
     with pytest.raises(UserError, match="no such suite"):
         from sparkspec.bench.suites import load
@@ -110,12 +116,14 @@ def test_empty_suite_is_refused(tmp_path: Path, cli: Cli) -> None:
 def test_reference_must_be_a_recorded_reference(tmp_path: Path, cli: Cli) -> None:
     ref = tmp_path / "ref.json"
     ref.write_text(json.dumps({"outputs": []}))
-    run = cli("check-output", "compare", "--url", "http://127.0.0.1:1", "--model", "m", "--reference", str(ref))
+    run = cli("check-output", "compare", "--url", "http://127.0.0.1:1", "--model", "m", "--reference",
+              str(ref))
     assert run.returncode == 2 and "sparkspec-lossless-reference/1" in run.stderr
 
 
 def _run(throughput: float, server_speed: float, tokens: int = 960) -> dict[str, object]:
-    """One tool's run as bench_vs_vllm records it: the server generated ``tokens`` at ``server_speed`` tok/s."""
+    """One tool's run as bench_vs_vllm records it: the server generated ``tokens`` at ``server_speed``
+    tok/s."""
     duration = tokens / throughput
     busy = tokens / server_speed
     return {"output_throughput": throughput, "duration": duration, "total_output_tokens": tokens,
@@ -136,7 +144,8 @@ def test_side_by_side_tells_server_drift_from_a_tool_difference() -> None:
     assert slow["ours"]["stdev"] == 0.0 and slow["ours"]["mean"] == pytest.approx(900.0)
     # With requests in flight together the server's summed latency is not its busy time: no drift-free figure.
     assert bench_vs_vllm.summarize(ours, ref, concurrency=4)["drift_free_ratio"] is None
-    # The server-side latency sum is read from /metrics (a histogram's _sum) and differenced like the counters.
+    # The server-side latency sum is read from /metrics (a histogram's _sum) and differenced like the
+    # counters.
     text = ("# TYPE vllm:e2e_request_latency_seconds histogram\n"
             'vllm:e2e_request_latency_seconds_sum{engine="0",model_name="m"} 12.5\n'
             'vllm:e2e_request_latency_seconds_count{engine="0",model_name="m"} 3.0\n')
@@ -146,7 +155,8 @@ def test_side_by_side_tells_server_drift_from_a_tool_difference() -> None:
 
 def test_side_by_side_refuses_bad_input_in_one_line(tmp_path: Path) -> None:
     out = tmp_path / "vs.json"
-    base = [sys.executable, "-m", "tests.support.bench_vs_vllm", "--url", "http://127.0.0.1:9", "--model", "m",
+    base = [sys.executable, "-m", "tests.support.bench_vs_vllm", "--url", "http://127.0.0.1:9", "--model",
+            "m",
             "--output", str(out)]
     bare = tmp_path / "bare"  # a python without vLLM (or pandas): refused before any run
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True, timeout=120)

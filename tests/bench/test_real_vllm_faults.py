@@ -22,8 +22,8 @@ def test_wrong_api_key_is_refused_and_a_killed_server_leaves_no_result(
     key_file = tmp_path / "wrong-key"
     key_file.write_text("wrong-key\n")
     key_file.chmod(0o600)
-    wrong = cli("bench", "--url", keyed_server.url, "--model", keyed_server.model, "--api-key-file", str(key_file),
-                "--output", str(out))
+    wrong = cli("bench", "--url", keyed_server.url, "--model", keyed_server.model, "--api-key-file",
+                str(key_file), "--output", str(out))
     assert wrong.returncode == 2 and wrong.stderr.count("\n") == 1
     assert "401 Unauthorized" in wrong.stderr and "--api-key" in wrong.stderr and not out.exists()
     assert "wrong-key" not in wrong.stderr
@@ -31,13 +31,15 @@ def test_wrong_api_key_is_refused_and_a_killed_server_leaves_no_result(
     # Enough work that the run is still going when the server dies.
     proc = subprocess.Popen([sys.executable, "-m", "sparkspec.cli", "bench", "--url", keyed_server.url,
                              "--model", keyed_server.model, "--suite", "open",
-                             "--requests", "400", "--max-tokens", "200", "--ignore-eos", "--output", str(out)],
+                             "--requests", "400", "--max-tokens", "200", "--ignore-eos", "--output",
+                             str(out)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, SPARKSPEC_API_KEY=API_KEY))
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and proc.poll() is None:
         with urllib.request.urlopen(keyed_server.url + "/metrics", timeout=10) as r:
-            done = [ln for ln in r.read().decode().splitlines() if ln.startswith("vllm:request_success_total")]
+            done = [ln for ln in r.read().decode().splitlines()
+                    if ln.startswith("vllm:request_success_total")]
         if sum(float(ln.rsplit(" ", 1)[1]) for ln in done) >= 2:
             break
         time.sleep(0.5)

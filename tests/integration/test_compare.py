@@ -1,7 +1,8 @@
-"""`invoke compare` on the simulated Spark: one run serves every method (MTP on its own profile) through the real
-unit, each speculative row checked lossless against baseline on the same profile; the table's figures equal the
-server's counter deltas over each bench, read here from the /metrics text the verify role kept around it with
-this file's own parser (tests/counters.py), not from the report's numbers. Bad rows are refused before any play."""
+"""`invoke compare` on the simulated Spark: one run serves every method (MTP on its own profile) through the
+real unit, each speculative row checked lossless against baseline on the same profile; the table's figures
+equal the server's counter deltas over each bench, read here from the /metrics text the verify role kept
+around it with this file's own parser (tests/counters.py), not from the report's numbers. Bad rows are refused
+before any play."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ SIM = "sim01"
 PROFILE = "sim-tiny"          # the sim inventory's served profile
 MTP_PROFILE = "sim-mtp"       # the sim profile that serves MTP (tests/support, helper B's generator)
 ROWS = ("baseline", "ngram", "eagle3", "dflash", f"mtp@{MTP_PROFILE}")
-COLUMNS = ("Method", "Model", "Avg tok/s", "Peak tok/s", "Drafts", "Draft tokens", "Accepted", "Acceptance Rate",
+COLUMNS = ("Method", "Model", "Avg tok/s", "Peak tok/s", "Drafts", "Draft tokens", "Accepted", "Acceptance "
+                                                                                               "Rate",
            "Acceptance per position", "Mean acceptance length", "Lossless", "Notes")
 DRAFTS = "vllm:spec_decode_num_drafts_total"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
@@ -27,7 +29,8 @@ PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total/"
 
 
 def _sim_vars() -> dict:
-    return inventory.load("inventories/sim").host_vars(SIM, ("sparkspec_profiles", "sparkspec_stage_profiles"))
+    return inventory.load("inventories/sim").host_vars(SIM,
+                                                       ("sparkspec_profiles", "sparkspec_stage_profiles"))
 
 
 def available_rows() -> tuple[list[str], list[str]]:
@@ -37,7 +40,8 @@ def available_rows() -> tuple[list[str], list[str]]:
     heads = profiles[PROFILE].get("heads", {})
     rows, missing = ["baseline", "ngram"], []
     for head in ("eagle3", "dflash"):
-        (rows if head in heads else missing).append(head if head in heads else f"{head} (no {head} head on {PROFILE})")
+        (rows if head in heads else missing).append(head if head in heads else f"{head} (no {head} head on "
+                                                                               f"{PROFILE})")
     if MTP_PROFILE in profiles and MTP_PROFILE in staged:
         rows.append(f"mtp@{MTP_PROFILE}")
     else:
@@ -51,7 +55,7 @@ def table_rows(markdown: str) -> dict[str, dict[str, str]]:
     assert lines[0] == "| " + " | ".join(COLUMNS) + " |", lines[0]
     out = {}
     for line in lines[2:]:
-        cells = dict(zip(COLUMNS, (c.strip() for c in line.strip().strip("|").split(" | "))))
+        cells = dict(zip(COLUMNS, (c.strip() for c in line.strip().strip("|").split(" | ")), strict=False))
         profile = re.search(r"\(profile ([^)]+)\)", cells["Model"])
         assert profile, cells["Model"]
         out[f"{cells['Method']}@{profile.group(1)}"] = cells
@@ -76,9 +80,11 @@ def check_row(name: str, cells: dict[str, str], bench: dict) -> float:
         return 0.0
     drafts, draft_tokens, accepted = d[DRAFTS], d[DRAFT_TOKENS], d[ACCEPTED]
     assert drafts > 0, f"{name}: no drafts in /metrics over the bench"
-    assert (int(cells["Drafts"]), int(cells["Draft tokens"]), int(cells["Accepted"])) == (drafts, draft_tokens,
+    assert (int(cells["Drafts"]), int(cells["Draft tokens"]),
+            int(cells["Accepted"])) == (drafts, draft_tokens,
                                                                                           accepted), cells
-    assert float(cells["Acceptance Rate"].rstrip("%")) == pytest.approx(100 * accepted / draft_tokens, abs=0.051)
+    assert float(cells["Acceptance "
+                       "Rate"].rstrip("%")) == pytest.approx(100 * accepted / draft_tokens, abs=0.051)
     assert float(cells["Mean acceptance length"]) == pytest.approx(1 + accepted / drafts, abs=0.0051)
     positions = sorted(int(k.removeprefix(PER_POS)) for k in d if k.startswith(PER_POS))
     assert positions == list(range(len(positions))) and positions
@@ -87,7 +93,8 @@ def check_row(name: str, cells: dict[str, str], bench: dict) -> float:
     verdict = re.fullmatch(r"(\d+)/(\d+) pass", cells["Lossless"])   # at least verify_lossless_min_share
     assert verdict, f"{name}: {cells['Lossless']}: {cells['Notes']}"
     if verdict.group(1) != verdict.group(2):   # below 100 %: the note names the first divergent token
-        assert re.search(r"first divergence in \S+ at token \d+: expected id \d+ vs got id \d+", cells["Notes"])
+        assert re.search(r"first divergence in \S+ at token \d+: expected id \d+ vs got id "
+                         r"\d+", cells["Notes"])
     return accepted
 
 
@@ -119,8 +126,8 @@ def test_compare_serves_every_method(provisioned):
 
 @pytest.mark.parametrize(("methods", "message"), [
     ("baseline,eagle3@sim-hybrid",
-     ("--methods eagle3@sim-hybrid: sparkspec_methods.eagle3.head: method eagle3 needs a eagle3 head, and profile "
-      "sim-hybrid has none")),
+     ("--methods eagle3@sim-hybrid: sparkspec_methods.eagle3.head: method eagle3 needs a eagle3 head, and "
+      "profile sim-hybrid has none")),
     ("ngram@nope", "--methods ngram@nope: sparkspec_profile: 'nope' is not a key of sparkspec_profiles"),
     ("warp", "--methods warp@sim-tiny: sparkspec_method_switch: unknown method 'warp'"),
     ("ngram@", "--methods: 'ngram@' is not METHOD or METHOD@PROFILE"),
@@ -144,7 +151,8 @@ def test_rows_are_planned_per_profile():
 
     rows = compare.plan(compare.parse("ngram,mtp@p2,baseline,eagle3@p2", "p1"))
     assert [(r.name, r.added) for r in rows] == [("baseline@p1", False), ("ngram@p1", False),
-                                                  ("baseline@p2", True), ("mtp@p2", False), ("eagle3@p2", False)]
+                                                  ("baseline@p2", True), ("mtp@p2", False),
+                                                  ("eagle3@p2", False)]
 
 
 def test_unstaged_profile_is_refused():
@@ -167,7 +175,8 @@ def test_known_answers_catch_wrong_output(provisioned, expect, ok):
     """verify asks known-answer prompts: output that does not match fails the play, whatever its speed."""
     extra = json.dumps({"verify_known_answers": [{"prompt": "Say something.", "expect": expect}],
                         "verify_lossless": False, "verify_requests": 1, "verify_max_tokens": 8})
-    result = run_cli(f"{BIN}/ansible-playbook", "-i", "inventories/sim", "--limit", "sim01", "playbooks/verify.yml",
+    result = run_cli(f"{BIN}/ansible-playbook", "-i", "inventories/sim", "--limit", "sim01",
+                     "playbooks/verify.yml",
                      "-e", extra, timeout=900)
     if ok:
         assert result.returncode == 0, result.stdout[-3000:]

@@ -38,7 +38,8 @@ def deploy(method: str, expect_ok: bool = True, **extra_vars: object) -> PlayRes
 
 
 def _baseline_with(extra_args: list[str]) -> dict:
-    """The built-in baseline replaced by one whose own `serve` adds vLLM flags (the sim's sparkspec_serve stands)."""
+    """The built-in baseline replaced by one whose own `serve` adds vLLM flags (the sim's sparkspec_serve
+    stands)."""
     return {"baseline": {"speculative_config": None, "serve": {"extra_args": extra_args}}}
 
 
@@ -132,7 +133,8 @@ def test_wrong_flag_is_refused_before_restart(provisioned):
 def test_unhealthy_unit_is_rolled_back(provisioned):
     # The parser accepts the flag; vLLM crashes at start. The wait must stop at the crash, long before 600 s.
     desired = ssh(provisioned, f"cat /etc/sparkspec/{UNIT}.desired.json 2>/dev/null || echo absent")
-    result = deploy("baseline", expect_ok=False, sparkspec_methods=_baseline_with(["--tokenizer", "/nonexistent/tokenizer"]),
+    result = deploy("baseline", expect_ok=False,
+                    sparkspec_methods=_baseline_with(["--tokenizer", "/nonexistent/tokenizer"]),
                     deploy_health_timeout=600)
     message = failure_summary(result, "sim01")
     assert result.rc != 0, result

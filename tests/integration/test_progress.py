@@ -69,7 +69,8 @@ def _run(tmp_path: Path, playbook: str, extravars: dict[str, Any]) -> tuple[Any,
     (tmp_path / "play.yml").write_text(playbook)
     (tmp_path / "runner").mkdir()
     runner = ansible_runner.run(
-        private_data_dir=str(tmp_path / "runner"), playbook=str(tmp_path / "play.yml"), inventory="localhost,",
+        private_data_dir=str(tmp_path / "runner"), playbook=str(tmp_path / "play.yml"),
+        inventory="localhost,",
         extravars={"ansible_python_interpreter": sys.executable, **extravars},
         envvars={"ANSIBLE_ACTION_PLUGINS": str(ROOT / "roles/sparkspec/action_plugins"),
                  "ANSIBLE_LIBRARY": str(ROOT / "roles/sparkspec/library"), "ANSIBLE_NOCOLOR": "1",
@@ -80,7 +81,8 @@ def _run(tmp_path: Path, playbook: str, extravars: dict[str, Any]) -> tuple[Any,
     return runner, events
 
 
-def play(tmp_path: Path, argv: list[str], changed_when: str = "(fetched.stdout_lines | last | from_json).changed"
+def play(tmp_path: Path, argv: list[str], changed_when: str = "(fetched.stdout_lines | last | "
+                                                              "from_json).changed"
          ) -> tuple[Any, list[dict[str, Any]]]:
     return _run(tmp_path, PLAYBOOK.replace("{changed_when}", changed_when), {"fetch_argv": argv})
 
@@ -92,7 +94,8 @@ def fetch_argv(repo: str, url: str, dest: Path) -> list[str]:
 
 def progress_lines(events: list[dict[str, Any]]) -> list[str]:
     """What the plugin printed during the task (the runner's verbose events carry the task they belong to)."""
-    return [line for e in events if e.get("event") == "verbose" and (e.get("event_data") or {}).get("task") == TASK
+    return [line for e in events if e.get("event") == "verbose" and (e.get("event_data")
+                                                                     or {}).get("task") == TASK
             for line in str(e.get("stdout", "")).splitlines() if line.startswith("localhost: ")]
 
 
@@ -117,14 +120,16 @@ def test_throttled_fetch_prints_growing_progress_and_completes(tmp_path: Path, h
         assert (dest / f.name).read_bytes() == f.read_bytes(), f.name
 
 
-def test_failing_fetch_fails_the_task_with_the_commands_one_line(tmp_path: Path, hub: tuple[str, Path]) -> None:
+def test_failing_fetch_fails_the_task_with_the_commands_one_line(tmp_path: Path,
+                                                                 hub: tuple[str, Path]) -> None:
     url, _ = hub
     runner, events = play(tmp_path, fetch_argv("sparkspec/no-such-repo", url, tmp_path / "dest"))
     assert runner.rc != 0
     failed = [e["event_data"]["res"] for e in events if e.get("event") == "runner_on_failed"]
     assert len(failed) == 1 and failed[0]["rc"] == 2 and failed[0]["msg"] == "non-zero return code", failed
     stderr = failed[0]["stderr"].splitlines()
-    assert len(stderr) == 1 and stderr[0].startswith("sparkspec: error: ") and "no-such-repo" in stderr[0], stderr
+    assert len(stderr) == 1 and stderr[0].startswith("sparkspec: "
+                                                     "error: ") and "no-such-repo" in stderr[0], stderr
 
 
 # A compile of 8 ninja steps, one a second, among the other lines pip and CMake print.
@@ -140,11 +145,13 @@ print("Successfully built vllm", flush=True)
 
 
 def test_vllm_build_compile_prints_ninja_progress_in_the_play(tmp_path: Path) -> None:
-    """The compile step as roles/vllm_build/tasks/build.yml runs it: the play prints ninja's [done/total] while
-    the compile runs, growing; the whole output goes to the build log and the task's result ends with its tail."""
+    """The compile step as roles/vllm_build/tasks/build.yml runs it: the play prints ninja's [done/total]
+    while the compile runs, growing; the whole output goes to the build log and the task's result ends with
+    its tail."""
     helper = ROOT / "roles/vllm_build/files/vllm_build_helper.py"
     log = tmp_path / "build.log"
-    argv = [sys.executable, str(helper), "run", str(log), "build vLLM 0123456789ab", sys.executable, "-c", COMPILE]
+    argv = [sys.executable, str(helper), "run", str(log), "build vLLM "
+                                                          "0123456789ab", sys.executable, "-c", COMPILE]
     runner, events = play(tmp_path, argv, changed_when="true")
     assert runner.rc == 0, [e.get("stdout") for e in events]
     lines = progress_lines(events)
@@ -198,7 +205,8 @@ def split_play(tmp_path: Path, argv: list[str], **extra: Any) -> tuple[Any, list
     return _run(tmp_path, SPLIT_PLAYBOOK, {"fetch_argv": argv, "stop": False, **extra})
 
 
-def test_a_fetch_started_in_one_task_is_followed_in_a_later_one(tmp_path: Path, hub: tuple[str, Path]) -> None:
+def test_a_fetch_started_in_one_task_is_followed_in_a_later_one(tmp_path: Path,
+                                                                hub: tuple[str, Path]) -> None:
     url, source = hub
     dest = tmp_path / "dest"
     runner, events = split_play(tmp_path, fetch_argv(REPO, url, dest))
@@ -211,7 +219,8 @@ def test_a_fetch_started_in_one_task_is_followed_in_a_later_one(tmp_path: Path, 
     assert by_task["FOLLOW"]["duration"] > 1, by_task["FOLLOW"]["duration"]
     done = by_task["FOLLOW"]["res"]
     assert done["rc"] == 0 and (done["stdout_lines"][-1]).startswith("{") and "ansible_job_id" not in done
-    lines = [line for e in events if e.get("event") == "verbose" and (e.get("event_data") or {}).get("task") == "FOLLOW"
+    lines = [line for e in events if e.get("event") == "verbose" and (e.get("event_data")
+                                                                      or {}).get("task") == "FOLLOW"
              for line in str(e.get("stdout", "")).splitlines() if line.startswith("localhost: ")]
     assert any(" of 24.0 MiB, " in line for line in lines), lines
     for f in source.iterdir():

@@ -23,7 +23,8 @@ def _sim_inventory_copy(tmp_path: Path, mutate) -> Path:
     inv = tmp_path / "inv"
     shutil.copytree(ROOT / "inventories/sim", inv)
     hosts = yaml.safe_load((inv / "hosts.yml").read_text())
-    hosts["all"]["children"]["sparks"]["hosts"]["sim01"]["ansible_ssh_private_key_file"] = str(ROOT / ".sim/id_ed25519")
+    sim01 = hosts["all"]["children"]["sparks"]["hosts"]["sim01"]
+    sim01["ansible_ssh_private_key_file"] = str(ROOT / ".sim/id_ed25519")
     group_vars = yaml.safe_load((inv / "group_vars/all.yml").read_text())
     mutate(hosts["all"]["children"]["sparks"]["hosts"]["sim01"], group_vars)
     (inv / "hosts.yml").write_text(yaml.safe_dump(hosts))
@@ -34,10 +35,12 @@ def _sim_inventory_copy(tmp_path: Path, mutate) -> Path:
 @pytest.mark.parametrize(
     ("extra", "expected"),
     [
-        ({"method": "warp"}, "sparkspec_method: unknown method 'warp'; choose one of baseline, ngram, mtp, eagle3, dflash"),
+        ({"method": "warp"}, "sparkspec_method: unknown method 'warp'; choose one of baseline, ngram, mtp, "
+                             "eagle3, dflash"),
         ({"disk": "-5"}, "preflight_required_disk_gb '-5' is not a number >= 0"),
         ({"disk": "lots"}, "preflight_required_disk_gb 'lots' is not a number >= 0"),
-        ({"disk": "99999999"}, "the staged profiles (sim-tiny, sim-hybrid, sim-mtp) need 99999999.0 GB in all"),
+        ({"disk": "99999999"}, "the staged profiles (sim-tiny, sim-hybrid, sim-mtp) need 99999999.0 GB in "
+                               "all"),
     ],
     ids=["unknown-method", "negative-disk", "non-numeric-disk", "disk-too-small"],
 )

@@ -1,6 +1,6 @@
-"""Methods as data, on the simulated Spark: a method defined only in an inventory (ngram5) renders, deploys and
-is served; and what wins between the inventory's method and a switch (`invoke deploy --method`), recorded on
-the host and kept by a later provision. The tests run in file order and leave the host serving baseline."""
+"""Methods as data, on the simulated Spark: a method defined only in an inventory (ngram5) renders, deploys
+and is served; and what wins between the inventory's method and a switch (`invoke deploy --method`), recorded
+on the host and kept by a later provision. The tests run in file order and leave the host serving baseline."""
 
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ def ngram5_inventory(tmp_path_factory) -> Path:
     inv = tmp_path_factory.mktemp("inv") / "sim"
     shutil.copytree(ROOT / "inventories/sim", inv)
     hosts = yaml.safe_load((inv / "hosts.yml").read_text())
-    hosts["all"]["children"]["sparks"]["hosts"]["sim01"]["ansible_ssh_private_key_file"] = str(ROOT / ".sim/id_ed25519")
+    sim01 = hosts["all"]["children"]["sparks"]["hosts"]["sim01"]
+    sim01["ansible_ssh_private_key_file"] = str(ROOT / ".sim/id_ed25519")
     (inv / "hosts.yml").write_text(yaml.safe_dump(hosts))
     group_vars = yaml.safe_load((inv / "group_vars/all.yml").read_text())
     group_vars["sparkspec_methods"] = {"ngram5": NGRAM5}
@@ -49,14 +50,16 @@ def served_spec(sim) -> dict | None:
     """The --speculative-config of the process the unit runs now (its command line, not a file about it)."""
     pid = ssh(sim, f"systemctl show -p MainPID --value {UNIT}")
     args = ssh(sim, f"tr '\\0' '\\n' < /proc/{pid}/cmdline").splitlines()
-    return json.loads(args[args.index("--speculative-config") + 1]) if "--speculative-config" in args else None
+    if "--speculative-config" not in args:
+        return None
+    return json.loads(args[args.index("--speculative-config") + 1])
 
 
 def test_unknown_method_lists_the_inventorys_own(ngram5_inventory):
     result = invoke("deploy", "--host", "sim01", "--method", "ngram6", "--inventory", str(ngram5_inventory))
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1] == ("sparkspec: error: unknown method 'ngram6'; choose one of "
-                                                      "baseline, dflash, eagle3, mtp, ngram, ngram5")
+    assert result.stderr.strip().splitlines()[-1] == ("sparkspec: error: unknown method 'ngram6'; choose one "
+                                                      "of baseline, dflash, eagle3, mtp, ngram, ngram5")
 
 
 def test_ngram5_renders(ngram5_inventory, tmp_path):
@@ -65,7 +68,8 @@ def test_ngram5_renders(ngram5_inventory, tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr
     record = json.loads((tmp_path / f"etc/sparkspec/{UNIT}.json").read_text())
     assert record["method"] == "ngram5"
-    assert json.loads(record["args"][record["args"].index("--speculative-config") + 1]) == NGRAM5["speculative_config"]
+    spec = record["args"][record["args"].index("--speculative-config") + 1]
+    assert json.loads(spec) == NGRAM5["speculative_config"]
     assert "(ngram5)" in (tmp_path / f"etc/systemd/system/{UNIT}.service").read_text()
 
 
@@ -91,8 +95,8 @@ def test_a_switch_survives_a_provision_and_the_play_says_so(provisioned):
     result = invoke("provision", "--host", "sim01", "--skip-tags", "verify", timeout=1800)
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr
     out = result.stdout + result.stderr
-    assert "the switch wins while the inventory still says baseline); go back with: invoke deploy --method baseline" \
-        in " ".join(out.split())
+    assert ("the switch wins while the inventory still says baseline); go back with: invoke deploy --method "
+            "baseline") in " ".join(out.split())
     assert served_spec(provisioned)["method"] == "ngram"
     assert json.loads(ssh(provisioned, f"cat /etc/sparkspec/{UNIT}.json"))["method"] == "ngram"
 

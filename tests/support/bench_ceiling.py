@@ -1,9 +1,10 @@
 """The benchmark client's parse ceiling: how many streamed tokens per second it can take in.
 
 A fast local server (asyncio raw sockets on 127.0.0.1, in its own process) answers every chat completion with
-one token per SSE event, in HTTP/1.1 chunked encoding as uvicorn sends them; the real client (`run_bench`) runs
-against it. The client's output throughput there is the ceiling above which its figures would measure itself.
-Run with ``python -m tests.support.bench_ceiling`` (or ``invoke bench.client``); it prints one JSON object.
+one token per SSE event, in HTTP/1.1 chunked encoding as uvicorn sends them; the real client (`run_bench`)
+runs against it. The client's output throughput there is the ceiling above which its figures would measure
+itself. Run with ``python -m tests.support.bench_ceiling`` (or ``invoke bench.client``); it prints one JSON
+object.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ def sse_body(tokens: int, prompt_tokens: int = 8) -> bytes:
     usage = {"id": "chatcmpl-ceiling", "object": "chat.completion.chunk", "model": MODEL, "choices": [],
              "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": tokens,
                        "total_tokens": prompt_tokens + tokens}}
-    tail = _chunk(b"data: " + json.dumps(usage).encode() + b"\n\n") + _chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n"
+    tail = (_chunk(b"data: " + json.dumps(usage).encode() + b"\n\n") + _chunk(b"data: [DONE]\n\n")
+            + b"0\r\n\r\n")
     return one * tokens + tail
 
 
@@ -38,7 +40,8 @@ def _response(status: str, body: bytes, content_type: str) -> bytes:
             .encode() + body)
 
 
-async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, cache: dict[int, bytes]) -> None:
+async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                  cache: dict[int, bytes]) -> None:
     try:
         while True:
             head = await reader.readuntil(b"\r\n\r\n")

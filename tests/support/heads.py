@@ -1,16 +1,17 @@
 """Draft heads for the tiny Qwen3 target (tests/support/tinymodel.py) in the layouts vLLM 0.32 loads.
 
-* EAGLE3 (``LlamaForCausalLMEagle3``, one Llama layer whose attention reads ``[embed, hidden]``, ``fc`` over the
-  target's aux hidden states named by ``eagle_config.eagle_aux_hidden_state_layer_ids``), DISTILLED from its
-  target: the target's forward is reproduced below in torch (it matches vLLM's Qwen3), training data is the
-  target's own greedy outputs and aux states, and the head's forward follows vllm/model_executor/models/
-  llama_eagle3.py step for step (the first draft position, which is all that ``num_speculative_tokens: 1`` uses).
-* DFlash (``DFlashDraftModel``, ``model_type: qwen3``, ``dflash_config``), random weights: it drafts, it accepts
-  next to nothing; the lossless check and the drafts counter are what it exercises.
+* EAGLE3 (``LlamaForCausalLMEagle3``, one Llama layer whose attention reads ``[embed, hidden]``, ``fc`` over
+  the target's aux hidden states named by ``eagle_config.eagle_aux_hidden_state_layer_ids``), DISTILLED from
+  its target: the target's forward is reproduced below in torch (it matches vLLM's Qwen3), training data is
+  the target's own greedy outputs and aux states, and the head's forward follows vllm/model_executor/models/
+  llama_eagle3.py step for step (the first draft position, which is all that ``num_speculative_tokens: 1``
+  uses).
+* DFlash (``DFlashDraftModel``, ``model_type: qwen3``, ``dflash_config``), random weights: it drafts, it
+  accepts next to nothing; the lossless check and the drafts counter are what it exercises.
 
 Distilling costs CPU time, so the head is cached by content: its ``model.safetensors`` records the key
-(target weights and config digest, generator version, seed) in its metadata, and a folder whose file carries the
-current key is left as it is. The same key gives the same bytes on one machine (torch on CPU, one thread).
+(target weights and config digest, generator version, seed) in its metadata, and a folder whose file carries
+the current key is left as it is. The same key gives the same bytes on one machine (torch on CPU, one thread).
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ class Head:
 
 
 def target_dir(out: Path) -> Path:
-    """The target's generated folder beside ``out`` (the one the simulated hub publishes), written if missing."""
+    """The target's generated folder beside ``out`` (the one the simulated hub publishes), written if
+    missing."""
     path = Path(out).parent / repo_folder(TARGET_REPO)
     tinymodel.write_tiny_model(path, seed=0)
     return path
@@ -106,7 +108,8 @@ def eagle3_config(target: dict[str, Any]) -> dict[str, Any]:
 
 def dflash_config(target: dict[str, Any], mask_token_id: int) -> dict[str, Any]:
     return _common(target) | {
-        "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "target_hidden_size": target["hidden_size"],
+        "architectures": ["DFlashDraftModel"], "model_type": "qwen3",
+        "target_hidden_size": target["hidden_size"],
         "dflash_config": {"block_size": DFLASH_BLOCK, "mask_token_id": mask_token_id,
                           "target_layer_ids": DFLASH_TARGET_LAYERS},
     }
@@ -159,7 +162,8 @@ def write_dflash_head(out: str | Path, seed: int = 0) -> Head:
     return Head(out, key, True, None)
 
 
-def _train_eagle3(target: Path, cfg: dict[str, Any], seed: int, steps: int) -> tuple[dict[str, np.ndarray], float]:
+def _train_eagle3(target: Path, cfg: dict[str, Any], seed: int,
+                  steps: int) -> tuple[dict[str, np.ndarray], float]:
     """tests.support.distil in a fresh interpreter (see its main): the trained tensors and the held-out
     agreement with the target."""
     root = Path(__file__).resolve().parents[2]

@@ -30,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterable, Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib import metadata as importlib_metadata
 from pathlib import Path
 from typing import Any
@@ -175,7 +175,7 @@ def _write_atomic(path: Path, data: dict[str, Any]) -> None:
 def record_one(pin: str, out_dir: Path | None = None) -> tuple[Path, dict[str, Any]]:
     """Ask the index about one pin (the dry run in a temp folder) and write its answer."""
     name, version = parse_pin(pin)
-    date = datetime.now(timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+    date = datetime.now(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
     with tempfile.TemporaryDirectory(prefix="index-answer-") as tmp:
         try:
             proc = subprocess.run(pip_argv(pin), cwd=tmp, env={**os.environ, **PIP_ENV}, capture_output=True,

@@ -84,10 +84,12 @@ def _moe(p: str, out_scale: float) -> dict[str, tuple[tuple[int, ...], float]]:
     for e in range(EXPERTS):
         out.update({f"{p}.mlp.experts.{e}.gate_proj.weight": ((MOE_INTER, HIDDEN), proj),
                     f"{p}.mlp.experts.{e}.up_proj.weight": ((MOE_INTER, HIDDEN), proj),
-                    f"{p}.mlp.experts.{e}.down_proj.weight": ((HIDDEN, MOE_INTER), MOE_INTER ** -0.5 * out_scale)})
+                    f"{p}.mlp.experts.{e}.down_proj.weight": ((HIDDEN, MOE_INTER),
+                                                              MOE_INTER ** -0.5 * out_scale)})
     out.update({f"{p}.mlp.shared_expert.gate_proj.weight": ((SHARED_INTER, HIDDEN), proj),
                 f"{p}.mlp.shared_expert.up_proj.weight": ((SHARED_INTER, HIDDEN), proj),
-                f"{p}.mlp.shared_expert.down_proj.weight": ((HIDDEN, SHARED_INTER), SHARED_INTER ** -0.5 * out_scale),
+                f"{p}.mlp.shared_expert.down_proj.weight": ((HIDDEN, SHARED_INTER),
+                                                            SHARED_INTER ** -0.5 * out_scale),
                 f"{p}.mlp.shared_expert_gate.weight": ((1, HIDDEN), proj)})
     return out
 
@@ -189,7 +191,8 @@ def _fp8_table() -> tuple[np.ndarray, np.ndarray]:
 
 
 def fp8_block(weight: np.ndarray) -> tuple[bytes, np.ndarray]:
-    """E4M3 bytes of ``weight`` and its [ceil(out/128), ceil(in/128)] dequant scales (weight ~ fp8 * scale)."""
+    """E4M3 bytes of ``weight`` and its [ceil(out/128), ceil(in/128)] dequant scales (weight ~ fp8 *
+    scale)."""
     rows, cols = weight.shape
     scale = np.zeros((math.ceil(rows / BLOCK), math.ceil(cols / BLOCK)), np.float32)
     values, codes = _fp8_table()
@@ -272,7 +275,8 @@ def _bf16_files(out: Path, seed: int, fp8_config: bool) -> dict[str, bytes]:
 
 
 def write_model(out: str | Path, seed: int = 0) -> bool:
-    """The served repo (BF16, MTP head in the extra file, not in the index). Returns whether a file changed."""
+    """The served repo (BF16, MTP head in the extra file, not in the index). Returns whether a file
+    changed."""
     return _write(Path(out), _bf16_files(Path(out), seed, fp8_config=False))
 
 

@@ -112,7 +112,8 @@ class Sim:
 
     def assets(self, log=print) -> bool:
         """What a container of the image needs from the controller, without starting one (molecule's
-        scenarios): the image, the SSH key, the API key and the CA bundle. Returns True when it built the image."""
+        scenarios): the image, the SSH key, the API key and the CA bundle. Returns True when it built the
+        image."""
         with self._locked():
             return self._assets(log)
 
@@ -123,9 +124,11 @@ class Sim:
         self.host_ca()
         return built
 
-    def podman(self, *args: str, check: bool = True, capture: bool = True) -> subprocess.CompletedProcess[str]:
+    def podman(self, *args: str, check: bool = True,
+               capture: bool = True) -> subprocess.CompletedProcess[str]:
         if not shutil.which("podman"):
-            raise UserError("podman: not installed; run scripts/bootstrap (apt-get install podman runc debootstrap)")
+            raise UserError("podman: not installed; run scripts/bootstrap (apt-get install podman runc "
+                            "debootstrap)")
         proc = subprocess.run(["podman", *args], env=self.env(), text=True,
                               capture_output=capture, check=False)
         if check and proc.returncode != 0:
@@ -153,7 +156,8 @@ class Sim:
             log("sim: importing rootfs into podman")
             tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
             imp = subprocess.run(["podman", "import", "--change", "CMD=/sbin/init", "-", self.image],
-                                 stdin=tar.stdout, env=self.env(), capture_output=True, text=True, check=False)
+                                 stdin=tar.stdout, env=self.env(), capture_output=True, text=True,
+                                 check=False)
             tar.wait()
             if imp.returncode != 0 or tar.returncode != 0:
                 raise UserError(f"podman import: {imp.stderr.strip() or 'tar failed'}")
@@ -179,8 +183,10 @@ class Sim:
         return hashlib.sha256("\n".join(RUN_OPTIONS).encode()).hexdigest()[:12]
 
     def running_image(self) -> str | None:
-        """The running container's image and run options (``image@run_id``), "" when stopped, None when absent."""
-        proc = self.podman("inspect", "--format", f'{{{{.ImageName}}}} {{{{index .Config.Labels "{RUN_LABEL}"}}}} '
+        """The running container's image and run options (``image@run_id``), "" when stopped, None when
+        absent."""
+        proc = self.podman("inspect", "--format", f'{{{{.ImageName}}}} {{{{index .Config.Labels '
+                                                  f'"{RUN_LABEL}"}}}} '
                            "{{.State.Running}}", self.container, check=False)
         if proc.returncode != 0:
             return None
@@ -202,7 +208,8 @@ class Sim:
         if not source:
             import certifi  # type: ignore[import-not-found]  # huggingface_hub's httpx brings it
             source = certifi.where()
-        _keep(dest, Path(source).read_bytes())   # a running container has it mounted: rewritten only on a change
+        # a running container has it mounted: rewritten only on a change
+        _keep(dest, Path(source).read_bytes())
         return dest
 
     @property
@@ -211,13 +218,14 @@ class Sim:
         return SimHub(self.state)
 
     def torch_mounts(self) -> list[tuple[str, str]]:
-        """Where the container's pip finds torch's CPU build: the SPARKSPEC_WHEELS folder that scripts/bootstrap
-        chose (kept in .cache/torch-source), mounted at /opt/wheels (the sim inventory's PIP_FIND_LINKS); for an
-        index URL nothing is mounted and .sim/torch-index hands the URL to the inventory's PIP_EXTRA_INDEX_URL."""
+        """Where the container's pip finds torch's CPU build: the SPARKSPEC_WHEELS folder that
+        scripts/bootstrap chose (kept in .cache/torch-source), mounted at /opt/wheels (the sim inventory's
+        PIP_FIND_LINKS); for an index URL nothing is mounted and .sim/torch-index hands the URL to the
+        inventory's PIP_EXTRA_INDEX_URL."""
         source_file = self.root / ".cache" / "torch-source"
         if not source_file.is_file():
-            raise UserError(f"{source_file}: missing; run scripts/bootstrap first (it checks SPARKSPEC_WHEELS, the "
-                            f"folder or index that provides torch's CPU build)")
+            raise UserError(f"{source_file}: missing; run scripts/bootstrap first (it checks "
+                            "SPARKSPEC_WHEELS, the folder or index that provides torch's CPU build)")
         source = source_file.read_text().strip()
         index = self.state / "torch-index"
         if source.startswith(("http://", "https://", "file://")):
@@ -225,8 +233,9 @@ class Sim:
             return []
         index.write_text("")
         if not Path(source).is_dir():
-            raise UserError(f"SPARKSPEC_WHEELS={source}: the folder bootstrap chose is gone; set SPARKSPEC_WHEELS "
-                            f"to a folder holding torch's CPU wheel (or an index URL) and run scripts/bootstrap")
+            raise UserError(f"SPARKSPEC_WHEELS={source}: the folder bootstrap chose is gone; set "
+                            "SPARKSPEC_WHEELS to a folder holding torch's CPU wheel (or an index URL) and "
+                            "run scripts/bootstrap")
         return [(source, "/opt/wheels")]
 
     def up(self, log=print) -> str:
@@ -271,7 +280,8 @@ class Sim:
 
     def ssh_argv(self, *command: str) -> list[str]:
         return ["ssh", "-p", str(self.ssh_port), "-i", str(self.key), "-o", "BatchMode=yes",
-                "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
+                "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o",
+                "LogLevel=ERROR",
                 "root@127.0.0.1", *command]
 
     def down(self) -> str:

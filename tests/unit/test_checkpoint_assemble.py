@@ -66,7 +66,8 @@ def test_hybrid_keeps_int4_bytes_and_takes_shared_experts_in_fp8(ckpt_pair: Ckpt
     assert set(manifest["outputs"]) >= set(out_map.values())
 
 
-def test_without_fp8_the_hybrid_is_the_int4_checkpoint_and_add_mtp_registers_its_head(ckpt_pair: CkptPair) -> None:
+def test_without_fp8_the_hybrid_is_the_int4_checkpoint_and_add_mtp_registers_its_head(
+        ckpt_pair: CkptPair) -> None:
     """No --fp8 (a hybrid profile without an fp8 source): every INT4 model tensor byte-identical, none in FP8,
     nothing from MTP until add-mtp registers the extra file's head; idempotent like the full hybrid."""
     p = ckpt_pair
@@ -101,8 +102,8 @@ def test_without_fp8_the_hybrid_is_the_int4_checkpoint_and_add_mtp_registers_its
 
 def test_f32_scales_accepted(ckpt_pair: CkptPair) -> None:
     p = ckpt_pair
-    res = run_cli("checkpoint", "assemble", "--int4", p.int4, "--fp8", p.fp8.parent / "fp8_f32", "--out", p.out,
-                  "--json")
+    res = run_cli("checkpoint", "assemble", "--int4", p.int4, "--fp8", p.fp8.parent / "fp8_f32", "--out",
+                  p.out, "--json")
     assert res.rc == 0, res.stderr
     out_map = read_index(p.out)["weight_map"]
     scales = [n for n in out_map if n.endswith("weight_scale_inv")]
@@ -158,7 +159,8 @@ def test_fp8_pattern_widens_and_fused_groups_must_be_whole(ckpt_pair: CkptPair) 
 
 def test_expect_fp8_mismatch_warns(ckpt_pair: CkptPair) -> None:
     p = ckpt_pair
-    res = run_cli("checkpoint", "assemble", "--int4", p.int4, "--fp8", p.fp8, "--out", p.out, "--expect-fp8", "144")
+    res = run_cli("checkpoint", "assemble", "--int4", p.int4, "--fp8", p.fp8, "--out", p.out, "--expect-fp8",
+                  "144")
     assert res.rc == 0
     assert "warning" in res.stderr and "expected 144" in res.stderr
 
@@ -172,8 +174,8 @@ def test_kill_9_during_assemble_then_rerun_is_identical(tmp_path: Path) -> None:
     ref, out = tmp_path / "ref", tmp_path / "out"
     assert run_cli("checkpoint", "assemble", "--int4", int4, "--fp8", fp8, "--out", ref).rc == 0
     tmp = tmp_path / ".out.assemble-tmp"
-    proc = subprocess.Popen([sys.executable, "-m", "sparkspec.cli", "checkpoint", "assemble", "--int4", str(int4),
-                             "--fp8", str(fp8), "--out", str(out)], cwd=REPO,
+    proc = subprocess.Popen([sys.executable, "-m", "sparkspec.cli", "checkpoint", "assemble", "--int4",
+                             str(int4), "--fp8", str(fp8), "--out", str(out)], cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and proc.poll() is None:

@@ -1,7 +1,7 @@
-"""Every flag of ``sparkspec checkpoint assemble|add-mtp|verify|generate`` fed bad values (the files they read:
-test_checkpoint_badinput.py). Each case asserts the exact outcome through tests.badinput: exit 2, exactly one
-line ``sparkspec: error: ...`` matching the case's regex, no traceback, and every folder involved unchanged by
-content hash (nothing written, nothing left behind)."""
+"""Every flag of ``sparkspec checkpoint assemble|add-mtp|verify|generate`` fed bad values (the files they
+read: test_checkpoint_badinput.py). Each case asserts the exact outcome through tests.badinput: exit 2,
+exactly one line ``sparkspec: error: ...`` matching the case's regex, no traceback, and every folder involved
+unchanged by content hash (nothing written, nothing left behind)."""
 
 from __future__ import annotations
 
@@ -16,19 +16,22 @@ from sparkspec.checkpoint.selection import EXTRA_FILE
 from tests.badinput import refused_untouched
 
 # --- flags --------------------------------------------------------------------------------------------------
-NUMBERS = {"nan": "nan", "inf": "inf", "negative": "-1", "huge": "99999999999", "float": "1.5", "word": "many"}
+NUMBERS = {"nan": "nan", "inf": "inf", "negative": "-1", "huge": "99999999999", "float": "1.5",
+           "word": "many"}
 
 
 def _flag_cases() -> list[Any]:
     cases = []
     for flag, action in (("--expect-fp8", "assemble"), ("--expect-mtp", "verify")):
         for kind, value in NUMBERS.items():
-            cases.append(pytest.param(action, flag, value, rf"argument {flag}: ", id=f"{action}{flag}={kind}"))
+            cases.append(pytest.param(action, flag, value, r"argument "
+                                                           rf"{flag}: ", id=f"{action}{flag}={kind}"))
     bounds = {"--hidden": ("0", "100", "8320"), "--layers": ("0", "129"), "--experts": ("0", "1", "513"),
               "--shared-intermediate": ("0", "130", "8320"), "--mtp-layers": ("5",), "--shards": ("0", "257")}
     for flag, special in bounds.items():
         for kind, value in [*NUMBERS.items(), *((f"edge{v}", v) for v in special)]:
-            cases.append(pytest.param("generate", flag, value, rf"argument {flag}: ", id=f"generate{flag}={kind}"))
+            cases.append(pytest.param("generate", flag, value, r"argument "
+                                                               rf"{flag}: ", id=f"generate{flag}={kind}"))
     for flag, value in (("--kind", "int8"), ("--scale-dtype", "F16")):
         cases.append(pytest.param("generate", flag, value, rf"argument {flag}: invalid choice",
                                   id=f"generate{flag}={value}"))
@@ -62,7 +65,8 @@ PATH_CASES: list[tuple[str, str, str, str]] = [
     ("fifo", "verify", "fifo", r"not a directory"),
     ("empty_folder", "verify", "empty", r"index not found"),
     ("file", "generate --out", "file", r"--out .* not a folder"),
-    ("foreign", "generate --out", "foreign", r"was not written by python -m tests.support checkpoint generate"),
+    ("foreign", "generate --out", "foreign", r"was not written by python -m tests.support checkpoint "
+                                             r"generate"),
     ("file_parent", "assemble --out", "under_file", r"--out .*: .*notes.txt is not a folder"),
     ("foreign", "assemble --out", "foreign", r"was not written by sparkspec checkpoint assemble"),
     ("empty_string", "assemble --out", "", r"--out .* contains the input --int4"),
@@ -74,7 +78,8 @@ def test_bad_path_flag(ckpt_tree: Tree, case: str, command: str, bad: str, match
                        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(ckpt_tree.root)  # '' is the current folder: the one holding the sources
     value: str | Path = {"missing": ckpt_tree.root / "absent", "file": ckpt_tree.root / "notes.txt",
-                         "fifo": ckpt_tree.root / "pipe", "empty": ckpt_tree.root / "empty", "foreign": ckpt_tree.root / "mine",
+                         "fifo": ckpt_tree.root / "pipe", "empty": ckpt_tree.root / "empty",
+                         "foreign": ckpt_tree.root / "mine",
                          "under_file": ckpt_tree.root / "notes.txt" / "out", "": ""}[bad]
     (ckpt_tree.root / "notes.txt").write_text("notes")
     os.mkfifo(ckpt_tree.root / "pipe")

@@ -1,6 +1,6 @@
 """Every file format ``sparkspec checkpoint assemble|add-mtp|verify`` read, fed bad content (the flags: in
-test_checkpoint_badflags.py). Each case asserts the exact outcome through tests.badinput: exit 2, exactly one line
-``sparkspec: error: ...`` matching the case's regex, no traceback, and every folder involved unchanged by
+test_checkpoint_badflags.py). Each case asserts the exact outcome through tests.badinput: exit 2, exactly one
+line ``sparkspec: error: ...`` matching the case's regex, no traceback, and every folder involved unchanged by
 content hash (inputs, outputs, and nothing left behind: no temp, lock or partial output)."""
 
 from __future__ import annotations
@@ -84,7 +84,8 @@ HEADER_DAMAGE: dict[str, tuple[Damage, str]] = {
     "shape_bool": (lambda p: _edit_header(p, _entry("shape", [True])), r"bad shape"),
     "offsets_short": (lambda p: _edit_header(p, _entry("data_offsets", [0])), r"bad data_offsets"),
     "offsets_missing": (lambda p: _edit_header(p, _entry("data_offsets", _DROP)), r"bad data_offsets"),
-    "entry_not_object": (lambda p: _edit_header(p, lambda d: {**d, _first_tensor(d): 3}), r"is not an object"),
+    "entry_not_object": (lambda p: _edit_header(p, lambda d: {**d, _first_tensor(d): 3}), r"is not an "
+                                                                                          r"object"),
     "metadata_nested": (lambda p: _edit_header(p, lambda d: {**d, "__metadata__": {"a": {"b": "c"}}}),
                         r"__metadata__ is not a string-to-string map"),
     "not_object": (lambda p: _set_header(p, "[1, 2]"), r"header JSON is not an object"),
@@ -164,7 +165,8 @@ INT4_CONFIG_DAMAGE: dict[str, tuple[Damage, str]] = {
 }
 FP8_CONFIG_DAMAGE: dict[str, tuple[Damage, str]] = {
     **JSON_DAMAGE,
-    "block_zero": (_json_damage(("quantization_config", "weight_block_size"), [0, 128]), r"weight_block_size"),
+    "block_zero": (_json_damage(("quantization_config", "weight_block_size"), [0, 128]),
+                   r"weight_block_size"),
     "block_string": (_json_damage(("quantization_config", "weight_block_size"), "128"), r"weight_block_size"),
     "block_one": (_json_damage(("quantization_config", "weight_block_size"), [128]), r"weight_block_size"),
     "block_bool": (_json_damage(("quantization_config", "weight_block_size"), [True, 128]),
@@ -173,8 +175,10 @@ FP8_CONFIG_DAMAGE: dict[str, tuple[Damage, str]] = {
 }
 HYBRID_CONFIG_DAMAGE: dict[str, tuple[Damage, str]] = {
     **JSON_DAMAGE,
-    "mtp_negative": (_json_damage(("text_config", "mtp_num_hidden_layers"), -1), r"mtp_num_hidden_layers is -1"),
-    "mtp_string": (_json_damage(("text_config", "mtp_num_hidden_layers"), "1"), r"mtp_num_hidden_layers is '1'"),
+    "mtp_negative": (_json_damage(("text_config", "mtp_num_hidden_layers"), -1), r"mtp_num_hidden_layers is "
+                                                                                 r"-1"),
+    "mtp_string": (_json_damage(("text_config", "mtp_num_hidden_layers"), "1"), r"mtp_num_hidden_layers is "
+                                                                                r"'1'"),
     "experts_string": (_json_damage(("text_config", "num_experts"), "4"), r"num_experts is '4'"),
     "experts_zero": (_json_damage(("text_config", "num_experts"), 0), r"num_experts is 0"),
 }
@@ -224,10 +228,12 @@ def _cases() -> list[Any]:
 
 def _target(ckpt_tree: Tree, target: str, command: str) -> Path:
     if command == "add-mtp" or target.startswith("hybrid") or target == "manifest":
-        ckpt_tree.hybrid(mtp=command == "verify")  # verify: a complete hybrid, so that only the damage fails it
+        # verify: a complete hybrid, so that only the damage fails it
+        ckpt_tree.hybrid(mtp=command == "verify")
     fp8_shard = json.loads((ckpt_tree.fp8 / INDEX_NAME).read_text())["weight_map"][
         "model.language_model.layers.0.mlp.shared_expert.gate_proj.weight"]
-    return {"int4-shard": ckpt_tree.int4 / SHARD, "fp8-shard": ckpt_tree.fp8 / fp8_shard, "extra": ckpt_tree.int4 / EXTRA_FILE,
+    return {"int4-shard": ckpt_tree.int4 / SHARD, "fp8-shard": ckpt_tree.fp8 / fp8_shard,
+            "extra": ckpt_tree.int4 / EXTRA_FILE,
             "hybrid-shard": ckpt_tree.out / SHARD, "int4-index": ckpt_tree.int4 / INDEX_NAME,
             "fp8-index": ckpt_tree.fp8 / INDEX_NAME, "hybrid-index": ckpt_tree.out / INDEX_NAME,
             "int4-config": ckpt_tree.int4 / "config.json", "fp8-config": ckpt_tree.fp8 / "config.json",
@@ -259,7 +265,8 @@ def test_bad_revision_marker(ckpt_tree: Tree, damage: str, match: str) -> None:
         _fifo(marker)
     else:
         marker.write_text("not a revision!\n" if damage == "garbage" else "a" * 5000)
-    refused_untouched(ckpt_tree.assemble(), [ckpt_tree.root], match=rf"{REVISION_FILE}.*{match}|{match}.*{REVISION_FILE}")
+    refused_untouched(ckpt_tree.assemble(), [ckpt_tree.root],
+                      match=rf"{REVISION_FILE}.*{match}|{match}.*{REVISION_FILE}")
 
 
 @pytest.mark.parametrize("kind", ["fifo", "broken_link", "link_out"])
@@ -289,13 +296,15 @@ def test_mtp_tensor_also_in_a_model_shard_is_refused_by_add_mtp(ckpt_tree: Tree)
     out = ckpt_tree.hybrid(mtp=False)
     info = read_header(ckpt_tree.int4 / EXTRA_FILE).tensors["mtp.fc.weight"]
     add_tensor(out / SHARD, "mtp.fc.weight", info.dtype, info.shape, bytes(info.nbytes))
-    refused_untouched(["checkpoint", "add-mtp", "--source", ckpt_tree.int4, "--target", out], [ckpt_tree.root],
-                      match=rf"mtp.fc.weight is in both ({SHARD} and {EXTRA_FILE}|{EXTRA_FILE} and {SHARD})")
+    refused_untouched(["checkpoint", "add-mtp", "--source", ckpt_tree.int4, "--target", out],
+                      [ckpt_tree.root], match=rf"mtp.fc.weight is in both ({SHARD} and "
+                                              rf"{EXTRA_FILE}|{EXTRA_FILE} and {SHARD})")
 
 
 def test_extra_file_with_a_non_mtp_tensor_is_refused(ckpt_tree: Tree) -> None:
     out = ckpt_tree.hybrid(mtp=False)
     extra = ckpt_tree.int4 / EXTRA_FILE
-    _edit_header(extra, lambda d: {("lm_head.weight" if k == _first_tensor(d) else k): v for k, v in d.items()})
-    refused_untouched(["checkpoint", "add-mtp", "--source", ckpt_tree.int4, "--target", out], [ckpt_tree.root],
-                      match=r"non-MTP tensors \(e.g. lm_head.weight\)")
+    _edit_header(extra,
+                 lambda d: {("lm_head.weight" if k == _first_tensor(d) else k): v for k, v in d.items()})
+    refused_untouched(["checkpoint", "add-mtp", "--source", ckpt_tree.int4, "--target", out],
+                      [ckpt_tree.root], match=r"non-MTP tensors \(e.g. lm_head.weight\)")

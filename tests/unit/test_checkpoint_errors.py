@@ -40,7 +40,8 @@ def _retype(path: Path, name: str, dtype: str) -> None:
     """Rewrite a file so that ``name`` has another dtype of the same size (a valid file, wrong content)."""
     header = read_header(path)
     raw = path.read_bytes()
-    specs = [(t.name, dtype if t.name == name else t.dtype, t.shape, t.nbytes) for t in header.tensors.values()]
+    specs = [(t.name, dtype if t.name == name else t.dtype, t.shape,
+              t.nbytes) for t in header.tensors.values()]
     prefix, _ = encode_header(specs, header.metadata)
     path.write_bytes(prefix + raw[header.data_start:])
 
@@ -143,7 +144,8 @@ def test_output_filesystem_fills_up_during_add_mtp_copy(ckpt_pair: CkptPair,
 
 def test_bad_pattern_and_out_collisions(ckpt_pair: CkptPair, tmp_path: Path) -> None:
     p = ckpt_pair
-    res = run_cli("checkpoint", "assemble", "--int4", p.int4, "--fp8", p.fp8, "--out", p.out, "--fp8-pattern", "(")
+    res = run_cli("checkpoint", "assemble", "--int4", p.int4, "--fp8", p.fp8, "--out", p.out, "--fp8-pattern",
+                  "(")
     assert "--fp8-pattern" in _assert_one_line_exit_2(res, "(")
     foreign = tmp_path / "foreign"
     foreign.mkdir()

@@ -1,7 +1,8 @@
-"""The checkpoint commands against a hostile user: outputs that would overwrite inputs or other people's files,
-corrupted outputs reported up to date, add-mtp half done, duplicate tensors, non-regular files, read-only and
-full filesystems. Each refusal is one line, exit 2 (1 for a run-time failure), and leaves every folder involved
-byte for byte as it was (tests.badinput fingerprints them: a leftover temp, lock or link counts as a change)."""
+"""The checkpoint commands against a hostile user: outputs that would overwrite inputs or other people's
+files, corrupted outputs reported up to date, add-mtp half done, duplicate tensors, non-regular files,
+read-only and full filesystems. Each refusal is one line, exit 2 (1 for a run-time failure), and leaves every
+folder involved byte for byte as it was (tests.badinput fingerprints them: a leftover temp, lock or link
+counts as a change)."""
 
 from __future__ import annotations
 
@@ -41,7 +42,8 @@ def deadline(seconds: int = 10) -> Iterator[None]:
 
 
 def _assemble(p: CkptPair, out: Path | None = None, fp8: Path | None = None) -> list[str | Path]:
-    return ["checkpoint", "assemble", "--int4", p.int4, "--fp8", fp8 or p.fp8, "--out", out or p.out, "--json"]
+    return ["checkpoint", "assemble", "--int4", p.int4, "--fp8", fp8 or p.fp8, "--out", out or p.out,
+            "--json"]
 
 
 def _built(p: CkptPair, out: Path | None = None, fp8: Path | None = None) -> dict:
@@ -174,7 +176,8 @@ def test_verify_full_rehashes_everything_and_names_the_first_bad_file(ckpt_pair:
     (p.out / MANIFEST_NAME).write_text(json.dumps(manifest))
     assert run("checkpoint", "verify", p.out, "--expect-mtp", "0", "--no-load").rc == 0  # stat agrees
     full = run("checkpoint", "verify", p.out, "--expect-mtp", "0", "--no-load", "--full")
-    assert_refused(full, 2, match=rf"{_first_shard(p.out).name}: differs from what assemble wrote .*\(\+1 more")
+    assert_refused(full, 2, match=rf"{_first_shard(p.out).name}: differs from what assemble wrote .*\(\+1 "
+                                  r"more")
 
 
 def test_verify_full_needs_assembles_manifest(ckpt_pair: CkptPair) -> None:
@@ -276,7 +279,8 @@ def test_disk_full_while_rebuilding_keeps_the_old_hybrid(ckpt_pair: CkptPair,
     assert fingerprint(p.int4.parent) == before
 
 
-def test_io_error_reading_a_source_is_exit_1_naming_it(ckpt_pair: CkptPair, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_io_error_reading_a_source_is_exit_1_naming_it(ckpt_pair: CkptPair,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     p = ckpt_pair
     from sparkspec.checkpoint import assemble as checkpoint
 
@@ -288,7 +292,8 @@ def test_io_error_reading_a_source_is_exit_1_naming_it(ckpt_pair: CkptPair, monk
                       match=rf"{_first_shard(p.int4)}: Input/output error \(a run-time failure\)")
 
 
-def test_io_error_while_verify_rehashes_is_exit_1(ckpt_pair: CkptPair, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_io_error_while_verify_rehashes_is_exit_1(ckpt_pair: CkptPair,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     p = ckpt_pair
     _built(p)
     from sparkspec.checkpoint import manifest as ckpt_manifest
@@ -302,7 +307,8 @@ def test_io_error_while_verify_rehashes_is_exit_1(ckpt_pair: CkptPair, monkeypat
 
 
 @pytest.mark.parametrize("to", ["valid_head_elsewhere", "secret_file"])
-def test_add_mtp_refuses_a_head_that_links_out_of_source_before_reading_it(ckpt_pair: CkptPair, to: str) -> None:
+def test_add_mtp_refuses_a_head_that_links_out_of_source_before_reading_it(ckpt_pair: CkptPair,
+                                                                           to: str) -> None:
     p = ckpt_pair
     _built(p)
     outside = p.int4.parent / f"outside-{to}"
@@ -322,8 +328,8 @@ def test_add_mtp_refuses_a_head_that_links_out_of_source_before_reading_it(ckpt_
 @pytest.mark.parametrize("name", ["config.json", "first-shard"])
 def test_verify_never_reads_through_a_link_out_of_the_checkpoint(ckpt_pair: CkptPair, tmp_path: Path,
                                                                name: str) -> None:
-    """A file of the checkpoint swapped for a link to a file elsewhere (a secret, say) is refused by name before
-    verify reads or hashes it: nothing of the other file reaches the output."""
+    """A file of the checkpoint swapped for a link to a file elsewhere (a secret, say) is refused by name
+    before verify reads or hashes it: nothing of the other file reaches the output."""
     p = ckpt_pair
     _built(p)
     secret = tmp_path / "secret"

@@ -18,7 +18,8 @@ def _assembled(p: CkptPair, int4: Path) -> None:
 
 @pytest.mark.parametrize("source", ["int4", "int4_listed"])
 def test_registers_every_mtp_tensor_from_the_file_header(ckpt_pair: CkptPair, source: str) -> None:
-    """Whether or not the source index lists the MTP head, the target maps exactly the file's mtp.* tensors."""
+    """Whether or not the source index lists the MTP head, the target maps exactly the file's mtp.*
+    tensors."""
     p = ckpt_pair
     src = p.int4.parent / source
     _assembled(p, src)
@@ -31,7 +32,8 @@ def test_registers_every_mtp_tensor_from_the_file_header(ckpt_pair: CkptPair, so
     index = read_index(p.out)
     mapped = {n for n, f in index["weight_map"].items() if f == EXTRA_FILE}
     assert mapped == set(header.tensors) and len(mapped) == p.spec.expected_mtp_tensors
-    total = sum(t.nbytes for f in set(index["weight_map"].values()) for t in read_header(p.out / f).tensors.values())
+    total = sum(t.nbytes for f in set(index["weight_map"].values())
+                for t in read_header(p.out / f).tensors.values())
     assert index["metadata"]["total_size"] == total
     assert (p.out / EXTRA_FILE).read_bytes() == (src / EXTRA_FILE).read_bytes()
     assert res.json["file"] == "linked" and os.path.samefile(p.out / EXTRA_FILE, src / EXTRA_FILE)
@@ -55,14 +57,15 @@ def test_copies_across_filesystems_and_stays_idempotent(ckpt_pair: CkptPair,
     assert res.rc == 0 and res.json["file"] == "copied", res.stderr
     assert (p.out / EXTRA_FILE).read_bytes() == (p.int4 / EXTRA_FILE).read_bytes()
     state = tree_digest(p.out)
-    assert run_cli("checkpoint", "add-mtp", "--source", p.int4, "--target", p.out, "--json").json["changed"] is False
+    assert run_cli("checkpoint", "add-mtp", "--source", p.int4, "--target", p.out,
+                   "--json").json["changed"] is False
     assert tree_digest(p.out) == state
     assert run_cli("checkpoint", "verify", p.out).rc == 0
 
 
 def test_build_runs_assemble_add_mtp_and_verify_in_one_process(ckpt_pair: CkptPair) -> None:
-    """`checkpoint build` (what a provision runs per hybrid profile) leaves the tree the three commands leave, run
-    one by one; verify re-hashes every file after an assemble that wrote, and a re-run changes nothing."""
+    """`checkpoint build` (what a provision runs per hybrid profile) leaves the tree the three commands leave,
+    run one by one; verify re-hashes every file after an assemble that wrote, and a re-run changes nothing."""
     p = ckpt_pair
     built = run_cli("checkpoint", "build", "--int4", p.int4, "--fp8", p.fp8, "--out", p.out, "--json",
                     "--expect-mtp", str(p.spec.expected_mtp_tensors))
@@ -75,12 +78,16 @@ def test_build_runs_assemble_add_mtp_and_verify_in_one_process(ckpt_pair: CkptPa
     by_hand = p.out.parent / "by-hand"
     assert run_cli("checkpoint", "assemble", "--int4", p.int4, "--fp8", p.fp8, "--out", by_hand).rc == 0
     assert run_cli("checkpoint", "add-mtp", "--source", p.int4, "--target", by_hand).rc == 0
-    own = (".", "sparkspec-manifest")   # assemble's manifest names the folder, inodes and times: its own per tree
+    # assemble's manifest names the folder, inodes and times: its own per tree
+    own = (".", "sparkspec-manifest")
     assert {k: v[0] for k, v in tree_digest(p.out).items() if not k.startswith(own)} == \
         {k: v[0] for k, v in tree_digest(by_hand).items() if not k.startswith(own)}
     state = tree_digest(p.out)
     again = run_cli("checkpoint", "build", "--int4", p.int4, "--fp8", p.fp8, "--out", p.out, "--json")
-    assert again.rc == 0 and again.json["changed"] is False and again.json["verify"]["rehashed"] == 0, again.stderr
+    assert again.rc == 0, again.stderr
+    assert again.json["changed"] is False and again.json["verify"]["rehashed"] == 0, again.stderr
     assert tree_digest(p.out) == state
-    wrong = run_cli("checkpoint", "build", "--int4", p.int4, "--fp8", p.fp8, "--out", p.out, "--expect-mtp", "1")
-    assert wrong.rc == 2 and wrong.stderr.strip().splitlines()[-1].startswith("sparkspec: error: "), wrong.stderr
+    wrong = run_cli("checkpoint", "build", "--int4", p.int4, "--fp8", p.fp8, "--out", p.out, "--expect-mtp",
+                    "1")
+    assert wrong.rc == 2 and wrong.stderr.strip().splitlines()[-1].startswith("sparkspec: "
+                                                                              "error: "), wrong.stderr

@@ -54,7 +54,8 @@ def _edit_index(directory: Path, fn) -> None:  # type: ignore[no-untyped-def]
 def test_inconsistent_index_fails(ckpt_hybrid: CkptPair, damage: str, words: str) -> None:
     out = ckpt_hybrid.out
     if damage == "unlisted_tensor":
-        _edit_index(out, lambda m, t: ({k: v for k, v in m.items() if not k.endswith("input_layernorm.weight")}, t))
+        _edit_index(out, lambda m,
+                    t: ({k: v for k, v in m.items() if not k.endswith("input_layernorm.weight")}, t))
     elif damage == "phantom_entry":
         _edit_index(out, lambda m, t: ({**m, "model.language_model.ghost.weight": m["lm_head.weight"]}, t))
     elif damage == "wrong_total":

@@ -1,6 +1,7 @@
-"""``sparkspec checkpoint check-head``: the generated EAGLE3 and DFlash heads pass against the tiny target, and each
-bad head (built by the generator, then corrupted) is refused in one line naming the field, exit 2, nothing
-changed. The distilled EAGLE3 weights do not matter here: the random layout (steps=0) is the same files."""
+"""``sparkspec checkpoint check-head``: the generated EAGLE3 and DFlash heads pass against the tiny target,
+and each bad head (built by the generator, then corrupted) is refused in one line naming the field, exit 2,
+nothing changed. The distilled EAGLE3 weights do not matter here: the random layout (steps=0) is the same
+files."""
 
 from __future__ import annotations
 
@@ -75,9 +76,11 @@ CASES = [
      r"target_hidden_size 256 does not match the target's hidden_size 1024"),
     ("dflash-without-dflash-config", "dflash", "dflash/config.json", _drop("dflash_config"),
      r"no dflash_config \(block_size, mask_token_id, target_layer_ids\)"),
-    ("dflash-layer-out-of-range", "dflash", "dflash/config.json", _set("target_layer_ids", [0, 2], "dflash_config"),
+    ("dflash-layer-out-of-range", "dflash", "dflash/config.json",
+     _set("target_layer_ids", [0, 2], "dflash_config"),
      r"dflash_config.target_layer_ids \[0, 2\] has \[2\] outside 0..1"),
-    ("dflash-layer-negative", "dflash", "dflash/config.json", _set("target_layer_ids", [-1, 1], "dflash_config"),
+    ("dflash-layer-negative", "dflash", "dflash/config.json",
+     _set("target_layer_ids", [-1, 1], "dflash_config"),
      r"has \[-1\] outside 0..1"),
     ("dflash-mask-outside-vocab", "dflash", "dflash/config.json", _set("mask_token_id", 512, "dflash_config"),
      r"mask_token_id 512 is outside the vocabulary"),
@@ -98,7 +101,8 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(("method", "rel", "change", "match"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(("method", "rel", "change", "match"), [c[1:] for c in CASES],
+                         ids=[c[0] for c in CASES])
 def test_bad_head_is_refused(tree: Path, method: str, rel: str, change: Callable[[dict[str, Any]], object],
                              match: str) -> None:
     _edit(tree / rel, change)
@@ -128,9 +132,10 @@ def test_generator_is_cached_by_content(head_sources: Path, tmp_path: Path) -> N
 
 
 def test_distillation_runs_after_ansible_patched_the_interpreter(tmp_path: Path) -> None:
-    """The simulated hub distils the EAGLE3 head inside a pytest session that has already read an inventory with
-    Ansible, which replaces sys.intern; torch's compiler machinery (imported by Adam) then fails to import. The
-    training runs in a fresh interpreter, so it works here too (CI's first session trains the head this way)."""
+    """The simulated hub distils the EAGLE3 head inside a pytest session that has already read an inventory
+    with Ansible, which replaces sys.intern; torch's compiler machinery (imported by Adam) then fails to
+    import. The training runs in a fresh interpreter, so it works here too (CI's first session trains the head
+    this way)."""
     import sys
 
     from tasks import inventory

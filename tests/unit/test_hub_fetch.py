@@ -265,12 +265,13 @@ def test_cli_401_and_404(ckpts: dict[str, Path], tmp_path: Path, capsys: pytest.
 
 def test_cli_batch_fetches_in_order_in_one_run(ckpts: dict[str, Path], server: FaultyHub, tmp_path: Path,
                                                capsys: pytest.CaptureFixture[str]) -> None:
-    """`fetch batch`: the INT4 repo, then the FP8 subset that reads it, in one process; one JSON line with each
-    item's result; a re-run changes nothing."""
+    """`fetch batch`: the INT4 repo, then the FP8 subset that reads it, in one process; one JSON line with
+    each item's result; a re-run changes nothing."""
     publish(ckpts["root"], "Qwen/tiny-int4", ckpts["int4"])
     int4, sub = str(tmp_path / "int4"), str(tmp_path / "sub")
     items = [["repo", "Qwen/tiny-int4", "--revision", "main", "--dest", int4, "--endpoint", server.url],
-             ["fp8-subset", FP8_REPO, "--revision", "main", "--int4", int4, "--dest", sub, "--endpoint", server.url]]
+             ["fp8-subset", FP8_REPO, "--revision", "main", "--int4", int4, "--dest", sub, "--endpoint",
+              server.url]]
     for changed in (True, False):
         code, err, out = _cli(capsys, "fetch", "batch", "--json", "--items", json.dumps(items))
         doc = json.loads(out.strip().splitlines()[-1])
@@ -288,14 +289,15 @@ def test_cli_batch_fetches_in_order_in_one_run(ckpts: dict[str, Path], server: F
     ('[["repo"], "x"]', "--items: not a JSON list of 1-256 argument lists"),
     ('{"repo": 1}', "--items: not a JSON list of 1-256 argument lists"),
     ('[["plan", "a/b", "--revision", "main"]]', "--items: item 1 is 'plan'; each item is a `fetch repo`"),
-    ('[["repo", "Qwen/tiny-FP8", "--revision", "main", "--dest", "/tmp/ok", "--endpoint", "EP"], ["repo", "a/../b", '
-     '"--revision", "main", "--dest", "/tmp/x"]]', "fetch batch item 2 repo: argument repo: "),
+    ('[["repo", "Qwen/tiny-FP8", "--revision", "main", "--dest", "/tmp/ok", "--endpoint", "EP"], ["repo", '
+     '"a/../b", "--revision", "main", "--dest", "/tmp/x"]]', "fetch batch item 2 repo: argument repo: "),
     ('[["repo", "a/b", "--revision", "main", "--dest", "/tmp/x", "--progress-file=/etc/passwd"]]',
      "--items: item 1 sets --progress-file, which is the batch's own"),
     ('[["fp8-subset", "a/b", "--revision", "main", "--int4", "/x", "--dest", "/y", "--fp8-pattern", "("]]',
      "--fp8-pattern"),
 ], ids=["empty", "not-lists", "object", "other-command", "bad-repo-second", "own-option", "bad-pattern"])
-def test_cli_batch_refuses_bad_items_before_any_fetch(server: FaultyHub, tmp_path: Path, items: str, message: str,
+def test_cli_batch_refuses_bad_items_before_any_fetch(server: FaultyHub, tmp_path: Path, items: str,
+                                                      message: str,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
     server.reset()
     items = items.replace("/tmp/", f"{tmp_path}/").replace('"EP"', json.dumps(server.url))

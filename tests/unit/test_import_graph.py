@@ -1,7 +1,7 @@
 """The product never imports its test bed: nothing under tasks/ or src/ reaches into tests/ (an import at
 module or function level, importlib.import_module or __import__ of a "tests..." name, a `-m tests.` command
-line, a "tests/..." path), except tasks/dev.py's one development entry point, tests/support/dev.py. And the host tasks
-work in a checkout without tests/: `invoke --list` and `invoke render` run in a copy of it."""
+line, a "tests/..." path), except tasks/dev.py's one development entry point, tests/support/dev.py. And the
+host tasks work in a checkout without tests/: `invoke --list` and `invoke render` run in a copy of it."""
 
 from __future__ import annotations
 
@@ -116,7 +116,8 @@ def _invoke(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
 def test_invoke_lists_its_tasks_without_tests(without_tests: Path) -> None:
     done = _invoke(without_tests, "--list")
     assert done.returncode == 0, done.stderr
-    for name in ("provision", "deploy", "render", "compare", "status", "logs", "report", "sim.up", "bench.switch"):
+    for name in ("provision", "deploy", "render", "compare", "status", "logs", "report", "sim.up",
+                 "bench.switch"):
         assert re.search(rf"^\s+{re.escape(name)}\s", done.stdout, re.M), name
 
 

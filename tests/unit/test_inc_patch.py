@@ -96,7 +96,8 @@ def _patch(root: Path, *flags: str) -> subprocess.CompletedProcess[str]:
     """patch as roles/vllm_install runs it: forward never applies a reversed patch (--forward), reverse never
     takes an unapplied patch for a reversed one (--force), no fuzz."""
     how = ["--reverse", "--force"] if "-R" in flags else ["--forward", "--batch"]
-    return subprocess.run(["patch", "-p1", "--fuzz=0", *how, *[f for f in flags if f != "-R"], "-i", str(PATCH)],
+    return subprocess.run(["patch", "-p1", "--fuzz=0", *how, *[f for f in flags if f != "-R"], "-i",
+                           str(PATCH)],
                           cwd=root, capture_output=True, text=True, check=False, timeout=60)
 
 
@@ -220,7 +221,8 @@ def test_patched_inc_gives_fp8_to_exactly_the_replaced_layers(methods: dict) -> 
     layers: dict[str, list[str]] = methods["layers"]
     expected = {layer for layer, parts in layers.items() if set(parts) <= replaced}
     # the set covers plain layers and fused groups (gate_up_proj, qkv_proj), all of their parts replaced
-    assert any(len(layers[layer]) == 3 for layer in expected) and any(len(layers[layer]) == 2 for layer in expected)
+    assert any(len(layers[layer]) == 3 for layer in expected) and any(len(layers[layer]) == 2
+                                                                      for layer in expected)
     patched = methods["patched"][methods["hybrid"]]
     upstream = methods["upstream"][methods["hybrid"]]
     assert {layer for layer, m in patched.items() if m == FP8_METHOD} == expected
@@ -252,10 +254,14 @@ def test_deploy_journal_default_pattern_names_the_upstream_skip_warning() -> Non
 
     import yaml
 
-    patterns = yaml.safe_load((REPO / "roles/deploy/defaults/main.yml").read_text())["deploy_journal_fail_patterns"]
+    defaults = yaml.safe_load((REPO / "roles/deploy/defaults/main.yml").read_text())
+    patterns = defaults["deploy_journal_fail_patterns"]
     hit = ("(EngineCore pid=7) WARNING 12-01 07:33:30 [qwen3_5.py:612] Parameter "
-           "model.layers.0.mlp.shared_expert.down_proj.weight_scale_inv not found in params_dict, skip loading")
-    good = ("(EngineCore pid=7) INFO 12-01 07:33:31 [default_loader.py:291] Loading weights took 0.05 seconds",
-            "(APIServer pid=6) INFO 12-01 07:33:23 [model.py:733] Resolved architecture: Qwen3_5MoeForCausalLM")
+           "model.layers.0.mlp.shared_expert.down_proj.weight_scale_inv not found in params_dict, skip "
+           "loading")
+    good = ("(EngineCore pid=7) INFO 12-01 07:33:31 [default_loader.py:291] Loading weights took 0.05 "
+            "seconds",
+            "(APIServer pid=6) INFO 12-01 07:33:23 [model.py:733] Resolved architecture: "
+            "Qwen3_5MoeForCausalLM")
     assert any(re.search(p, hit) for p in patterns)
     assert not any(re.search(p, line) for p in patterns for line in good)

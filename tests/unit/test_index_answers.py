@@ -11,7 +11,7 @@ import os
 import re
 import shlex
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -68,7 +68,7 @@ def test_answer_parses(path: Path) -> None:
     assert ia.answer(name, version) == data
     assert (data["platform"], data["python_version"]) == (ia.PLATFORM, ia.PYTHON_VERSION)
     date = datetime.fromisoformat(data["date"].replace("Z", "+00:00"))
-    assert data["date"].endswith("Z") and date.utcoffset() == timezone.utc.utcoffset(None)
+    assert data["date"].endswith("Z") and date.utcoffset() == UTC.utcoffset(None)
     argv = shlex.split(data["command"])
     assert argv[-1] == data["requested"]
     asked = (("--platform", ia.PLATFORM), ("--python-version", ia.PYTHON_VERSION), ("--report", "R.json"))

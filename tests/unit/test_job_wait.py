@@ -1,7 +1,7 @@
-"""The sparkspec role's sparkspec_job_wait module (the long poll behind sparkspec_progress), run as Ansible runs
-a module: its file with the arguments in a JSON file. An ended job's result comes back as async_status gives it
-and its results file is gone; a running job returns at the wait's end with the progress text; a job id that is
-not async_wrapper's is refused before any file is read."""
+"""The sparkspec role's sparkspec_job_wait module (the long poll behind sparkspec_progress), run as Ansible
+runs a module: its file with the arguments in a JSON file. An ended job's result comes back as async_status
+gives it and its results file is gone; a running job returns at the wait's end with the progress text; a job
+id that is not async_wrapper's is refused before any file is read."""
 
 from __future__ import annotations
 

@@ -23,5 +23,6 @@ def test_refused(text: str, why: str) -> None:
 def test_size_bound_and_strings_do_not_count_as_nesting() -> None:
     with pytest.raises(JsonShapeError, match="bytes"):
         loads_bounded(b"[" + b"1," * 100 + b"1]", max_bytes=100)
-    assert loads_bounded('{"a": "[[[[{{{{", "b": [1.5, {"c": null}]}') == {"a": "[[[[{{{{", "b": [1.5, {"c": None}]}
+    assert loads_bounded('{"a": "[[[[{{{{", "b": [1.5, {"c": '
+                         'null}]}') == {"a": "[[[[{{{{", "b": [1.5, {"c": None}]}
     assert loads_bounded("[" * 64 + "]" * 64) is not None

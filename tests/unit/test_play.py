@@ -25,7 +25,8 @@ DECOY = "fatal: [local1]: FAILED! => {\"msg\": \"decoy from the output\"}"
 def inventory(tmp_path: Path) -> Path:
     path = tmp_path / "hosts.yml"
     path.write_text(yaml.safe_dump({"all": {"hosts": {
-        "local1": {"ansible_connection": "local", "ansible_python_interpreter": "{{ ansible_playbook_python }}"},
+        "local1": {"ansible_connection": "local", "ansible_python_interpreter": "{{ ansible_playbook_python "
+                                                                                "}}"},
         "dead1": {"ansible_host": "127.0.0.1", "ansible_port": 1, "ansible_connection": "ssh"},
     }}}))
     return path
@@ -42,12 +43,14 @@ def private_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def _playbook(tmp_path: Path, tasks: list[dict], hosts: str = "all") -> Path:
     path = tmp_path / "play.yml"
-    path.write_text(yaml.safe_dump([{"name": "Test play", "hosts": hosts, "gather_facts": False, "tasks": tasks}]))
+    path.write_text(yaml.safe_dump([{"name": "Test play", "hosts": hosts, "gather_facts": False,
+                                     "tasks": tasks}]))
     return path
 
 
 def _copy(tmp_path: Path, name: str, content: str) -> dict:
-    return {"name": f"Write {name}", "ansible.builtin.copy": {"content": content, "dest": str(tmp_path / name),
+    return {"name": f"Write {name}",
+            "ansible.builtin.copy": {"content": content, "dest": str(tmp_path / name),
                                                                "mode": "0600"}}
 
 
@@ -55,7 +58,8 @@ def test_failure_summary_is_the_failed_tasks_msg(tmp_path, inventory, private_tm
     book = _playbook(tmp_path, [
         _copy(tmp_path, "a.txt", "a\n"),
         {"name": "Print a decoy", "ansible.builtin.debug": {"msg": DECOY}},
-        {"name": "Fail but ignored", "ansible.builtin.fail": {"msg": "ignored failure"}, "ignore_errors": True},
+        {"name": "Fail but "
+                 "ignored", "ansible.builtin.fail": {"msg": "ignored failure"}, "ignore_errors": True},
         {"name": "Fail", "ansible.builtin.fail": {"msg": "the  known\nmessage"}},
     ])
     result = run_playbook(book, inventory, "local1")
@@ -97,7 +101,8 @@ def test_extra_vars_tags_and_argument_errors(tmp_path, inventory):
 
 
 def test_unreachable_host_is_named(tmp_path, inventory):
-    result = run_playbook(_playbook(tmp_path, [{"name": "Ping", "ansible.builtin.ping": {}}]), inventory, "dead1",
+    result = run_playbook(_playbook(tmp_path, [{"name": "Ping", "ansible.builtin.ping": {}}]), inventory,
+                          "dead1",
                           quiet=True)
     assert list(result.unreachable) == ["dead1"]
     summary = failure_summary(result, "dead1")
@@ -110,7 +115,8 @@ def test_a_playbook_that_does_not_parse_gives_ansibles_error(tmp_path, inventory
     result = run_playbook(book, inventory, "local1", quiet=True)
     assert result.rc != 0 and result.failures == []
     summary = failure_summary(result, "local1")
-    assert summary.startswith(f"ansible-playbook exited {result.rc}: ") and "no.such.module_xyz" in summary, summary
+    assert summary.startswith("ansible-playbook exited "
+                              f"{result.rc}: ") and "no.such.module_xyz" in summary, summary
 
 
 INTERRUPTED_RUN = """
@@ -123,8 +129,8 @@ print("INTERRUPTED", result.interrupted, failure_summary(result, "local1"), flus
 
 
 def test_sigterm_stops_the_play_and_leaves_nothing(tmp_path, inventory, private_tmp):
-    """SIGTERM (or Ctrl-C) reaches ansible-playbook, which runs in the runner's own session: the play stops, no
-    ansible-playbook is left running, the private folder is removed."""
+    """SIGTERM (or Ctrl-C) reaches ansible-playbook, which runs in the runner's own session: the play stops,
+    no ansible-playbook is left running, the private folder is removed."""
     marker = tmp_path / "sleeping"
     book = _playbook(tmp_path, [{"name": "Sleep", "ansible.builtin.shell": f"echo $PPID > {marker}; sleep 60",
                                  "changed_when": False}])
@@ -138,11 +144,13 @@ def test_sigterm_stops_the_play_and_leaves_nothing(tmp_path, inventory, private_
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=60)
     assert "INTERRUPTED True interrupted" in out, out[-2000:]
-    task = Path(f"/proc/{int(marker.read_text().split()[0])}/cmdline")  # the module running the sleeping shell
+    # the module running the sleeping shell
+    task = Path(f"/proc/{int(marker.read_text().split()[0])}/cmdline")
     deadline = time.monotonic() + 20
     while task.exists() and "ansible" in task.read_text(errors="replace") and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not task.exists() or "ansible" not in task.read_text(errors="replace"), "the task outlived the play"
+    outlived = task.exists() and "ansible" in task.read_text(errors="replace")
+    assert not outlived, "the task outlived the play"
     assert list(private_tmp.iterdir()) == []
 
 
@@ -157,10 +165,12 @@ print("RC", result.rc, result.changed, flush=True)
 
 def test_become_password_answers_the_prompt_and_is_not_shown(tmp_path, inventory, private_tmp):
     """--ask-become-pass: ansible-playbook asks on the runner's terminal and the runner answers from memory (a
-    wrong prompt pattern would leave the play waiting for ever); the password is neither printed nor on disk."""
+    wrong prompt pattern would leave the play waiting for ever); the password is neither printed nor on
+    disk."""
     book = _playbook(tmp_path, [{"name": "Ping", "ansible.builtin.ping": {}}])
-    proc = subprocess.run([sys.executable, "-c", BECOME_RUN, str(book), str(inventory)], check=False, cwd=ROOT, timeout=60,
-                          capture_output=True, text=True, env={**os.environ, "TMPDIR": str(private_tmp)})
+    proc = subprocess.run([sys.executable, "-c", BECOME_RUN, str(book), str(inventory)], check=False,
+                          cwd=ROOT, timeout=60, capture_output=True, text=True,
+                          env={**os.environ, "TMPDIR": str(private_tmp)})
     assert "RC 0 {'local1': 0}" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "BECOME password" in proc.stdout and "s3cret-pw" not in proc.stdout + proc.stderr
     assert list(private_tmp.iterdir()) == []

@@ -99,8 +99,8 @@ WAITER = Path(__file__).resolve().parents[2] / "roles/deploy/files/wait_healthy.
 
 
 def test_health_wait_writes_elapsed_state_and_masked_log_then_removes_it(tmp_path: Path) -> None:
-    """The deploy role's waiter with --progress-file: `systemctl` and `journalctl` stand-ins on PATH (the first
-    keeps a copy of the progress file each time it is asked), /health never answering."""
+    """The deploy role's waiter with --progress-file: `systemctl` and `journalctl` stand-ins on PATH (the
+    first keeps a copy of the progress file each time it is asked), /health never answering."""
     import os
     import subprocess
     import sys

@@ -1,6 +1,7 @@
-"""sparkspec.registry: the method and profile schema (one line naming the key), the repo-folder rule, the profile
-lookup, the switch rule (what wins), and vLLM's command line against what the Jinja args.yml rendered before the
-registry existed (registry_argv_golden.json, from `invoke render` on the sim and example inventories)."""
+"""sparkspec.registry: the method and profile schema (one line naming the key), the repo-folder rule, the
+profile lookup, the switch rule (what wins), and vLLM's command line against what the Jinja args.yml rendered
+before the registry existed (registry_argv_golden.json, from `invoke render` on the sim and example
+inventories)."""
 
 from __future__ import annotations
 
@@ -41,7 +42,8 @@ def _vars(host: str, **extra: Any) -> dict[str, Any]:
     out = {**copy.deepcopy(CONTRACT), **copy.deepcopy(group), **copy.deepcopy(host_vars), **extra}
     # the three templated contract defaults, as Ansible renders them
     models = out["sparkspec_models_dir"]
-    for key, value in (("sparkspec_sources_dir", f"{models}/sources"), ("sparkspec_heads_dir", f"{models}/heads")):
+    for key, value in (("sparkspec_sources_dir", f"{models}/sources"),
+                       ("sparkspec_heads_dir", f"{models}/heads")):
         if out[key] == CONTRACT[key]:
             out[key] = value
     if out["sparkspec_stage_profiles"] == CONTRACT["sparkspec_stage_profiles"]:
@@ -77,16 +79,16 @@ def test_ngram5_from_the_inventory_only():
     # and without the extra table it is unknown, with every defined method listed
     with pytest.raises(UserError) as err:
         _command(_vars("sim01", sparkspec_method_switch="ngram5"))
-    assert str(err.value).startswith("sparkspec_method_switch: unknown method 'ngram5'; choose one of baseline, "
-                                     "ngram, mtp, eagle3, dflash")
+    assert str(err.value).startswith("sparkspec_method_switch: unknown method 'ngram5'; choose one of "
+                                     "baseline, ngram, mtp, eagle3, dflash")
 
 
 def test_unknown_method_lists_built_ins_and_the_inventorys():
     v = _vars("sim01", sparkspec_method="warp", sparkspec_methods={"ngram5": {"speculative_config": None}})
     with pytest.raises(UserError) as err:
         registry.resolve(_contract(v), None, NOW)
-    assert str(err.value) == ("sparkspec_method: unknown method 'warp'; choose one of baseline, ngram, mtp, eagle3, "
-                              "dflash, ngram5 (or define it in sparkspec_methods)")
+    assert str(err.value) == ("sparkspec_method: unknown method 'warp'; choose one of baseline, ngram, mtp, "
+                              "eagle3, dflash, ngram5 (or define it in sparkspec_methods)")
 
 
 def test_heads_come_through_the_methods_head_with_their_folders():
@@ -109,7 +111,8 @@ def test_resolved_profile_and_staged_profiles():
     assert [p["name"] for p in resolved["staged"]] == ["sim-tiny", "sim-hybrid", "sim-mtp"]
     hybrid = resolved["staged"][1]
     assert hybrid["model_dir"] == "/opt/sparkspec/models/sim-qwen3.5-moe-hybrid"
-    assert hybrid["sources"]["int4"]["folder"] == "/opt/sparkspec/models/sources/sparkspec--sim-qwen3.5-moe-int4-AutoRound"
+    assert hybrid["sources"]["int4"]["folder"] == \
+        "/opt/sparkspec/models/sources/sparkspec--sim-qwen3.5-moe-int4-AutoRound"
     assert resolved["profile"]["sources"]["model"]["folder"] == "/opt/sparkspec/models/sim-tiny"
     mtp = resolved["staged"][2]   # a hybrid without fp8: the INT4 source alone, its MTP head registered
     assert (mtp["kind"], sorted(mtp["sources"]), mtp["expect_mtp_tensors"]) == ("hybrid", ["int4"], 29)
@@ -119,8 +122,8 @@ def test_resolved_profile_and_staged_profiles():
 
 
 def test_downloads_in_order_per_staged_profile():
-    """What the fetch role downloads: per staged profile the model, or INT4 then the FP8 subset reading it; then
-    all heads, or only the served method's head."""
+    """What the fetch role downloads: per staged profile the model, or INT4 then the FP8 subset reading it;
+    then all heads, or only the served method's head."""
     v = _vars("sim01")
     resolved = registry.resolve(_contract(v), None, NOW)
     got = [(d["profile"], d["mode"], d["repo"]) for d in registry.downloads(resolved)]
@@ -132,7 +135,8 @@ def test_downloads_in_order_per_staged_profile():
     subset = registry.downloads(resolved)[len(heads) + 2]
     assert subset["int4"] == resolved["staged"][1]["sources"]["int4"]["folder"]
     assert subset["dest"] == resolved["staged"][1]["sources"]["fp8"]["folder"]
-    assert [d["repo"] for d in registry.downloads(resolved, "method")] == [got[0][2], *[g[2] for g in got[-3:]]]
+    assert [d["repo"] for d in registry.downloads(resolved, "method")] == [got[0][2],
+                                                                           *[g[2] for g in got[-3:]]]
     switched = registry.resolve(_contract(_vars("sim01", sparkspec_method_switch="eagle3")), None, NOW)
     only = [d for d in registry.downloads(switched, "method") if d["profile"] == "sim-tiny"]
     assert [d["dest"] for d in only][1:] == [switched["speculative_config"]["model"]]
@@ -160,7 +164,8 @@ def _set(v: dict[str, Any], dotted: str, value: Any) -> None:
 SCHEMA_ERRORS = [
     ("sparkspec_methods.x", {"speculative_config": {"num_speculative_tokens": 5}},
      "sparkspec_methods.x.speculative_config.method: missing; set it to ngram|mtp|"),
-    ("sparkspec_methods.x", {"head": "eagle3"}, "sparkspec_methods.x.speculative_config: missing; set it to null"),
+    ("sparkspec_methods.x", {"head": "eagle3"}, "sparkspec_methods.x.speculative_config: missing; set it to "
+                                                "null"),
     ("sparkspec_methods.x", {"speculative_config": {"method": "ngram", "num_speculative_tokens": 0}},
      "sparkspec_methods.x.speculative_config.num_speculative_tokens: 0; set it to an integer k > 0"),
     ("sparkspec_methods.x", {"speculative_config": {"method": "ngram", "num_speculative_tokens": 4,
@@ -169,32 +174,44 @@ SCHEMA_ERRORS = [
     ("sparkspec_methods.x", {"speculative_config": None, "serve": {"warp_drive": 1}},
      "sparkspec_methods.x.serve.warp_drive: unknown key; use one of attention_backend"),
     ("sparkspec_methods.x", {"speculative_config": None, "heads": "x"},
-     "sparkspec_methods.x.heads: unknown key; did you mean head? use one of head, serve, speculative_config, verify, "
-     "vllm_venv"),
+     "sparkspec_methods.x.heads: unknown key; did you mean head? use one of head, serve, speculative_config, "
+     "verify, vllm_venv"),
     ("sparkspec_methods.x", "ngram", "sparkspec_methods.x: is a str, not a mapping"),
-    ("sparkspec_profiles.sim-tiny.kind", "dense", "sparkspec_profiles.sim-tiny.kind: 'dense'; set it to hybrid or plain"),
-    ("sparkspec_profiles.sim-tiny.dir", "../etc", "sparkspec_profiles.sim-tiny.dir: '../etc' is not a plain file name"),
-    ("sparkspec_profiles.sim-tiny.disk_gb", "lots", "sparkspec_profiles.sim-tiny.disk_gb: 'lots' is not a number >= 0"),
-    ("sparkspec_profiles.sim-tiny.model", KeyError, "sparkspec_profiles.sim-tiny.model: missing; a plain profile names model"),
-    ("sparkspec_profiles.sim-tiny.model.repo", "../../etc", "sparkspec_profiles.sim-tiny.model.repo: repo id '../../etc'"),
-    ("sparkspec_profiles.sim-tiny.model.revision", "../x", "sparkspec_profiles.sim-tiny.model.revision: revision '../x'"),
-    ("sparkspec_profiles.sim-tiny.int4", {"repo": "a/b"}, "sparkspec_profiles.sim-tiny.int4: not a source of a plain"),
-    ("sparkspec_profiles.sim-hybrid.fp8", KeyError, ("sparkspec_profiles.sim-hybrid.expect_fp8_layers: 12 FP8 layers "
-     "expected but the profile names no fp8 source; add fp8 {repo, revision} or drop expect_fp8_layers")),
-    ("sparkspec_profiles.sim-hybrid.int4", KeyError, ("sparkspec_profiles.sim-hybrid.int4: missing; a hybrid profile names "
-     "int4 (and optionally fp8), each {repo, revision}")),
-    ("sparkspec_profiles.sim-mtp.expect_mtp_tensors", "29", ("sparkspec_profiles.sim-mtp.expect_mtp_tensors: '29' is not "
-     "an integer >= 0")),
-    ("sparkspec_profiles.sim-mtp.expect_fp8_layers", 3, ("sparkspec_profiles.sim-mtp.expect_fp8_layers: 3 FP8 layers "
-     "expected but the profile names no fp8 source")),
-    ("sparkspec_profiles.sim-hybrid.heads", {"d": {"repo": "a--b/c"}}, "sparkspec_profiles.sim-hybrid.heads.d.repo: "),
+    ("sparkspec_profiles.sim-tiny.kind", "dense", "sparkspec_profiles.sim-tiny.kind: 'dense'; set it to "
+                                                  "hybrid or plain"),
+    ("sparkspec_profiles.sim-tiny.dir", "../etc", "sparkspec_profiles.sim-tiny.dir: '../etc' is not a plain "
+                                                  "file name"),
+    ("sparkspec_profiles.sim-tiny.disk_gb", "lots", "sparkspec_profiles.sim-tiny.disk_gb: 'lots' is not a "
+                                                    "number >= 0"),
+    ("sparkspec_profiles.sim-tiny.model", KeyError, "sparkspec_profiles.sim-tiny.model: missing; a plain "
+                                                    "profile names model"),
+    ("sparkspec_profiles.sim-tiny.model.repo", "../../etc", "sparkspec_profiles.sim-tiny.model.repo: repo id "
+                                                            "'../../etc'"),
+    ("sparkspec_profiles.sim-tiny.model.revision", "../x", "sparkspec_profiles.sim-tiny.model.revision: "
+                                                           "revision '../x'"),
+    ("sparkspec_profiles.sim-tiny.int4", {"repo": "a/b"}, "sparkspec_profiles.sim-tiny.int4: not a source of "
+                                                          "a plain"),
+    ("sparkspec_profiles.sim-hybrid.fp8", KeyError, ("sparkspec_profiles.sim-hybrid.expect_fp8_layers: 12 "
+     "FP8 layers expected but the profile names no fp8 source; add fp8 {repo, revision} or drop "
+     "expect_fp8_layers")),
+    ("sparkspec_profiles.sim-hybrid.int4", KeyError, ("sparkspec_profiles.sim-hybrid.int4: missing; a hybrid "
+     "profile names int4 (and optionally fp8), each {repo, revision}")),
+    ("sparkspec_profiles.sim-mtp.expect_mtp_tensors", "29", ("sparkspec_profiles.sim-mtp.expect_mtp_tensors: "
+     "'29' is not an integer >= 0")),
+    ("sparkspec_profiles.sim-mtp.expect_fp8_layers", 3, ("sparkspec_profiles.sim-mtp.expect_fp8_layers: 3 "
+     "FP8 layers expected but the profile names no fp8 source")),
+    ("sparkspec_profiles.sim-hybrid.heads", {"d": {"repo": "a--b/c"}},
+     "sparkspec_profiles.sim-hybrid.heads.d.repo: "),
     ("sparkspec_profiles.sim-hybrid.kernel", 1, "sparkspec_profiles.sim-hybrid.kernel: unknown key"),
-    ("sparkspec_profile", "nope", "sparkspec_profile: 'nope' is not a key of sparkspec_profiles (known: sim-hybrid, sim-mtp, sim-tiny)"),
-    ("sparkspec_stage_profiles", ["sim-tiny", "gone"], "sparkspec_stage_profiles: 'gone' is not a key of sparkspec_profiles"),
+    ("sparkspec_profile", "nope", "sparkspec_profile: 'nope' is not a key of sparkspec_profiles (known: "
+                                  "sim-hybrid, sim-mtp, sim-tiny)"),
+    ("sparkspec_stage_profiles", ["sim-tiny", "gone"], "sparkspec_stage_profiles: 'gone' is not a key of "
+                                                       "sparkspec_profiles"),
 ]
 
 
-@pytest.mark.parametrize(("key", "value", "expected"), SCHEMA_ERRORS, ids=[f"{k}={v!r}"[:60] for k, v, _ in SCHEMA_ERRORS])
+@pytest.mark.parametrize(("key", "value", "expected"), SCHEMA_ERRORS,
+                         ids=[f"{k}={v!r}"[:60] for k, v, _ in SCHEMA_ERRORS])
 def test_schema_errors_are_one_line_naming_the_key(key, value, expected):
     v = _vars("sim01")
     _set(v, key, value)
@@ -210,14 +227,15 @@ def test_schema_errors_are_one_line_naming_the_key(key, value, expected):
 DFLASH = {"head": "dflash", "speculative_config": {"method": "dflash", "num_speculative_tokens": 15}}
 SPEC_REFUSALS = [
     ({**DFLASH, "serve": {"attention_backend": "FLASH_ATTN"}},
-     "sparkspec_methods.x.serve.attention_backend: is engine-wide (the target's backend too); drop it and set "
-     "sparkspec_methods.x.speculative_config.attention_backend (the drafter's only) instead"),
-    ({**DFLASH, "serve": {"attention_backend": ""}},     # leaving the flag out changes the target's backend too
-     "sparkspec_methods.x.serve.attention_backend: is engine-wide (the target's backend too); drop it and set "
-     "sparkspec_methods.x.speculative_config.attention_backend (the drafter's only) instead"),
+     "sparkspec_methods.x.serve.attention_backend: is engine-wide (the target's backend too); drop it and "
+     "set sparkspec_methods.x.speculative_config.attention_backend (the drafter's only) instead"),
+    # leaving the flag out changes the target's backend too
+    ({**DFLASH, "serve": {"attention_backend": ""}},
+     "sparkspec_methods.x.serve.attention_backend: is engine-wide (the target's backend too); drop it and "
+     "set sparkspec_methods.x.speculative_config.attention_backend (the drafter's only) instead"),
     ({"speculative_config": {"method": "ngram", "num_speculative_token": 4}},
-     "sparkspec_methods.x.speculative_config.num_speculative_token: not a key vLLM 0.32.0's SpeculativeConfig "
-     "takes (vllm/config/speculative.py); use num_speculative_tokens, or drop it"),
+     "sparkspec_methods.x.speculative_config.num_speculative_token: not a key vLLM 0.32.0's "
+     "SpeculativeConfig takes (vllm/config/speculative.py); use num_speculative_tokens, or drop it"),
     ({"speculative_config": {"method": "eagle3", "num_speculative_tokens": 1, "tensor_parallel_size": 1}},
      "sparkspec_methods.x.speculative_config.tensor_parallel_size: not a key vLLM 0.32.0's SpeculativeConfig "
      "takes (vllm/config/speculative.py); use draft_tensor_parallel_size, or drop it"),
@@ -227,8 +245,10 @@ SPEC_REFUSALS = [
 ]
 
 
-@pytest.mark.parametrize(("method", "expected"), SPEC_REFUSALS, ids=["dflash-engine-wide", "dflash-engine-wide-empty",
-                                                                    "typo", "internal-field", "no-close-field"])
+@pytest.mark.parametrize(("method", "expected"), SPEC_REFUSALS,
+                         ids=["dflash-engine-wide", "dflash-engine-wide-empty",
+                                                                    "typo", "internal-field",
+                                                                    "no-close-field"])
 def test_speculative_config_refusals_are_one_line(method, expected):
     v = _vars("sim01", sparkspec_methods={"x": method}, sparkspec_method="x")
     with pytest.raises(UserError) as err:
@@ -237,17 +257,21 @@ def test_speculative_config_refusals_are_one_line(method, expected):
 
 
 def test_dflash_sets_the_drafters_backend_not_the_engines():
-    """The built-in dflash keeps the target's backend (the deploy's FLASHINFER): the drafter's non-causal backend
-    is vLLM's draft-only speculative_config.attention_backend, FLASHINFER too (vllm/config/speculative.py:424)."""
+    """The built-in dflash keeps the target's backend (the deploy's FLASHINFER): the drafter's non-causal
+    backend is vLLM's draft-only speculative_config.attention_backend, FLASHINFER too
+    (vllm/config/speculative.py:424)."""
     built_in = registry.BUILTIN_METHODS["dflash"]
     assert "attention_backend" not in built_in.get("serve", {})
     assert built_in["speculative_config"]["attention_backend"] == "FLASHINFER"
     args = _command(_vars("spark01", sparkspec_method_switch="dflash"))["args"]
-    assert args[args.index("--attention-backend") + 1] == registry.SERVE_DEFAULTS["attention_backend"] == "FLASHINFER"
+    backend = args[args.index("--attention-backend") + 1]
+    assert backend == registry.SERVE_DEFAULTS["attention_backend"] == "FLASHINFER"
     assert json.loads(args[args.index("--speculative-config") + 1])["attention_backend"] == "FLASHINFER"
     # a dflash method of the inventory's with the drafter's backend set is accepted
-    mine = {**DFLASH, "speculative_config": {**DFLASH["speculative_config"], "attention_backend": "TRITON_ATTN"}}
-    resolved = registry.resolve(_contract(_vars("sim01", sparkspec_methods={"x": mine}, sparkspec_method="x")))
+    mine = {**DFLASH,
+            "speculative_config": {**DFLASH["speculative_config"], "attention_backend": "TRITON_ATTN"}}
+    resolved = registry.resolve(_contract(_vars("sim01", sparkspec_methods={"x": mine},
+                                                sparkspec_method="x")))
     assert resolved["speculative_config"]["attention_backend"] == "TRITON_ATTN"
     assert registry.check_method("x", mine)["serve"] == {}
 
@@ -266,10 +290,12 @@ def test_profile_lookup():
     dirs = {"models": "/m", "sources": "/m/s", "heads": "/m/h"}
     profiles = _vars("spark01")["sparkspec_profiles"]
     profile = registry.lookup_profile(profiles, "qwen3-30b-a3b", dirs)
-    assert (profile["kind"], profile["model_dir"], profile["served_model_name"]) == ("plain", "/m/qwen3-30b-a3b",
+    assert (profile["kind"], profile["model_dir"],
+            profile["served_model_name"]) == ("plain", "/m/qwen3-30b-a3b",
                                                                                     "qwen3-30b-a3b")
     assert profile["heads"]["eagle3"]["folder"] == "/m/h/Tengyunw--qwen3_30b_moe_eagle3"
-    with pytest.raises(UserError, match=r"^sparkspec_profile: 'x' is not a key .*known: qwen35-122b-hybrid, qwen3-30b-a3b"):
+    with pytest.raises(UserError, match=r"^sparkspec_profile: 'x' is not a key .*known: qwen35-122b-hybrid, "
+                                        r"qwen3-30b-a3b"):
         registry.lookup_profile(profiles, "x", dirs)
 
 
@@ -277,7 +303,8 @@ def _rec(method: str, inventory: str, time: str = "t0") -> dict[str, str]:
     return {"method": method, "inventory_method": inventory, "time": time}
 
 
-# (inventory's method, switch, record on the host) -> (method served, source, record action, record kept/written)
+# (inventory's method, switch, record on the host) -> (method served, source, record action, record
+# kept/written)
 WHAT_WINS = [
     ("baseline", None, None, "baseline", "inventory", "none", None),
     ("baseline", "ngram", None, "ngram", "switch", "write", _rec("ngram", "baseline", NOW)),
@@ -295,10 +322,12 @@ WHAT_WINS = [
 @pytest.mark.parametrize(("inventory", "switch", "record", "method", "source", "action", "kept"), WHAT_WINS)
 def test_what_wins(inventory, switch, record, method, source, action, kept):
     chosen = registry.choose_method(inventory, switch, record, NOW)
-    assert (chosen["method"], chosen["source"], chosen["action"], chosen["record"]) == (method, source, action, kept)
+    assert (chosen["method"], chosen["source"], chosen["action"],
+            chosen["record"]) == (method, source, action, kept)
     if source == "recorded":
-        assert chosen["note"] == (f"serving {method}, switched to at t0 (the switch wins while the inventory still "
-                                  f"says {inventory}); go back with: invoke deploy --method {inventory}")
+        assert chosen["note"] == (f"serving {method}, switched to at t0 (the switch wins while the inventory "
+                                  f"still says {inventory}); go back with: invoke deploy --method "
+                                  f"{inventory}")
     if action == "remove" and source == "inventory":
         assert "the inventory's method mtp wins over the earlier switch to ngram" in chosen["note"]
 
@@ -306,7 +335,8 @@ def test_what_wins(inventory, switch, record, method, source, action, kept):
 def test_resolve_passes_the_record_through():
     v = _vars("sim01")
     resolved = registry.resolve(_contract(v), _rec("ngram", "baseline"), NOW)
-    assert (resolved["method"], resolved["method_source"], resolved["inventory_method"]) == ("ngram", "recorded", "baseline")
+    assert (resolved["method"], resolved["method_source"],
+            resolved["inventory_method"]) == ("ngram", "recorded", "baseline")
     assert resolved["desired"]["previous"] == _rec("ngram", "baseline")   # what a rollback puts back
     assert registry.resolve(_contract(v), None, NOW)["desired"]["previous"] is None
     args = _command(v, _rec("ngram", "baseline"))["args"]
@@ -330,9 +360,11 @@ def test_rules_live_only_in_the_registry():
         for path in (ROOT / base).rglob("*"):
             if path.suffix in (".py", ".yml", ".j2") and path.is_file():
                 text = path.read_text()
-                if re.search(r"replace\(\s*['\"]/['\"]\s*,\s*['\"]--['\"]", text) and path.name != "validate.py":
+                if re.search(r"replace\(\s*['\"]/['\"]\s*,\s*['\"]--['\"]",
+                             text) and path.name != "validate.py":
                     offenders.append(str(path))
-                if "sparkspec_profiles[sparkspec_profile]" in text or "role_path | dirname | dirname }}/templates" in text:
+                if ("sparkspec_profiles[sparkspec_profile]" in text
+                        or "role_path | dirname | dirname }}/templates" in text):
                     offenders.append(str(path))
     assert offenders == []
 
@@ -346,7 +378,8 @@ def test_serve_merges_registry_defaults_then_profile_then_method_then_host():
                                                                           "reasoning_parser": "m1"}}}
     v["sparkspec_serve"] = {"reasoning_parser": "h1"}
     serve = registry.resolve(_contract(v), None, NOW)["serve"]
-    assert (serve["max_model_len"], serve["reasoning_parser"], serve["max_num_batched_tokens"]) == (2000, "h1", 10)
+    assert (serve["max_model_len"], serve["reasoning_parser"],
+            serve["max_num_batched_tokens"]) == (2000, "h1", 10)
     assert serve["gpu_memory_utilization"] == registry.SERVE_DEFAULTS["gpu_memory_utilization"]
     assert set(serve) == set(registry.KNOBS)
     # enable_prefix_caching: the default follows the profile's kind; any layer may set it
@@ -362,17 +395,20 @@ def test_floors_merge_in_the_same_order_and_per_method():
     v["sparkspec_profiles"]["qwen35-122b-hybrid"]["verify"] = {"min_tok_s": 5, "min_acceptance_rate": 50}
     v["sparkspec_verify"] = {"min_acceptance_rate": 60}
     floors = registry.resolve(_contract(v), None, NOW)["floors"]
-    assert floors["eagle3"] == {"min_tok_s": 5, "min_acceptance_rate": 60}       # no floor of its own: the profile's
+    # no floor of its own: the profile's
+    assert floors["eagle3"] == {"min_tok_s": 5, "min_acceptance_rate": 60}
     assert floors["mtp"] == {"min_tok_s": registry.BUILTIN_METHODS["mtp"]["verify"]["min_tok_s"],
-                             "min_acceptance_rate": 60}                           # the method's over the profile's
-    with pytest.raises(UserError, match=r"^sparkspec_verify.min_acceptance_rate: 120 is not a number >= 0 and <= 100"):
+                             # the method's over the profile's
+                             "min_acceptance_rate": 60}
+    with pytest.raises(UserError, match=r"^sparkspec_verify.min_acceptance_rate: 120 is not a number >= 0 "
+                                        r"and <= 100"):
         registry.resolve(_contract({**v, "sparkspec_verify": {"min_acceptance_rate": 120}}), None, NOW)
 
 
 def test_compare_row_on_another_profile_serves_that_profiles_settings():
-    """`invoke compare --methods eagle3@qwen3-30b-a3b` on spark01 (which stages both example profiles): the plan,
-    resolved from the example inventory as Ansible reads it, serves the 30B with its own context length and tool
-    parser, not the 122B's 262144 and qwen3_coder; no host is contacted."""
+    """`invoke compare --methods eagle3@qwen3-30b-a3b` on spark01 (which stages both example profiles): the
+    plan, resolved from the example inventory as Ansible reads it, serves the 30B with its own context length
+    and tool parser, not the 122B's 262144 and qwen3_coder; no host is contacted."""
     from tasks import compare_plan, inventory
 
     inv = inventory.load(ROOT / "inventories/example")

@@ -20,7 +20,8 @@ def _result(method: str, avg: float, rate: float | None) -> dict[str, object]:
     spec = rate is not None
     return {"method": method, "served_model": {"id": "tiny"}, "suite": "all", "max_concurrency": 1,
             "temperature": 0.0, "completed": 3, "failed": 0, "output_throughput": avg * 1.5,
-            "per_request_tok_s_mean": avg, "per_request_tok_s_max": avg + 5, "spec_decode_acceptance_rate": rate,
+            "per_request_tok_s_mean": avg, "per_request_tok_s_max": avg + 5,
+            "spec_decode_acceptance_rate": rate,
             "spec_decode_acceptance_length": 2.5 if spec else None, "partial": False,
             "spec_decode_num_drafts": 40 if spec else None, "spec_decode_draft_tokens": 80 if spec else None,
             "spec_decode_accepted_tokens": 60 if spec else None,
@@ -34,7 +35,8 @@ def _inputs(folder: Path) -> tuple[list[Path], Path]:
     for name, avg, rate in (("baseline", 36.5, None), ("mtp", 48.25, 71.0)):
         paths.append(folder / f"{name}.json")
         paths[-1].write_text(json.dumps(_result(name, avg, rate)))
-    loss = folder / "lossless-mtp.json"  # 2 of 3 identical (allowed down to 0.6): the note names the divergence
+    # 2 of 3 identical (allowed down to 0.6): the note names the divergence
+    loss = folder / "lossless-mtp.json"
     loss.write_text(json.dumps({"format": "sparkspec-lossless-report/1", "method": "mtp", "model": "tiny",
                                 "identical": 2, "total": 3, "passed": True, "mismatches": [
                                     {"id": "s3", "offset": 7, "expected": "abc", "actual": "abd",
@@ -57,9 +59,11 @@ def test_invoke_report_writes_the_table_and_plot(tmp_path: Path) -> None:
                                                         "plot": str(png)}
     lines = md.read_text().splitlines()
     assert lines[0] == HEADER
-    assert lines[2].startswith("| baseline | tiny | 36.5 | 41.5 | n/a | n/a | n/a | n/a | n/a | n/a | reference | ")
-    assert lines[3].startswith("| mtp | tiny | 48.2 | 53.2 | 40 | 80 | 60 | 71.0% | 87.5% / 62.5% | 2.50 | 2/3 pass "
-                               "| first divergence in s3 at token 4: expected id 99 vs got id 100 ('abc' vs 'abd')")
+    assert lines[2].startswith("| baseline | tiny | 36.5 | 41.5 | n/a | n/a | n/a | n/a | n/a | n/a | "
+                               "reference | ")
+    assert lines[3].startswith("| mtp | tiny | 48.2 | 53.2 | 40 | 80 | 60 | 71.0% | 87.5% / 62.5% | 2.50 | "
+                               "2/3 pass | first divergence in s3 at token 4: expected id 99 vs got id 100 "
+                               "('abc' vs 'abd')")
     assert "structured 49.2 tok/s" in lines[3]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -75,7 +79,8 @@ def test_invoke_report_refuses_a_bad_result_in_one_line(tmp_path: Path) -> None:
 
 
 def test_the_verify_roles_command_line_prints_the_table(tmp_path: Path) -> None:
-    """`python -m tasks report`, from the checkout (the role's chdir), without --markdown: the table on stdout."""
+    """`python -m tasks report`, from the checkout (the role's chdir), without --markdown: the table on
+    stdout."""
     paths, _ = _inputs(tmp_path)
     done = _run(sys.executable, "-m", "tasks", "report", "--inputs", *paths)
     assert done.returncode == 0 and done.stderr == "", done.stderr

@@ -147,14 +147,16 @@ def test_index_round_trip_and_errors(tmp_path: Path) -> None:
     assert not list(tmp_path.glob("*.tmp"))
 
 
-# --- property tests: whatever the bytes, a header that tiles the file exactly, or one UserError ---------------
+# --- property tests: whatever the bytes, a header that tiles the file exactly, or one
+# UserError ---------------
 _JSON_LEAF = st.one_of(st.none(), st.booleans(), st.integers(-(2 ** 70), 2 ** 70), st.floats(allow_nan=True),
                        st.text(max_size=8))
 _JSON = st.recursive(_JSON_LEAF, lambda inner: st.lists(inner, max_size=4)
                      | st.dictionaries(st.text(max_size=6), inner, max_size=4), max_leaves=12)
 _DIMS = st.lists(st.integers(0, 6), max_size=3)
 _ENTRY = st.one_of(
-    st.fixed_dictionaries({"dtype": st.sampled_from(sorted(DTYPE_SIZES)), "shape": _DIMS}),  # valid, offsets later
+    # valid, offsets later
+    st.fixed_dictionaries({"dtype": st.sampled_from(sorted(DTYPE_SIZES)), "shape": _DIMS}),
     st.dictionaries(st.sampled_from(["dtype", "shape", "data_offsets", "extra"]), _JSON, max_size=4),
     _JSON,
 )
@@ -196,7 +198,8 @@ def test_parse_header_on_arbitrary_bytes(blob: bytes) -> None:
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(entries=st.dictionaries(st.text(max_size=6), _ENTRY, max_size=5),
        metadata=st.one_of(st.none(), _JSON, st.dictionaries(st.text(max_size=4), st.text(max_size=4))),
-       lay_out=st.booleans(), slack=st.integers(-3, 3), length_delta=st.sampled_from([0, 0, 0, -1, 1, 2 ** 40]),
+       lay_out=st.booleans(), slack=st.integers(-3, 3),
+       length_delta=st.sampled_from([0, 0, 0, -1, 1, 2 ** 40]),
        raw_json=st.one_of(st.none(), st.text(max_size=40)))
 def test_parse_header_on_generated_headers(entries: dict[str, Any], metadata: Any, lay_out: bool, slack: int,
                                            length_delta: int, raw_json: str | None) -> None:

@@ -1,9 +1,11 @@
-"""The role's SASS check (``vllm_build_helper.py sass``) with the role's default core extensions, FA2 included.
+"""The role's SASS check (``vllm_build_helper.py sass``) with the role's default core extensions, FA2
+included.
 
-A stand-in site-packages laid out as a real vLLM 0.32.0 CUDA build lays out its extensions, each a shared object
-compiled by nvcc (PATH) from one tiny kernel, read with cuobjdump (tests.support.torch_standin.buildenv's venv),
-the core list read from roles/vllm_build/defaults/main.yml: all sm_121a passes; an FA2 built for sm_80 + PTX
-(what an unedited flash-attention gives, see test_fa_arch.py) is reported without the arch.
+A stand-in site-packages laid out as a real vLLM 0.32.0 CUDA build lays out its extensions, each a shared
+object compiled by nvcc (PATH) from one tiny kernel, read with cuobjdump
+(tests.support.torch_standin.buildenv's venv), the core list read from roles/vllm_build/defaults/main.yml: all
+sm_121a passes; an FA2 built for sm_80 + PTX (what an unedited flash-attention gives, see test_fa_arch.py) is
+reported without the arch.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ HOST_ONLY = "cumem_allocator.abi3.so"   # an extension without device code (vLLM
 KERNEL = '__global__ void scale(float *x) { x[threadIdx.x] *= 2.0f; }\n' \
          'extern "C" void launch(float *x) { scale<<<1, 32>>>(x); }\n'
 GENCODE = {"sm_121a": ["-gencode", "arch=compute_121a,code=sm_121a"],
-           "sm_80+PTX": ["-gencode", "arch=compute_80,code=sm_80", "-gencode", "arch=compute_80,code=compute_80"]}
+           "sm_80+PTX": ["-gencode", "arch=compute_80,code=sm_80", "-gencode",
+                         "arch=compute_80,code=compute_80"]}
 
 
 @pytest.fixture(scope="session")
@@ -45,7 +48,8 @@ def objects(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     built = {}
     for name, flags in GENCODE.items():
         built[name] = out / f"{name.replace('+', '_')}.so"
-        subprocess.run(["nvcc", "-shared", "-Xcompiler", "-fPIC", *flags, "-o", str(built[name]), str(out / "k.cu")],
+        subprocess.run(["nvcc", "-shared", "-Xcompiler", "-fPIC", *flags, "-o", str(built[name]),
+                        str(out / "k.cu")],
                        check=True, capture_output=True)
     (out / "host.c").write_text("int host_only(void) { return 1; }\n")
     built["host"] = out / "host.so"
@@ -59,8 +63,8 @@ def cuobjdump() -> Path:
 
 
 def site(tmp: Path, objects: dict[str, Path], variant: dict[str, str | None]) -> Path:
-    """site-packages with vllm/ holding the core extensions (``variant``: module -> object kind, None leaves it
-    out) and a host-only extension."""
+    """site-packages with vllm/ holding the core extensions (``variant``: module -> object kind, None leaves
+    it out) and a host-only extension."""
     root = tmp / "site-packages"
     for module, kind in variant.items():
         if kind is not None:
@@ -84,7 +88,8 @@ def test_the_default_core_extensions_include_fa2() -> None:
 def test_every_core_extension_built_for_sm_121a_passes(tmp_path: Path, objects: dict[str, Path],
                                                        cuobjdump: Path) -> None:
     report = sass(site(tmp_path, objects, {m: "sm_121a" for m in CORE}), cuobjdump)
-    assert report == {"extensions": {**{FILES[m]: {"sass": ["sm_121a"]} for m in CORE}, HOST_ONLY: {"sass": []}},
+    assert report == {"extensions": {**{FILES[m]: {"sass": ["sm_121a"]} for m in CORE},
+                                     HOST_ONLY: {"sass": []}},
                       "missing_core": [], "without_arch": []}
 
 
@@ -97,7 +102,8 @@ def test_an_fa2_built_for_sm_80_and_ptx_is_reported_without_the_arch(tmp_path: P
     assert report["missing_core"] == [] and report["without_arch"] == [FA2]
 
 
-def test_a_build_without_fa2_is_reported_missing(tmp_path: Path, objects: dict[str, Path], cuobjdump: Path) -> None:
+def test_a_build_without_fa2_is_reported_missing(tmp_path: Path, objects: dict[str, Path],
+                                                 cuobjdump: Path) -> None:
     variant: dict[str, str | None] = {m: "sm_121a" for m in CORE}
     variant["vllm_flash_attn._vllm_fa2_C"] = None
     report = sass(site(tmp_path, objects, variant), cuobjdump)

@@ -1,5 +1,5 @@
-"""SIGTERM and SIGHUP (a closed SSH session, `systemctl stop`, a CI time-out) unwind like Ctrl-C: the command's
-cleanup runs, so no temp sibling or lock survives, and the exit is 130 with one line."""
+"""SIGTERM and SIGHUP (a closed SSH session, `systemctl stop`, a CI time-out) unwind like Ctrl-C: the
+command's cleanup runs, so no temp sibling or lock survives, and the exit is 130 with one line."""
 
 from __future__ import annotations
 
@@ -18,10 +18,10 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
 def test_generate_killed_mid_write_leaves_nothing(tmp_path: Path, sig: signal.Signals) -> None:
     out = tmp_path / "gen"
-    proc = subprocess.Popen([sys.executable, "-m", "tests.support", "checkpoint", "generate", "--kind", "int4",
-                             "--hidden", "2048", "--layers", "8", "--experts", "64", "--shared-intermediate",
-                             "2048", "--out", str(out)], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "tests.support", "checkpoint", "generate",
+                             "--kind", "int4", "--hidden", "2048", "--layers", "8", "--experts", "64",
+                             "--shared-intermediate", "2048", "--out", str(out)],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and proc.poll() is None:
         if any(p.name.endswith("-tmp") for p in tmp_path.iterdir()):  # the build sibling is being written
@@ -78,8 +78,8 @@ sys.exit(run(parser, [sys.argv[2]]))
 @pytest.mark.parametrize("command", ["generate", "late"])
 def test_a_swallowed_interrupt_still_stops_the_command(tmp_path: Path, command: str) -> None:
     """A stop signal whose KeyboardInterrupt third-party code swallowed still refuses the swap-in and still
-    exits 130 with the line (under load, numpy's lazily imported Cython modules swallowed it and generate exited
-    0 with a complete output)."""
+    exits 130 with the line (under load, numpy's lazily imported Cython modules swallowed it and generate
+    exited 0 with a complete output)."""
     out = tmp_path / "gen"
     proc = subprocess.run([sys.executable, "-c", SWALLOWED, str(out), command], cwd=REPO, capture_output=True,
                           text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO / "src")})

@@ -46,11 +46,13 @@ def test_vllm_build_defaults(facts: dict[str, Any]) -> None:
     assert d["vllm_build_torch"] == facts["torch_pin"]
     assert d["vllm_build_torch_index_url"] == facts["torch_index_url"]
     assert d["vllm_build_flashinfer"] == [facts["flashinfer_pin"]]
-    assert d["vllm_build_fa_commit"] == facts["flash_attention_commit"] and d["vllm_build_fa_arch_patch"] is True
+    assert d["vllm_build_fa_commit"] == facts["flash_attention_commit"]
+    assert d["vllm_build_fa_arch_patch"] is True
     assert d["vllm_build_arch_list"] == facts["arch_list"]
     assert d["vllm_build_min_cuda"] == facts["min_cuda"]
     # the SASS the check requires for that arch list (roles/vllm_build/vars/main.yml)
-    assert "'sm_121a' if '12.1a' in _vllm_build_arch_items" in (ROOT / "roles/vllm_build/vars/main.yml").read_text()
+    vars_main = (ROOT / "roles/vllm_build/vars/main.yml").read_text()
+    assert "'sm_121a' if '12.1a' in _vllm_build_arch_items" in vars_main
     assert facts["sass"] == "sm_" + facts["arch_list"].replace(".", "")
     # the real-tarball tests pin the same release
     source_test = (ROOT / "tests/integration/test_vllm_source.py").read_text()
@@ -63,7 +65,8 @@ def test_vllm_install_defaults(facts: dict[str, Any]) -> None:
     assert d["vllm_install_package"] == facts["vllm_wheel_pin"] == f"vllm=={facts['vllm_version']}"
     assert v["_vllm_install_inc_patch_fits"] == facts["inc_patch_fits"]
     assert facts["vllm_version"] in facts["inc_patch_fits"]
-    # a fresh Spark has no venv: the default only checks one and stops before any download (test_install_modes)
+    # a fresh Spark has no venv: the default only checks one and stops before any download
+    # (test_install_modes)
     assert d["vllm_install_mode"] == "existing"
     # the INC patch's name says the release it was written against
     assert v["_vllm_install_inc_patch_name"].startswith(f"vllm-{facts['vllm_version']}-")
@@ -123,7 +126,8 @@ def test_floors_sit_below_the_lowest_public_figure(facts: dict[str, Any]) -> Non
         if floor is None:
             assert method not in lowest, f"{method} has a public figure ({lowest.get(method)}) but no floor"
             continue
-        assert method in lowest, f"the floor of {method} ({floor}) has no public figure in docs/spark-facts.md"
+        assert method in lowest, (f"the floor of {method} ({floor}) has no public figure in "
+                                  "docs/spark-facts.md")
         assert floor <= lowest[method] * (1 - margin), (method, floor, lowest[method])
 
 
@@ -131,20 +135,23 @@ def test_example_inventory_profiles(facts: dict[str, Any]) -> None:
     profiles = _yaml("inventories/example/group_vars/all/main.yml")["sparkspec_profiles"]
     hybrid, plain = profiles["qwen35-122b-hybrid"], profiles["qwen3-30b-a3b"]
     assert hybrid["int4"]["repo"] == facts["int4_repo"] and hybrid["fp8"]["repo"] == facts["fp8_repo"]
-    assert hybrid["expect_fp8_layers"] == facts["fp8_layers"] and hybrid["expect_mtp_tensors"] == facts["mtp_tensors"]
+    assert hybrid["expect_fp8_layers"] == facts["fp8_layers"]
+    assert hybrid["expect_mtp_tensors"] == facts["mtp_tensors"]
     assert hybrid["heads"]["dflash"]["repo"] == facts["dflash_repo"]
     assert hybrid["disk_gb"] == facts["hybrid_disk_gb"] >= facts["int4_download_gb"] + facts["hybrid_size_gb"]
-    assert plain["model"]["repo"] == facts["plain_repo"] and plain["heads"]["eagle3"]["repo"] == facts["eagle3_repo"]
+    assert plain["model"]["repo"] == facts["plain_repo"]
+    assert plain["heads"]["eagle3"]["repo"] == facts["eagle3_repo"]
     assert plain["serve"]["max_model_len"] == facts["plain_max_model_len"]
 
 
 def test_figures_in_the_docs_are_the_facts(facts: dict[str, Any]) -> None:
-    """Every 'NN GB' said of the assembled hybrid, or of the INT4 download, in the README, docs/ and the example
-    inventory is the fact's figure (the old 82 GB and 77 GB were not)."""
+    """Every 'NN GB' said of the assembled hybrid, or of the INT4 download, in the README, docs/ and the
+    example inventory is the fact's figure (the old 82 GB and 77 GB were not)."""
     said: list[tuple[str, str, int]] = []
     for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted(EXAMPLE.rglob("*.yml"))]:
         for line in path.read_text().splitlines():
-            said += [(path.name, "hybrid", int(n)) for n in re.findall(r"(?:assembled )?hybrid ~?(\d+) GB", line)]
+            said += [(path.name, "hybrid", int(n)) for n in re.findall(r"(?:assembled )?hybrid ~?(\d+) "
+                                                                       r"GB", line)]
             said += [(path.name, "int4", int(n)) for n in re.findall(r"INT4 ~?(\d+) GB", line)]
     assert said, "no figure found: the pattern no longer matches the docs"
     want = {"hybrid": facts["hybrid_size_gb"], "int4": facts["int4_download_gb"]}
@@ -157,8 +164,8 @@ def _pin(requirement: str) -> tuple[str, str]:
 
 
 def pip_requirements(vllm_install: dict[str, Any], vllm_build: dict[str, Any]) -> dict[str, list[str]]:
-    """What each install mode's pip steps ask an index for, from the roles' task files and the given values: wheel
-    mode installs vllm_install_package (tasks/wheel.yml), source mode the torch pin from its index, then
+    """What each install mode's pip steps ask an index for, from the roles' task files and the given values:
+    wheel mode installs vllm_install_package (tasks/wheel.yml), source mode the torch pin from its index, then
     FlashInfer (roles/vllm_build/tasks/build.yml); existing mode runs no pip step."""
     wheel_tasks = (ROOT / "roles/vllm_install/tasks/wheel.yml").read_text()
     build_tasks = (ROOT / "roles/vllm_build/tasks/build.yml").read_text()
@@ -166,7 +173,8 @@ def pip_requirements(vllm_install: dict[str, Any], vllm_build: dict[str, Any]) -
     assert '_vllm_build_pip_args: [install, "{{ vllm_build_torch }}"]' in build_tasks
     assert "'PIP_INDEX_URL': vllm_build_torch_index_url" in build_tasks
     assert "['wheel', '--no-deps', '--wheel-dir', _vllm_build_wheels] + vllm_build_flashinfer" in build_tasks
-    assert "ansible.builtin.pip" not in (ROOT / "roles/vllm_install/tasks/fit.yml").read_text()   # checks only
+    # checks only
+    assert "ansible.builtin.pip" not in (ROOT / "roles/vllm_install/tasks/fit.yml").read_text()
     return {"wheel": [vllm_install["vllm_install_package"]],
             "source": [vllm_build["vllm_build_torch"], *vllm_build["vllm_build_flashinfer"]],
             "existing": []}
@@ -178,9 +186,11 @@ def unserved(requirements: list[str]) -> list[str]:
 
 
 def test_every_pip_step_names_a_version_the_index_serves(facts: dict[str, Any]) -> None:
-    install, build = _yaml("roles/vllm_install/defaults/main.yml"), _yaml("roles/vllm_build/defaults/main.yml")
+    install = _yaml("roles/vllm_install/defaults/main.yml")
+    build = _yaml("roles/vllm_build/defaults/main.yml")
     steps = pip_requirements(install, build)
-    assert {mode: unserved(reqs) for mode, reqs in steps.items()} == {"wheel": [], "source": [], "existing": []}
+    assert {mode: unserved(reqs) for mode, reqs in steps.items()} == {"wheel": [], "source": [],
+                                                                      "existing": []}
     # the answers were recorded from the index the torch step names
     assert build["vllm_build_torch_index_url"] == facts["torch_index_url"]
     # what the served vLLM wheel requires is what the build pins
@@ -194,7 +204,8 @@ def test_every_pip_step_names_a_version_the_index_serves(facts: dict[str, Any]) 
 @pytest.mark.parametrize(("knob", "value"), [("vllm_build_torch", "torch==2.13.0+cu130"),
                                              ("vllm_install_package", "vllm==0.20.1")])
 def test_a_pin_no_index_serves_is_found(knob: str, value: str) -> None:
-    install, build = _yaml("roles/vllm_install/defaults/main.yml"), _yaml("roles/vllm_build/defaults/main.yml")
+    install = _yaml("roles/vllm_install/defaults/main.yml")
+    build = _yaml("roles/vllm_build/defaults/main.yml")
     (install if knob in install else build)[knob] = value
     steps = pip_requirements(install, build)
     assert [r for reqs in steps.values() for r in unserved(reqs)] == [value]

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -51,7 +51,8 @@ def params(host: dict[str, Path], state: str, unit_text: str = "[Service]\nExecS
     live = host["live"]
     return {"state": state, "unit": "svc", "staged_root": str(host["staged"]),
             "previous_root": str(host["previous"]),
-            "files": [{"path": f"{live}/etc/systemd/system/svc.service", "content": unit_text, "mode": "0644"},
+            "files": [{"path": f"{live}/etc/systemd/system/svc.service", "content": unit_text,
+                       "mode": "0644"},
                       {"path": f"{live}/etc/sparkspec/svc.json", "content": '{"method": "ngram"}\n'}],
             "secret_files": [{"path": f"{live}/etc/sparkspec/svc.env", "mode": "0640"}],
             "secret_contents": [f"# two lines, as the env template writes\nVLLM_API_KEY={SECRET}\n"],
@@ -101,7 +102,8 @@ def test_staged_writes_the_staged_copy_only(host: dict[str, Path]) -> None:
     assert any(c.startswith("systemd-analyze security --offline=true") for c in calls(host))
     assert any(c.startswith("systemd-analyze verify") for c in calls(host))
     assert "1.4" in result["security"]["stdout"]
-    assert SECRET not in out, "the env file's content must never be in the module's result or its journal line"
+    assert SECRET not in out, ("the env file's content must never be in the module's result or its journal "
+                               "line")
     assert (unit.parents[2] / "sparkspec/svc.env").read_text().endswith(f"VLLM_API_KEY={SECRET}\n")
     # the same again: nothing to write
     again, _ = run(host, params(host, "staged"))
@@ -192,8 +194,8 @@ def test_unknown_group_fails_in_one_line(host: dict[str, Path]) -> None:
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="running a command as another user needs root, as on the host")
 def test_staged_checks_the_command_line_as_the_user_and_keeps_an_accepted_one(host: dict[str, Path]) -> None:
-    """check_argv runs only when the staged unit differs, as check_user (not root); its "checked KEY" answer is
-    recorded in check_cache_dir by the module, as root; a refusal comes back with its rc and stderr."""
+    """check_argv runs only when the staged unit differs, as check_user (not root); its "checked KEY" answer
+    is recorded in check_cache_dir by the module, as root; a refusal comes back with its rc and stderr."""
     shared = Path(tempfile.mkdtemp(prefix="sparkspec-unit-check-"))   # pytest's own folders are root-only
     shared.chmod(0o755)
     checker = shared / "checker.sh"
@@ -206,10 +208,14 @@ def test_staged_checks_the_command_line_as_the_user_and_keeps_an_accepted_one(ho
     who.chmod(0o666)
     cache = host["root"] / "accepted"
     check = {"check_user": "nobody", "check_cache_dir": str(cache)}
-    result, out = run(host, params(host, "staged", analyze=True, check_argv=[str(checker), str(who), "bad"], **check))
+    result, out = run(host,
+                      params(host, "staged", analyze=True, check_argv=[str(checker), str(who), "bad"],
+                             **check))
     assert result["args_check"]["rc"] == 2 and "unrecognized arguments" in result["args_check"]["stderr"], out
     assert who.read_text().strip() == "nobody" and not cache.exists()
-    result, out = run(host, params(host, "staged", analyze=True, check_argv=[str(checker), str(who), "ok"], **check))
+    result, out = run(host,
+                      params(host, "staged", analyze=True, check_argv=[str(checker), str(who), "ok"],
+                             **check))
     assert result["args_check"]["rc"] == 0 and (cache / key).is_file(), out
     assert ((cache / key).stat().st_uid, stat.S_IMODE((cache / key).stat().st_mode)) == (0, 0o644)
     live = host["live"]   # the same unit installed: nothing differs, so nothing is checked
@@ -217,6 +223,8 @@ def test_staged_checks_the_command_line_as_the_user_and_keeps_an_accepted_one(ho
         Path(f["path"]).parent.mkdir(parents=True, exist_ok=True)
         Path(f["path"]).write_text(f["content"])
     (live / "etc/sparkspec/svc.env").write_text(params(host, "staged")["secret_contents"][0])
-    result, out = run(host, params(host, "staged", analyze=True, check_argv=[str(checker), str(who), "bad"], **check))
+    result, out = run(host,
+                      params(host, "staged", analyze=True, check_argv=[str(checker), str(who), "bad"],
+                             **check))
     assert not result["differs"] and "args_check" not in result, out
     shutil.rmtree(shared)

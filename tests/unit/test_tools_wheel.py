@@ -1,6 +1,6 @@
-"""The sparkspec_tools role's controller-side wheel build (roles/sparkspec_tools/files/build_wheel.py) on a copy of
-the project: an unchanged source reuses the wheel without a build; a changed source file, or a wheel whose bytes
-are no longer the recorded ones, builds again; the bytes are reproducible (SOURCE_DATE_EPOCH)."""
+"""The sparkspec_tools role's controller-side wheel build (roles/sparkspec_tools/files/build_wheel.py) on a
+copy of the project: an unchanged source reuses the wheel without a build; a changed source file, or a wheel
+whose bytes are no longer the recorded ones, builds again; the bytes are reproducible (SOURCE_DATE_EPOCH)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ SCRIPT = ROOT / "roles/sparkspec_tools/files/build_wheel.py"
 
 
 def _build(project: Path, dist: Path) -> dict:
-    proc = subprocess.run([sys.executable, str(SCRIPT), str(project), str(dist)], capture_output=True, text=True,
-                          env={**os.environ, "SOURCE_DATE_EPOCH": "315532800"}, timeout=300, check=False)
+    proc = subprocess.run([sys.executable, str(SCRIPT), str(project), str(dist)], capture_output=True,
+                          text=True, env={**os.environ, "SOURCE_DATE_EPOCH": "315532800"}, timeout=300,
+                          check=False)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -48,7 +49,7 @@ def test_reuses_an_unchanged_build_and_rebuilds_a_changed_one(tmp_path: Path) ->
 
 
 def test_a_folder_without_the_project_is_one_line(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path), str(tmp_path / "dist")], capture_output=True,
-                          text=True, timeout=60, check=False)
+    proc = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path), str(tmp_path / "dist")],
+                          capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
         f"sparkspec_tools: {tmp_path} holds no pyproject.toml; point sparkspec_tools_source at the project"]

@@ -1,4 +1,5 @@
-"""The vLLM stand-in source tree (tests/support/vllm_standin) really builds, and collapses the arch as vLLM does.
+"""The vLLM stand-in source tree (tests/support/vllm_standin) really builds, and collapses the arch as vLLM
+does.
 
 Built with nvcc from PATH in the cached build venv of tests.support.torch_standin.buildenv (cmake, ninja, the
 stand-in torch 2.13.0+cu130, cuobjdump): TORCH_CUDA_ARCH_LIST=12.1a gives an extension with sm_120 code only,
@@ -30,7 +31,8 @@ ARCH_PATCH = ROOT / "roles" / "vllm_build" / "files" / "patches" / "vllm-0.32.0-
 @pytest.fixture(scope="module")
 def venv() -> Path:
     if shutil.which("nvcc") is None:
-        pytest.fail("nvcc is not on PATH: the stand-in's _C extension needs CUDA >= 13.0's nvcc (see NOTES.md)")
+        pytest.fail("nvcc is not on PATH: the stand-in's _C extension needs CUDA >= 13.0's nvcc (see "
+                    "NOTES.md)")
     return buildenv.build_venv()
 
 
@@ -60,7 +62,8 @@ def pip_wheel(venv: Path, src: Path, **env: str) -> subprocess.CompletedProcess[
     run_env = {k: v for k, v in os.environ.items() if k not in KNOBS}
     run_env.update(env, PATH=f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}")
     return subprocess.run(
-        [str(venv / "bin" / "python"), "-m", "pip", "wheel", "-v", "--no-deps", "--no-build-isolation", "--no-index",
+        [str(venv / "bin" / "python"), "-m", "pip", "wheel", "-v", "--no-deps", "--no-build-isolation",
+         "--no-index",
          "--wheel-dir", str(src.parent / "wheelhouse"), "."],
         cwd=src, env=run_env, capture_output=True, text=True, check=False,
     )
@@ -79,8 +82,8 @@ def build(venv: Path, src: Path, **env: str) -> Path:
 
 def elf_archs(venv: Path, so: Path) -> set[str]:
     """The SASS archs of ``so`` as ``cuobjdump --list-elf`` names them (sm_120, sm_121a, ...)."""
-    out = subprocess.run([str(buildenv.cuobjdump(venv)), "--list-elf", str(so)], capture_output=True, text=True,
-                         check=True).stdout
+    out = subprocess.run([str(buildenv.cuobjdump(venv)), "--list-elf", str(so)], capture_output=True,
+                         text=True, check=True).stdout
     return set(re.findall(r"\.(sm_\d+[af]?)\.cubin", out))
 
 
@@ -115,7 +118,8 @@ def test_with_the_arch_patch_12_1a_stays_sm_121a(venv: Path, tmp_path: Path) -> 
     wheel = build(venv, tree(tmp_path, arch_patch=True), TORCH_CUDA_ARCH_LIST="12.1a", MAX_JOBS="1")
     so = wheel / "vllm" / "_C.abi3.so"
     assert elf_archs(venv, so) == {"sm_121a"}
-    assert json.loads((wheel / "vllm" / "_standin_build.json").read_text())["cmake"]["cuda_archs"] == ["12.1a"]
+    record = json.loads((wheel / "vllm" / "_standin_build.json").read_text())
+    assert record["cmake"]["cuda_archs"] == ["12.1a"]
     # The extension loads without a GPU and reports the archs it was compiled for.
     lib = ctypes.CDLL(str(so))
     lib.vllm_standin_archs.restype = ctypes.c_char_p
@@ -142,7 +146,8 @@ def test_the_torch_standin_reports_its_cuda_build(tmp_path: Path, variant: str, 
     with zipfile.ZipFile(buildenv.torch_wheel(tmp_path, variant)) as zf:
         zf.extractall(site)
     out = subprocess.run([sys.executable, "-c", "import torch; print(torch.__version__, torch.version.cuda)"],
-                         env=dict(os.environ, PYTHONPATH=str(site)), capture_output=True, text=True, check=True)
+                         env=dict(os.environ, PYTHONPATH=str(site)), capture_output=True, text=True,
+                         check=True)
     assert out.stdout.split() == [version, str(cuda)]
 
 

@@ -31,8 +31,9 @@ def _wheel(tmp: Path) -> Path:
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(ROOT / name, project / name)
     shutil.copytree(ROOT / "src", project / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-    proc = subprocess.run([sys.executable, str(BUILD), str(project), str(dist)], capture_output=True, text=True,
-                          env={**os.environ, "SOURCE_DATE_EPOCH": "315532800"}, timeout=300, check=False)
+    proc = subprocess.run([sys.executable, str(BUILD), str(project), str(dist)], capture_output=True,
+                          text=True, env={**os.environ, "SOURCE_DATE_EPOCH": "315532800"}, timeout=300,
+                          check=False)
     assert proc.returncode == 0, proc.stderr
     return Path(json.loads(proc.stdout.strip().splitlines()[-1])["wheel"])
 
@@ -68,7 +69,8 @@ def _imports(module: str, source: str, package: bool, known: set[str]) -> set[st
             anchor = base
             for _ in range(node.level - 1 if node.level else 0):
                 anchor = anchor.rpartition(".")[0]
-            target = (f"{anchor}.{node.module}" if node.module else anchor) if node.level else node.module or ""
+            target = (f"{anchor}.{node.module}" if node.module
+                      else anchor) if node.level else node.module or ""
             found.add(target)
             found.update(f"{target}.{alias.name}" for alias in node.names)  # `from pkg import module`
     return {parent for name in found for parent in _with_parents(name) if parent in known}
@@ -120,4 +122,5 @@ def test_the_closure_sees_lazy_relative_and_from_imports() -> None:
         "pkg.deep": ("", False),
         "pkg.orphan": ("import os\n", False),
     }
-    assert _closure(modules, ["pkg.cli"]) == {"pkg", "pkg.cli", "pkg.sub", "pkg.sub.lazy", "pkg.rel", "pkg.deep"}
+    assert _closure(modules, ["pkg.cli"]) == {"pkg", "pkg.cli", "pkg.sub", "pkg.sub.lazy", "pkg.rel",
+                                              "pkg.deep"}

@@ -1,5 +1,5 @@
-"""The SPARKSPEC_WHEELS knob (where torch's CPU build comes from): the first README command stops at once, with
-one line naming the knob, when the knob points at nothing usable, and changes nothing before it does."""
+"""The SPARKSPEC_WHEELS knob (where torch's CPU build comes from): the first README command stops at once,
+with one line naming the knob, when the knob points at nothing usable, and changes nothing before it does."""
 
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ def test_quickstart_stops_within_a_minute_naming_the_knob(tmp_path, kind):
         wheels = str(tmp_path)
     elif kind == "missing folder":
         wheels = str(tmp_path / "nope")
-    elif kind == "folder of other wheels":  # a wheel of another package, and a file named like torch's that is none
+    # a wheel of another package, and a file named like torch's that is none
+    elif kind == "folder of other wheels":
         (tmp_path / "six-1.0-py3-none-any.whl").write_bytes(b"PK\x05\x06" + bytes(18))
         (tmp_path / "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl").write_bytes(b"not a wheel")
         wheels = str(tmp_path)

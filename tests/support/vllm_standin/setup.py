@@ -90,7 +90,8 @@ class cmake_build_ext(build_ext):
         build_tool = []
         if shutil.which("ninja") is not None:
             build_tool = ["-G", "Ninja"]
-            cmake_args += ["-DCMAKE_JOB_POOL_COMPILE:STRING=compile", f"-DCMAKE_JOB_POOLS:STRING=compile={num_jobs}"]
+            cmake_args += ["-DCMAKE_JOB_POOL_COMPILE:STRING=compile",
+                           f"-DCMAKE_JOB_POOLS:STRING=compile={num_jobs}"]
         if CUDA_HOME is not None:
             cmake_args += [f"-DCMAKE_CUDA_COMPILER={CUDA_HOME}/bin/nvcc"]
         other_cmake_args = os.environ.get("CMAKE_ARGS")

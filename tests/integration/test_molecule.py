@@ -1,7 +1,8 @@
 """Each role's molecule scenarios, in the simulated Spark's image: converge, idempotence, verify.
 
-Run as a user runs them (`molecule test` in the role's folder): each scenario's dependency step prepares its own
-inputs (tests/support/molecule_inputs.py, cached in .cache/molecule/), so the harness passes nothing but the image.
+Run as a user runs them (`molecule test` in the role's folder): each scenario's dependency step prepares its
+own inputs (tests/support/molecule_inputs.py, cached in .cache/molecule/), so the harness passes nothing but
+the image.
 """
 
 from __future__ import annotations

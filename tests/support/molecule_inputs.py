@@ -1,16 +1,17 @@
 """What each role's molecule scenario needs from the controller, made once and cached under .cache/molecule/.
 
-``python -m tests.support.molecule_inputs ROLE`` (from the repository root) is the scenario's ``dependency`` step
-(roles/ROLE/molecule/default/molecule.yml), so ``molecule test`` in a role's folder prepares its own inputs, and
-tests/integration/test_molecule.py runs the same step on the same cache. For every role: the simulated Spark's
-image, the CA bundle and the API key the containers mount or read (:meth:`tests.support.sim.Sim.assets`), and
-podman's project-local configuration (.sim/containers.conf). Then, per role:
+``python -m tests.support.molecule_inputs ROLE`` (from the repository root) is the scenario's ``dependency``
+step (roles/ROLE/molecule/default/molecule.yml), so ``molecule test`` in a role's folder prepares its own
+inputs, and tests/integration/test_molecule.py runs the same step on the same cache. For every role: the
+simulated Spark's image, the CA bundle and the API key the containers mount or read
+(:meth:`tests.support.sim.Sim.assets`), and podman's project-local configuration (.sim/containers.conf). Then,
+per role:
 
 - ``vllm_build``: :mod:`tests.support.standin_inputs` in .cache/molecule/vllm_build/, rewritten only when the
   stand-in sources change (a stamp holds their digest); ``vllm_build.json`` beside it gives the scenario the
   folder, the tarball's sha256 and flash-attention's commit.
-- ``deploy``: the tiny model sim01 serves (same generator, seed 0) in .cache/molecule/deploy/sim-tiny, apart from
-  .sim/gen, which sim01's hub writes.
+- ``deploy``: the tiny model sim01 serves (same generator, seed 0) in .cache/molecule/deploy/sim-tiny, apart
+  from .sim/gen, which sim01's hub writes.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ ROOT = Path(__file__).resolve().parents[2]
 CACHE = ROOT / ".cache" / "molecule"
 PROG = "python -m tests.support.molecule_inputs"
 # What the vllm_build inputs are made from: a change to any of these files writes them again.
-STANDIN_SOURCES = (standin_inputs.STANDIN, buildenv.HERE, standin_inputs.FA_FILES, Path(standin_inputs.__file__))
+STANDIN_SOURCES = (standin_inputs.STANDIN, buildenv.HERE, standin_inputs.FA_FILES,
+                   Path(standin_inputs.__file__))
 
 
 def roles() -> list[str]:
@@ -108,7 +110,8 @@ def prepare(role: str, cache: Path = CACHE, log: Callable[[str], object] = print
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
-    parser.add_argument("role", nargs="+", help="a role with a molecule scenario (roles/ROLE/molecule/default)")
+    parser.add_argument("role", nargs="+",
+                        help="a role with a molecule scenario (roles/ROLE/molecule/default)")
     args = parser.parse_args(argv)
     try:
         for role in args.role:

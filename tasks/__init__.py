@@ -1,7 +1,7 @@
 """Invoke tasks: the commands a Spark owner types. This module only assembles the collection; the tasks
 live by concern in host (provision, deploy, render, teardown, verify), compare, report, observe (status,
-logs), dev (sim.*, bench.*, lint, test) and molecule_tasks (one role's molecule scenario), over the libraries play, inventory, remote, status and
-compare_plan."""
+logs), dev (sim.*, bench.*, lint, test) and molecule_tasks (one role's molecule scenario), over the libraries
+play, inventory, remote, status and compare_plan."""
 
 from __future__ import annotations
 
@@ -21,6 +21,6 @@ sim.add_task(dev.sim_down, "down")
 sim.add_task(dev.sim_ssh, "ssh")
 
 ns = Collection(host.provision, host.deploy, host.render, host.teardown, observe.status, host.verify,
-                observe.logs, compare.compare, report.report, dev.lint, dev.test, molecule_tasks.molecule, sim,
-                bench)
+                observe.logs, compare.compare, report.report, dev.lint, dev.test, molecule_tasks.molecule,
+                sim, bench)
 ns.configure({"sparkspec": {"inventory": "inventories/sim", "sim_host": "sim01"}})

@@ -1,11 +1,11 @@
-"""`invoke compare`'s plan: which (method, profile) rows to deploy on one host, in which order, each checked by the
-play's own resolver before anything changes on the host.
+"""`invoke compare`'s plan: which (method, profile) rows to deploy on one host, in which order, each checked
+by the play's own resolver before anything changes on the host.
 
-A row is ``METHOD`` (the host's inventory profile) or ``METHOD@PROFILE`` (another profile the host stages, e.g. the
-MTP row on a profile that has MTP tensors). Each speculative row's lossless check compares it with baseline on the
-same profile at temperature 0, so every profile a row uses gets a baseline row: the one the user listed, else one
-added to the plan (it records that profile's reference and is a row of the table, the speed to compare with).
-Rows run profile by profile, baseline first within each.
+A row is ``METHOD`` (the host's inventory profile) or ``METHOD@PROFILE`` (another profile the host stages,
+e.g. the MTP row on a profile that has MTP tensors). Each speculative row's lossless check compares it with
+baseline on the same profile at temperature 0, so every profile a row uses gets a baseline row: the one the
+user listed, else one added to the plan (it records that profile's reference and is a row of the table, the
+speed to compare with). Rows run profile by profile, baseline first within each.
 """
 
 from __future__ import annotations
@@ -32,14 +32,16 @@ class Row:
 
 
 def parse(methods: str, default_profile: str) -> list[Row]:
-    """The rows of ``--methods`` (comma-separated METHOD or METHOD@PROFILE), each once; one line on bad input."""
+    """The rows of ``--methods`` (comma-separated METHOD or METHOD@PROFILE), each once; one line on bad
+    input."""
     rows: list[Row] = []
     for item in (part.strip() for part in methods.split(",")):
         if not item:
             continue
         method, _, profile = item.partition("@")
         if not method or (_ and not profile) or "@" in profile:
-            raise UserError(f"--methods: {item!r} is not METHOD or METHOD@PROFILE; e.g. baseline,ngram,mtp@sim-mtp")
+            raise UserError(f"--methods: {item!r} is not METHOD or METHOD@PROFILE; e.g. "
+                            "baseline,ngram,mtp@sim-mtp")
         row = Row(method, profile or default_profile)
         if row in rows:
             raise UserError(f"--methods: {row.name} is listed twice; give each row once")
@@ -50,8 +52,8 @@ def parse(methods: str, default_profile: str) -> list[Row]:
 
 
 def plan(rows: list[Row]) -> list[Row]:
-    """Rows grouped by profile (in the order first named), baseline first in each group; a baseline row added for
-    a profile that has none."""
+    """Rows grouped by profile (in the order first named), baseline first in each group; a baseline row added
+    for a profile that has none."""
     profiles = list(dict.fromkeys(r.profile for r in rows))
     ordered: list[Row] = []
     for profile in profiles:
@@ -63,19 +65,21 @@ def plan(rows: list[Row]) -> list[Row]:
 
 
 def check(rows: list[Row], host_vars: dict[str, Any]) -> list[dict[str, Any]]:
-    """Resolve every row as the play will (the same registry, a switch to the row's method on the row's profile):
-    an unknown method or profile, a method whose head the profile lacks, a profile the host does not stage, each
-    refused in the resolver's own words before any play runs. Returns each row's resolved host, in order: its
-    profile's serve settings, not the inventory profile's, are what the row's play serves."""
+    """Resolve every row as the play will (the same registry, a switch to the row's method on the row's
+    profile): an unknown method or profile, a method whose head the profile lacks, a profile the host does not
+    stage, each refused in the resolver's own words before any play runs. Returns each row's resolved host, in
+    order: its profile's serve settings, not the inventory profile's, are what the row's play serves."""
     contract = {key: host_vars.get(f"sparkspec_{key}") for key in CONTRACT}
     staged = contract["stage_profiles"] or [contract["profile"]]
     out = []
     for row in rows:
         try:
-            out.append(registry.resolve({**contract, "method_switch": row.method, "profile": row.profile}, None, ""))
+            out.append(registry.resolve({**contract, "method_switch": row.method, "profile": row.profile},
+                                        None, ""))
         except UserError as exc:
             raise UserError(f"--methods {row.name}: {exc}") from None
         if row.profile not in staged:
-            raise UserError(f"--methods {row.name}: profile {row.profile} is not staged on this host (staged: "
-                            f"{', '.join(staged)}); add it to sparkspec_stage_profiles and provision once")
+            raise UserError(f"--methods {row.name}: profile {row.profile} is not staged on this host "
+                            f"(staged: {', '.join(staged)}); add it to sparkspec_stage_profiles and "
+                            "provision once")
     return out

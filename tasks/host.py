@@ -44,7 +44,9 @@ def defined_methods(c: Context, inventory: str | None, host: str | None) -> list
     """The methods defined for a host: the built-ins with the inventory's sparkspec_methods on top
     (sparkspec.registry.defined_methods, as the play's resolver merges them)."""
     try:
-        values = require_host(c, host, inventory).host_vars(host, ("sparkspec_methods",))
+        inv = require_host(c, host, inventory)
+        assert host is not None   # require_host refused a missing --host
+        values = inv.host_vars(host, ("sparkspec_methods",))
         return sorted(registry.defined_methods(values.get("sparkspec_methods")))
     except UserError as exc:
         raise fail(exc) from None

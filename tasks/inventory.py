@@ -1,5 +1,6 @@
-"""The project's inventories, read in-process through Ansible's inventory API (hosts, templated host variables,
-vault-decrypted where a vault password file is configured), with the contract's defaults underneath."""
+"""The project's inventories, read in-process through Ansible's inventory API (hosts, templated host
+variables, vault-decrypted where a vault password file is configured), with the contract's defaults
+underneath."""
 
 from __future__ import annotations
 
@@ -15,13 +16,14 @@ ROOT = Path(__file__).resolve().parents[1]
 # Ansible reads its configuration once, at import: it must be the project's (roles path, callbacks, vault).
 os.environ["ANSIBLE_CONFIG"] = str(ROOT / "ansible.cfg")
 
-from ansible import constants as C
-from ansible.errors import AnsibleError
-from ansible.inventory.manager import InventoryManager
-from ansible.parsing.dataloader import DataLoader
-from ansible.plugins.loader import init_plugin_loader
-from ansible.template import Templar
-from ansible.vars.manager import VariableManager
+# E402: these imports must follow the ANSIBLE_CONFIG line above (Ansible reads its configuration at import)
+from ansible import constants as C  # noqa: E402
+from ansible.errors import AnsibleError  # noqa: E402
+from ansible.inventory.manager import InventoryManager  # noqa: E402
+from ansible.parsing.dataloader import DataLoader  # noqa: E402
+from ansible.plugins.loader import init_plugin_loader  # noqa: E402
+from ansible.template import Templar  # noqa: E402
+from ansible.vars.manager import VariableManager  # noqa: E402
 
 CONTRACT_DEFAULTS = ROOT / "roles/sparkspec/defaults/main.yml"
 
@@ -54,7 +56,8 @@ class Inventory:
                             f"add it there or pass --inventory")
 
     def select(self, pattern: str) -> list[str]:
-        """The hosts a pattern names: 'all' (the Sparks: the playbooks' group) or one host of the inventory."""
+        """The hosts a pattern names: 'all' (the Sparks: the playbooks' group) or one host of the
+        inventory."""
         if pattern == "all":
             return sorted(h.name for h in self.manager.get_hosts(pattern="sparks"))
         self.require_host(pattern)
@@ -77,7 +80,8 @@ class Inventory:
                 first = " ".join(str(getattr(exc, "message", exc)).split())
                 if "vault" in first.lower() or "undecryptable" in first:
                     raise UserError(f"{self.path}: {name} of host {host} is vault-encrypted and cannot be "
-                                    f"decrypted; set ANSIBLE_VAULT_PASSWORD_FILE to the vault's password file") \
+                                    "decrypted; set ANSIBLE_VAULT_PASSWORD_FILE to the vault's password "
+                                    "file") \
                         from None
                 raise UserError(f"{self.path}: cannot read {name} of host {host}: {first}") from None
         return values
@@ -107,14 +111,15 @@ def _load(path: Path) -> Inventory:
 
 def contract_defaults(loader: DataLoader | None = None) -> dict[str, Any]:
     """The sparkspec contract's defaults (the lowest-precedence values every sparkspec role sees)."""
-    # trusted as templates, as Ansible trusts a role's defaults: "{{ sparkspec_models_dir }}/heads" is templated
+    # trusted as templates, as Ansible trusts a role's defaults: "{{ sparkspec_models_dir }}/heads" is
+    # templated
     data = (loader or DataLoader()).load_from_file(str(CONTRACT_DEFAULTS), trusted_as_template=True)
     return dict(data or {})
 
 
 def _vault_secrets(loader: DataLoader) -> None:
-    """Decrypt vaulted variables (a sudo password, say) with the vault password file Ansible is configured with;
-    without one, a vaulted value read here is an error naming it."""
+    """Decrypt vaulted variables (a sudo password, say) with the vault password file Ansible is configured
+    with; without one, a vaulted value read here is an error naming it."""
     files = [C.DEFAULT_VAULT_PASSWORD_FILE] if C.DEFAULT_VAULT_PASSWORD_FILE else []
     if not files and not C.DEFAULT_VAULT_IDENTITY_LIST:
         return
@@ -124,5 +129,6 @@ def _vault_secrets(loader: DataLoader) -> None:
         secrets = CLI.setup_vault_secrets(loader, vault_ids=C.DEFAULT_VAULT_IDENTITY_LIST,
                                           vault_password_files=files, auto_prompt=False)
     except AnsibleError as exc:
-        raise UserError(f"vault password file: {' '.join(str(exc).split())}; check ANSIBLE_VAULT_PASSWORD_FILE")
+        raise UserError(f"vault password file: {' '.join(str(exc).split())}; check "
+                        "ANSIBLE_VAULT_PASSWORD_FILE") from None
     loader.set_vault_secrets(secrets)

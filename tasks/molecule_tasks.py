@@ -26,11 +26,11 @@ def scenario_roles() -> list[str]:
       help={"role": "a role with a molecule scenario: " + ", ".join(scenario_roles()),
             "command": "molecule's command: " + ", ".join(COMMANDS)})
 def molecule(c, role="", command="test"):
-    """One role's molecule scenario in a container of the simulated Spark's image (molecule test by default)."""
+    """One role's molecule scenario in a container of the simulated Spark's image (default: molecule test)."""
     roles = scenario_roles()
     if role not in roles:
-        raise Exit(f"sparkspec: error: --role {role!r} has no molecule scenario; give one of {', '.join(roles)}",
-                   code=2)
+        raise Exit(f"sparkspec: error: --role {role!r} has no molecule scenario; give one of "
+                   f"{', '.join(roles)}", code=2)
     if command not in COMMANDS:
         raise Exit(f"sparkspec: error: --command {command!r} is not one of {', '.join(COMMANDS)}", code=2)
     bindir = Path(sys.executable).parent

@@ -21,8 +21,9 @@ from tasks.inventory import ROOT, C
 
 # ansible-playbook's prompt for --ask-become-pass, answered by the runner from memory
 BECOME_PROMPT = r"^BECOME password.*:\s*?$"
-# ssh asking to trust an unknown host key on the runner's terminal, where no one can answer: refuse, so the play
-# stops with "Host key verification failed" instead of waiting for ever (add the key to known_hosts first)
+# ssh asking to trust an unknown host key on the runner's terminal, where no one can answer: refuse, so the
+# play stops with "Host key verification failed" instead of waiting for ever (add the key to known_hosts
+# first)
 HOST_KEY_PROMPT = r"Are you sure you want to continue connecting \(yes/no[^)]*\)\?"
 
 
@@ -70,14 +71,17 @@ class _Events:
         if kind == "runner_on_failed" and not data.get("ignore_errors"):
             self.result.failures.append(Failure(str(data.get("host")), str(data.get("task", "")),
                                                 " ".join(str(res.get("msg", "")).split()),
-                                                [" ".join(str(e).split()) for e in res.get("argument_errors", [])]))
+                                                [" ".join(str(e).split())
+                                                 for e in res.get("argument_errors", [])]))
         elif kind == "runner_on_unreachable":
             self.result.unreachable[str(data.get("host"))] = " ".join(str(res.get("msg", "")).split())
         elif kind == "playbook_on_stats":
-            hosts = data.get("processed") or {}  # every host the play ran on; the counts name only non-zero ones
+            # every host the play ran on; the counts name only non-zero ones
+            hosts = data.get("processed") or {}
             self.result.changed = {h: int((data.get("changed") or {}).get(h, 0)) for h in hosts}
             self.result.failed = {h: int((data.get("failures") or {}).get(h, 0)) for h in hosts}
-        elif kind in ("verbose", "error"):  # Ansible's own words where no task ran (the playbook does not parse)
+        # Ansible's own words where no task ran (the playbook does not parse)
+        elif kind in ("verbose", "error"):
             lines = [ln.strip() for ln in str(event.get("stdout", "")).splitlines() if ln.strip()]
             first_error = next((ln for ln in lines if ln.startswith(("[ERROR]", "ERROR!"))), "")
             if first_error and not self.result.error_line:
@@ -86,15 +90,17 @@ class _Events:
         return False  # nothing of an event goes to disk
 
 
-def run_playbook(playbook: Path, inventory: Path, limit: str, *, extra_vars: Mapping[str, object] | None = None,
-                 tags: Iterable[str] = (), skip_tags: Iterable[str] = (), check: bool = False,
-                 become_password: str | None = None, quiet: bool = False) -> PlayResult:
-    """Run a playbook on the hosts `limit` names, its output live on stdout (unless quiet). The runner's private
-    folder is a 0700 temp folder, removed afterwards; extra vars go on the command line, a become password
-    only through the runner's answer to ansible-playbook's prompt (never a file)."""
+def run_playbook(playbook: Path, inventory: Path, limit: str, *,
+                 extra_vars: Mapping[str, object] | None = None, tags: Iterable[str] = (),
+                 skip_tags: Iterable[str] = (), check: bool = False, become_password: str | None = None,
+                 quiet: bool = False) -> PlayResult:
+    """Run a playbook on the hosts `limit` names, its output live on stdout (unless quiet). The runner's
+    private folder is a 0700 temp folder, removed afterwards; extra vars go on the command line, a become
+    password only through the runner's answer to ansible-playbook's prompt (never a file)."""
     private = Path(tempfile.mkdtemp(prefix="sparkspec-play-"))
     events = _Events(private / "artifacts" / "play")
-    cmdline = (["--check", "--diff"] if check else []) + (["--ask-become-pass"] if become_password is not None else [])
+    cmdline = (["--check",
+                "--diff"] if check else []) + (["--ask-become-pass"] if become_password is not None else [])
     try:
         with _interruptible(lambda: events.pid) as interrupted:
             runner = ansible_runner.run(
@@ -107,7 +113,8 @@ def run_playbook(playbook: Path, inventory: Path, limit: str, *, extra_vars: Map
                 event_handler=events, cancel_callback=lambda: interrupted["cancel"],
                 suppress_env_files=True, suppress_output_file=True, fact_cache_type="none", quiet=quiet)
         result = events.result
-        result.rc, result.status, result.interrupted = int(runner.rc), str(runner.status), interrupted["signal"]
+        result.rc, result.status = int(runner.rc), str(runner.status)
+        result.interrupted = interrupted["signal"]
         return result
     finally:
         shutil.rmtree(private, ignore_errors=True)
@@ -141,8 +148,9 @@ def _env() -> dict[str, str]:
 
 @contextmanager
 def _interruptible(pid: Callable[[], int | None]) -> Iterator[dict[str, bool]]:
-    """Ctrl-C, SIGTERM or SIGHUP: pass SIGINT on to ansible-playbook (in the runner's own session, so the terminal's
-    does not reach it) and let it stop as it does on Ctrl-C; a second signal cancels the run (the runner kills it)."""
+    """Ctrl-C, SIGTERM or SIGHUP: pass SIGINT on to ansible-playbook (in the runner's own session, so the
+    terminal's does not reach it) and let it stop as it does on Ctrl-C; a second signal cancels the run (the
+    runner kills it)."""
     state = {"signal": False, "cancel": False}
     if threading.current_thread() is not threading.main_thread():
         yield state

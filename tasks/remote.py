@@ -1,5 +1,6 @@
-"""Fabric connections to the hosts of an inventory, with the connection settings Ansible would use (read through
-its inventory API, templated and vault-decrypted), and commands run as root the way the playbooks become it."""
+"""Fabric connections to the hosts of an inventory, with the connection settings Ansible would use (read
+through its inventory API, templated and vault-decrypted), and commands run as root the way the playbooks
+become it."""
 
 from __future__ import annotations
 
@@ -52,8 +53,8 @@ class Host:
         except (TimeoutError, OSError, paramiko.SSHException) as exc:
             raise unreachable(self.name, self.conn, exc) from None
         except InvokeFailure as exc:  # sudo refused the password
-            raise UserError(f"host {self.name}: sudo failed ({exc.reason or exc.result.stderr.strip()}); check "
-                            f"ansible_become_password or the sudo rights of {self.conn.user}") from None
+            raise UserError(f"host {self.name}: sudo failed ({exc.reason or exc.result.stderr.strip()}); "
+                            f"check ansible_become_password or the sudo rights of {self.conn.user}") from None
 
     def open(self) -> Connection:
         """The connection, opened: an unreachable host is one line."""
@@ -76,7 +77,8 @@ def connect(inventory: str | Path, host: str, *, ask_become_pass: bool = False,
     options = _ssh_options(" ".join(str(values.get(k) or "") for k in ("ansible_ssh_common_args",
                                                                          "ansible_ssh_extra_args")))
     key = values.get("ansible_ssh_private_key_file")
-    connect_kwargs: dict[str, Any] = {"key_filename": str(Path(str(key)).expanduser()), "look_for_keys": False} \
+    connect_kwargs: dict[str, Any] = {"key_filename": str(Path(str(key)).expanduser()),
+                                      "look_for_keys": False} \
         if key else {}
     port = values.get("ansible_port")
     conn = Connection(str(values.get("ansible_host") or host), user=values.get("ansible_user") or None,
@@ -101,7 +103,8 @@ def _ssh_options(args: str) -> dict[str, str]:
     words = shlex.split(args)
     options: dict[str, str] = {}
     for i, word in enumerate(words):
-        value = words[i + 1] if word == "-o" and i + 1 < len(words) else word[2:] if word.startswith("-o") else ""
+        value = (words[i + 1] if word == "-o" and i + 1 < len(words)
+                 else word[2:] if word.startswith("-o") else "")
         key, sep, val = value.partition("=")
         if sep:
             options[key.strip().lower()] = val.strip()
@@ -109,8 +112,8 @@ def _ssh_options(args: str) -> dict[str, str]:
 
 
 def _host_key_policy(client: paramiko.SSHClient, options: dict[str, str]) -> None:
-    """Check the host's key as Ansible's ssh would: against known_hosts, refusing an unknown host unless host key
-    checking is off (host_key_checking, or StrictHostKeyChecking=no in the host's ssh args)."""
+    """Check the host's key as Ansible's ssh would: against known_hosts, refusing an unknown host unless host
+    key checking is off (host_key_checking, or StrictHostKeyChecking=no in the host's ssh args)."""
     strict = options.get("stricthostkeychecking", "yes" if C.HOST_KEY_CHECKING else "no").lower()
     known = options.get("userknownhostsfile", "")
     if known != "/dev/null":

@@ -197,9 +197,11 @@ def plot_png(rows: list[Row], title: str = "Per-request output speed") -> bytes:
         pwidth = 0.8 / max(1, positions)
         for i in range(positions):
             has = [r.per_position is not None and i < len(r.per_position) for r in rows]
-            values = [100.0 * r.per_position[i] if r.per_position and ok else 0.0 for r, ok in zip(rows, has)]
+            values = [100.0 * r.per_position[i] if r.per_position and ok else 0.0
+                      for r, ok in zip(rows, has, strict=True)]
             bars = acc.bar(x + (i - (positions - 1) / 2) * pwidth, values, pwidth, label=f"position {i}")
-            acc.bar_label(bars, labels=[f"{v:.0f}" if ok else "" for v, ok in zip(values, has)], fontsize=7)
+            acc.bar_label(bars, labels=[f"{v:.0f}" if ok else "" for v, ok in zip(values, has, strict=True)],
+                          fontsize=7)
         acc.set_xticks(x, labels)
         acc.set_ylim(0, 100)
         acc.set_ylabel("% of drafts accepted at the position")
@@ -262,7 +264,7 @@ def build(inputs: list[str], lossless: Sequence[str] = ()) -> list[Row]:
                             "exactly one bench result's, or given twice; pass one lossless report per bench "
                             "row")
         reports[key] = doc
-    return [row_for(r, p, reports.get(k)) for r, p, k in zip(results, inputs, keys)]
+    return [row_for(r, p, reports.get(k)) for r, p, k in zip(results, inputs, keys, strict=True)]
 
 
 def write(inputs: Sequence[str], lossless: Sequence[str] = (), markdown_path: str | None = None,

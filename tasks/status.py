@@ -66,7 +66,8 @@ def _probe(host: Host) -> HostStatus:
     try:
         data = json.loads(result.stdout)
     except ValueError:
-        raise UserError(f"host {host.name}: the status probe printed no JSON ({_last(result.stdout)})") from None
+        raise UserError(f"host {host.name}: the status probe printed no JSON "
+                        f"({_last(result.stdout)})") from None
     status = _status(host.name, unit, data)
     status.inventory_method = str(host.vars.get("sparkspec_method") or "") or None
     status.notes += _method_notes(status, data.get("desired"))
@@ -80,7 +81,8 @@ def _status(name: str, unit: str, data: dict[str, Any]) -> HostStatus:
     status = HostStatus(host=name, unit=unit, state=show.get("ActiveState", "unknown"),
                         sub_state=show.get("SubState", ""), loaded=show.get("LoadState", ""),
                         main_pid=_int(show.get("MainPID")) or None, restarts=_int(show.get("NRestarts")),
-                        since=show.get("ActiveEnterTimestamp", ""), memory_current=_int(show.get("MemoryCurrent")),
+                        since=show.get("ActiveEnterTimestamp", ""),
+                        memory_current=_int(show.get("MemoryCurrent")),
                         mem_available=data.get("mem_available"), health=data.get("health"),
                         health_error=data.get("health_error") or "")
     if status.memory_current is not None:

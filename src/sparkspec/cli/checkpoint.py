@@ -1,8 +1,9 @@
 """``sparkspec checkpoint assemble|add-mtp|verify|build|check-head``.
 
 Run on the host, in this order: assemble (INT4 shards with the shared-expert layers in FP8), add-mtp
-(register the MTP head), verify; ``build`` runs the three in one process (what a provision runs). The generator of tiny checkpoints in the real formats lives with the tests
-(``python -m tests.support checkpoint generate``).
+(register the MTP head), verify; ``build`` runs the three in one process (what a provision runs). The
+generator of tiny checkpoints in the real formats lives with the tests (``python -m tests.support checkpoint
+generate``).
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ from sparkspec.cli.common import emit_json
 from sparkspec.errors import UserError, os_error
 
 FP8_PATTERN_HELP = (
-    "regular expression (re.search on the module name, e.g. 'mlp\\.experts\\.') selecting more INT4 modules to "
-    "take in FP8 when the FP8 checkpoint has X.weight F8_E4M3 + X.weight_scale_inv; repeatable. Consequence: "
-    "those layers double in size (FP8 is 8 bits, INT4 4), the patched inc.py must serve them with the FP8 "
-    "method, and fused groups (q/k/v, gate/up, in_proj_qkv/z, in_proj_b/a) must be covered whole or not at all")
+    "regular expression (re.search on the module name, e.g. 'mlp\\.experts\\.') selecting more INT4 modules "
+    "to take in FP8 when the FP8 checkpoint has X.weight F8_E4M3 + X.weight_scale_inv; repeatable. "
+    "Consequence: those layers double in size (FP8 is 8 bits, INT4 4), the patched inc.py must serve them "
+    "with the FP8 method, and fused groups (q/k/v, gate/up, in_proj_qkv/z, in_proj_b/a) must be covered "
+    "whole or not at all")
 
 
 def _warn(message: str) -> None:
@@ -97,8 +99,8 @@ def _run_assemble(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
 
     label = f"assemble {Path(args.out).name}"
     with os_errors("check the path and its permissions"), _progress(args, label) as start:
-        result = assemble(Path(args.int4), args.fp8 and Path(args.fp8), Path(args.out), args.fp8_pattern or [],
-                          args.expect_fp8, start)
+        result = assemble(Path(args.int4), args.fp8 and Path(args.fp8), Path(args.out),
+                          args.fp8_pattern or [], args.expect_fp8, start)
     for warning in result.warnings:
         _warn(warning)
     verb = "assembled" if result.changed else "up to date (no-op)"
@@ -164,7 +166,8 @@ def _build(args: argparse.Namespace) -> int:
     print(line, file=out)
     line, mtp = _run_add_mtp(args.int4, args.out)
     print(line, file=out)
-    line, verified = _run_verify(args.out, args.expect_mtp, not args.no_load, bool(assembled["changed"]), out, None)
+    line, verified = _run_verify(args.out, args.expect_mtp, not args.no_load, bool(assembled["changed"]),
+                                 out, None)
     print(line, file=out)
     if args.json:
         emit_json({"changed": bool(assembled["changed"] or mtp["changed"]), "assemble": assembled, "mtp": mtp,
@@ -191,8 +194,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     _assemble_options(p)
     p.set_defaults(func=_assemble)
 
-    p = cmds.add_parser("build", help="assemble, then add-mtp from --int4, then verify (--full after an assemble "
-                                      "that wrote), in one run")
+    p = cmds.add_parser("build", help="assemble, then add-mtp from --int4, then verify (--full after an "
+                                      "assemble that wrote), in one run")
     _assemble_options(p)
     _verify_options(p)
     p.set_defaults(func=_build)
@@ -212,7 +215,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--json", action="store_true", help="print a final JSON line")
     p.set_defaults(func=_verify)
 
-    p = cmds.add_parser("check-head", help="an EAGLE3 or DFlash head fits its target (configs and headers only)")
+    p = cmds.add_parser("check-head",
+                        help="an EAGLE3 or DFlash head fits its target (configs and headers only)")
     p.add_argument("--method", required=True, choices=("eagle3", "dflash"), help="the head's method")
     p.add_argument("--head", required=True, help="the head's folder (config.json and *.safetensors)")
     p.add_argument("--target", required=True, help="the target model's folder (its config.json)")
@@ -222,17 +226,20 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def _verify_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--expect-mtp", type=non_negative_int, metavar="N",
-                   help="mtp.* tensors the index must map (default: 4 + L x (3 x experts + 13) from config.json)")
+                   help="mtp.* tensors the index must map (default: 4 + L x (3 x experts + 13) from "
+                        "config.json)")
     p.add_argument("--no-load", action="store_true", help="skip the fastsafetensors sample load")
 
 
 def _assemble_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--int4", required=True, help="AutoRound INT4 checkpoint directory (source, read only)")
-    p.add_argument("--fp8", help="FP8 checkpoint directory, whole or the ranged-fetch subset (without it: the INT4 "
-                   "checkpoint alone, no layer in FP8, for add-mtp to register its MTP head)")
-    p.add_argument("--out", required=True, help="output directory (built in a temp sibling, renamed at the end)")
+    p.add_argument("--fp8", help="FP8 checkpoint directory, whole or the ranged-fetch subset (without it: "
+                   "the INT4 checkpoint alone, no layer in FP8, for add-mtp to register its MTP head)")
+    p.add_argument("--out", required=True,
+                   help="output directory (built in a temp sibling, renamed at the end)")
     p.add_argument("--fp8-pattern", action="append", metavar="REGEX", help=FP8_PATTERN_HELP)
     p.add_argument("--expect-fp8", type=non_negative_int, metavar="N",
-                   help="warn unless N layers are taken in FP8 (default 3 x num_hidden_layers: 144 for the 122B)")
+                   help="warn unless N layers are taken in FP8 (default 3 x num_hidden_layers: 144 for the "
+                        "122B)")
     p.add_argument("--json", action="store_true", help="print a final JSON line")
     p.add_argument("--progress-file", metavar="PATH", help=progress.HELP)

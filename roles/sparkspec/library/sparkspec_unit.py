@@ -254,8 +254,7 @@ def _check_args(module: AnsibleModule) -> dict:
     if proc.returncode == 0 and len(answer) == 2 and answer[0] == "checked" \
             and re.fullmatch(r"[0-9a-f]{64}", answer[1]):
         _put(os.path.join(p["check_cache_dir"], answer[1]), b"",
-             {"owner": "root", "group": "root", "mode": "0644"},
-             False)
+             {"owner": "root", "group": "root", "mode": "0644"}, False)
     return {"rc": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr}
 
 

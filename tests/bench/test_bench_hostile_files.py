@@ -187,9 +187,7 @@ def test_report_replaces_its_own_plot_but_no_other_png(fake: FakeVllm, work: Pat
 
 def _reference(**changes: Any) -> dict[str, Any]:
     doc = {"format": "sparkspec-lossless-reference/1", "model": MODEL, "method": "baseline",
-           "max_tokens": TOKENS,
-           "temperature": 0.0,
-           "enable_thinking": False,
+           "max_tokens": TOKENS, "temperature": 0.0, "enable_thinking": False,
            "outputs": [{"id": "a", "suite": "s", "prompt": "p", "expect_json": False,
                                                    "text": "t"}]}
     doc.update(changes)
@@ -281,8 +279,7 @@ def test_tiny_model_rewrites_its_own_folder_and_an_empty_one(work: Path) -> None
     assert other.rc == 0 and json.loads(other.stdout.splitlines()[-1])["changed"] is True, other.stderr
     assert sorted(p.name for p in model.iterdir()) == sorted(
         ["model.safetensors", "tokenizer.json", "config.json", "tokenizer_config.json",
-         "special_tokens_map.json",
-         "generation_config.json"])
+         "special_tokens_map.json", "generation_config.json"])
 
 
 def test_tiny_model_failure_leaves_nothing(work: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -156,8 +156,7 @@ def test_side_by_side_tells_server_drift_from_a_tool_difference() -> None:
 def test_side_by_side_refuses_bad_input_in_one_line(tmp_path: Path) -> None:
     out = tmp_path / "vs.json"
     base = [sys.executable, "-m", "tests.support.bench_vs_vllm", "--url", "http://127.0.0.1:9", "--model",
-            "m",
-            "--output", str(out)]
+            "m", "--output", str(out)]
     bare = tmp_path / "bare"  # a python without vLLM (or pandas): refused before any run
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True, timeout=120)
     for extra, words in ((["--repeats", "1"], "need at least 2"),

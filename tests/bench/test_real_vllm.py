@@ -21,8 +21,7 @@ pytestmark = pytest.mark.slow
 def bench(cli: Cli, server: Server, out: Path, *extra: str) -> dict[str, Any]:
     env = {"SPARKSPEC_API_KEY": server.api_key} if server.api_key else None
     run = cli("bench", "--url", server.url, "--model", server.model, "--max-tokens", "48", "--concurrency",
-              "2",
-              "--output", str(out), *extra, env=env)
+              "2", "--output", str(out), *extra, env=env)
     assert run.returncode == 0, run.stderr
     return json.loads(out.read_text())
 
@@ -62,8 +61,7 @@ def test_lossless_passes_for_ngram_and_fails_when_an_output_differs(baseline: Se
                                                                     tmp_path: Path) -> None:
     ref = tmp_path / "reference.json"
     rec = cli("check-output", "record", "--url", baseline.url, "--model", baseline.model, "--max-tokens",
-              "96",
-              "--output", str(ref))
+              "96", "--output", str(ref))
     assert rec.returncode == 0, rec.stderr
     same = cli("check-output", "compare", "--url", ngram.url, "--model", ngram.model, "--reference", str(ref),
                "--method", "ngram", "--output", str(tmp_path / "same.json"), "--json")

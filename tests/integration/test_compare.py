@@ -176,8 +176,7 @@ def test_known_answers_catch_wrong_output(provisioned, expect, ok):
     extra = json.dumps({"verify_known_answers": [{"prompt": "Say something.", "expect": expect}],
                         "verify_lossless": False, "verify_requests": 1, "verify_max_tokens": 8})
     result = run_cli(f"{BIN}/ansible-playbook", "-i", "inventories/sim", "--limit", "sim01",
-                     "playbooks/verify.yml",
-                     "-e", extra, timeout=900)
+                     "playbooks/verify.yml", "-e", extra, timeout=900)
     if ok:
         assert result.returncode == 0, result.stdout[-3000:]
     else:

@@ -70,8 +70,7 @@ def _run(tmp_path: Path, playbook: str, extravars: dict[str, Any]) -> tuple[Any,
     (tmp_path / "runner").mkdir()
     runner = ansible_runner.run(
         private_data_dir=str(tmp_path / "runner"), playbook=str(tmp_path / "play.yml"),
-        inventory="localhost,",
-        extravars={"ansible_python_interpreter": sys.executable, **extravars},
+        inventory="localhost,", extravars={"ansible_python_interpreter": sys.executable, **extravars},
         envvars={"ANSIBLE_ACTION_PLUGINS": str(ROOT / "roles/sparkspec/action_plugins"),
                  "ANSIBLE_LIBRARY": str(ROOT / "roles/sparkspec/library"), "ANSIBLE_NOCOLOR": "1",
                  "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}", "HF_HOME": str(tmp_path / "hf"),

@@ -200,8 +200,7 @@ def _print_table(r: dict[str, Any]) -> None:
     for name, key, rss in (("cp -r", "cp", "cp_peak_rss_mib"), ("assemble", "assemble", "peak_rss_mib")):
         s = r[key]
         table.add_row(name, f"{s['best_s']}", f"{s['median_s']}", f"{s['worst_s']}",
-                      ", ".join(map(str, s["s"])),
-                      f"{s['GBps']}", f"{r[rss]}")
+                      ", ".join(map(str, s["s"])), f"{s['GBps']}", f"{r[rss]}")
     verdict = "PASS" if r["ok"] else "MISSED"
     table.caption = (f"{verdict}: throughput assemble/cp = {r['ratio']} best of {r['repeats']} (median "
                      f"{r['ratio_median']}; run by run {r['ratio_pairs'][0]}-{r['ratio_pairs'][-1]}; "

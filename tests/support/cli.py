@@ -38,8 +38,7 @@ def _generate(args: argparse.Namespace) -> int:
     from tests.support import testckpt
 
     overrides = {k: v for k, v in (("hidden", args.hidden), ("layers", args.layers),
-                                   ("experts", args.experts),
-                                   ("mtp_layers", args.mtp_layers),
+                                   ("experts", args.experts), ("mtp_layers", args.mtp_layers),
                                    ("shared_intermediate", args.shared_intermediate)) if v is not None}
     spec = testckpt.ModelSpec(**overrides)  # each flag is in range: argparse checked it
     with os_errors("choose a writable --out with room"):

@@ -281,8 +281,7 @@ class Sim:
     def ssh_argv(self, *command: str) -> list[str]:
         return ["ssh", "-p", str(self.ssh_port), "-i", str(self.key), "-o", "BatchMode=yes",
                 "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o",
-                "LogLevel=ERROR",
-                "root@127.0.0.1", *command]
+                "LogLevel=ERROR", "root@127.0.0.1", *command]
 
     def down(self) -> str:
         hub = self.hub.down()

@@ -102,8 +102,7 @@ def test_extra_vars_tags_and_argument_errors(tmp_path, inventory):
 
 def test_unreachable_host_is_named(tmp_path, inventory):
     result = run_playbook(_playbook(tmp_path, [{"name": "Ping", "ansible.builtin.ping": {}}]), inventory,
-                          "dead1",
-                          quiet=True)
+                          "dead1", quiet=True)
     assert list(result.unreachable) == ["dead1"]
     summary = failure_summary(result, "dead1")
     assert summary.startswith("host dead1 is unreachable over SSH (") and "port 1" in summary, summary

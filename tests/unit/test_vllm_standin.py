@@ -63,8 +63,7 @@ def pip_wheel(venv: Path, src: Path, **env: str) -> subprocess.CompletedProcess[
     run_env.update(env, PATH=f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}")
     return subprocess.run(
         [str(venv / "bin" / "python"), "-m", "pip", "wheel", "-v", "--no-deps", "--no-build-isolation",
-         "--no-index",
-         "--wheel-dir", str(src.parent / "wheelhouse"), "."],
+         "--no-index", "--wheel-dir", str(src.parent / "wheelhouse"), "."],
         cwd=src, env=run_env, capture_output=True, text=True, check=False,
     )
 

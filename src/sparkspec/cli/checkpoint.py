@@ -19,6 +19,7 @@ from sparkspec import figures, progress
 from sparkspec.argtypes import non_negative_int
 from sparkspec.cli.common import emit_json
 from sparkspec.errors import UserError, os_error
+from sparkspec.registry.data import HEAD_KINDS
 
 FP8_PATTERN_HELP = (
     "regular expression (re.search on the module name, e.g. 'mlp\\.experts\\.') selecting more INT4 modules "
@@ -217,7 +218,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
     p = cmds.add_parser("check-head",
                         help="an EAGLE3 or DFlash head fits its target (configs and headers only)")
-    p.add_argument("--method", required=True, choices=("eagle3", "dflash"), help="the head's method")
+    p.add_argument("--method", required=True, choices=HEAD_KINDS, help="the head's method")
     p.add_argument("--head", required=True, help="the head's folder (config.json and *.safetensors)")
     p.add_argument("--target", required=True, help="the target model's folder (its config.json)")
     p.add_argument("--json", action="store_true", help="print a final JSON line")

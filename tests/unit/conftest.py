@@ -137,3 +137,14 @@ def ckpt_tmpfs(tmp_path: Path) -> Iterator[Callable[..., Path]]:
     yield mount
     for point in reversed(mounts):
         subprocess.run(["umount", "-l", str(point)], check=False)
+
+
+@pytest.fixture()
+def repo_dir(tmp_path: Path) -> Path:
+    """A small repo folder for the hub's tests: a safetensors file, a config and a file in a subfolder."""
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    (src / "model.safetensors").write_bytes(os.urandom(300_000))
+    (src / "config.json").write_text('{"model_type": "tiny"}\n')
+    (src / "sub" / "notes.txt").write_text("hello\n")
+    return src

@@ -26,16 +26,6 @@ from tests.support.hubpublish import publish
 
 
 @pytest.fixture()
-def repo_dir(tmp_path: Path) -> Path:
-    src = tmp_path / "src"
-    (src / "sub").mkdir(parents=True)
-    (src / "model.safetensors").write_bytes(os.urandom(300_000))
-    (src / "config.json").write_text('{"model_type": "tiny"}\n')
-    (src / "sub" / "notes.txt").write_text("hello\n")
-    return src
-
-
-@pytest.fixture()
 def served(tmp_path: Path, repo_dir: Path):
     root = tmp_path / "root"
     changed, revision, _ = publish(root, "org/tiny", repo_dir)

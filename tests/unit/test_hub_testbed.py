@@ -5,7 +5,6 @@ requests."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import httpx2
@@ -16,16 +15,6 @@ from sparkspec.hub.repo import REVISION_FILE
 from sparkspec.hub.server import HubServer
 from tests.support.hubfaults import FaultyHub
 from tests.support.hubpublish import publish
-
-
-@pytest.fixture()
-def repo_dir(tmp_path: Path) -> Path:
-    src = tmp_path / "src"
-    (src / "sub").mkdir(parents=True)
-    (src / "model.safetensors").write_bytes(os.urandom(300_000))
-    (src / "config.json").write_text('{"model_type": "tiny"}\n')
-    (src / "sub" / "notes.txt").write_text("hello\n")
-    return src
 
 
 def test_publish_sets_revision_and_is_idempotent(tmp_path: Path, repo_dir: Path) -> None:

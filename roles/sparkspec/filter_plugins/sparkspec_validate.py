@@ -4,7 +4,9 @@ The roles write the unit's environment file, pip's config file and vLLM's comman
 and name the unit and its user after inventory strings (profile folders, repo ids and revisions are checked by
 the resolver: sparkspec_registry.py over sparkspec.registry). A value that systemd or pip would read
 differently from what was written, or that would leave its folder, is reported as one line naming the variable
-and the fix, before anything on the host changes.
+and the fix, before anything on the host changes. Every value written into the unit or its environment file
+goes through sparkspec.systemd's function for its place (the sparkspec_sd_* filters; sparkspec_sd_problems
+checks them all in the deploy role's validate.yml, before anything renders).
 """
 
 from __future__ import annotations
@@ -15,13 +17,17 @@ from typing import Any
 
 from ansible.errors import AnsibleFilterError
 
-ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+from sparkspec import systemd
+from sparkspec.errors import UserError
+from sparkspec.registry import SECRET_OPTIONS
+
 SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH", re.IGNORECASE)
 UNIT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,127}")
 USER_NAME = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 REDACTED = "<redacted>"
-# vLLM flags whose value is a secret: on the command line it would show in every process list.
-SECRET_FLAGS = ("--api-key", "--hf-token")
+# vLLM flags whose value is a secret: on the command line it would show in every process list (their one
+# list, read in vLLM's argument parser: sparkspec.registry.data.SECRET_OPTIONS).
+SECRET_FLAGS = SECRET_OPTIONS
 
 
 def name_problems(unit_name: Any, user: Any) -> list[str]:
@@ -35,30 +41,24 @@ def name_problems(unit_name: Any, user: Any) -> list[str]:
     return out
 
 
-def _value_problem(where: str, value: Any) -> str | None:
-    if isinstance(value, bool) or not isinstance(value, str | int | float):
-        return (f"{where}: {type(value).__name__} value; give a string or a number "
-                "(quote true/false to mean the word)")
-    text = str(value)
-    if "\n" in text or "\r" in text:
-        return (f"{where}: the value holds a newline, which an environment or config file cannot carry; "
-                "remove it")
-    if "\0" in text:
-        return f"{where}: the value holds a NUL character, which no environment can carry; remove it"
-    return None
+def _problem(check: Callable[..., Any], *args: Any) -> list[str]:
+    """[] when ``check(*args)`` passes, else its one line."""
+    try:
+        check(*args)
+    except UserError as exc:
+        return [str(exc)]
+    return []
 
 
 def env_problems(env: Any, var: str = "deploy_env") -> list[str]:
-    """Variable names and values of an environment map that systemd's environment file can carry exactly."""
+    """Variable names and values of an environment map that systemd's environment file can carry exactly
+    (sparkspec.systemd.env_name and env_value)."""
     if not isinstance(env, Mapping):
         return [f"{var} is a {type(env).__name__}, not a mapping of NAME: value; fix it"]
     out = []
     for name, value in env.items():
-        if not (isinstance(name, str) and ENV_NAME.fullmatch(name)):
-            out.append(f"{var}: {name!r} is not a variable name (letters, digits, '_'; not starting with a "
-                       "digit)")
-        elif (p := _value_problem(f"{var}.{name}", value)) is not None:
-            out.append(p)
+        out += (_problem(systemd.env_name, name, var)
+                or _problem(systemd.env_value, value, f"{var}.{name}"))
     return out
 
 
@@ -95,14 +95,44 @@ def _raise_first(problems: list[str]) -> None:
         raise AnsibleFilterError(problems[0])
 
 
-def env_quote(value: Any) -> str:
-    """A value for a systemd environment file: double-quoted, with the four characters systemd unescapes
-    there (backslash, double quote, backtick, dollar) escaped; newlines and NULs refused."""
-    _raise_first([p for p in [_value_problem("environment value", value)] if p])
-    text = str(value)
-    for char in ("\\", '"', "`", "$"):
-        text = text.replace(char, "\\" + char)
-    return f'"{text}"'
+def _filter(quote: Callable[..., str]) -> Callable[..., str]:
+    """A sparkspec.systemd quoting function as a filter: its UserError as the filter's error (one line)."""
+    def run(value: Any, *args: Any) -> str:
+        try:
+            return quote(value, *args)
+        except UserError as exc:
+            raise AnsibleFilterError(str(exc)) from None
+    run.__doc__ = quote.__doc__
+    return run
+
+
+env_quote = _filter(systemd.env_value)
+# What each kind of check in sd_problems runs (sparkspec.systemd); setting_value's kinds as setting:KIND.
+SD_CHECKS: dict[str, Callable[..., str]] = {
+    "word": systemd.word, "executable": systemd.executable, "path": systemd.path_list_item,
+    "single_path": systemd.path, "text": systemd.text, "comment": systemd.comment,
+    "line": systemd.unit_line, "env_name": systemd.env_name, "env_value": systemd.env_value,
+    **{f"setting:{kind}": (lambda v, n, k=kind: systemd.setting_value(v, k, n)) for kind in systemd.SETTINGS},
+}
+
+
+def sd_problems(checks: Any) -> list[str]:
+    """The first line of what systemd could not carry exactly, over [kind, name, value] checks (kind a key of
+    SD_CHECKS; a name ending in [] takes a list and checks each item, named name[i]; one ending in ? may be
+    null or empty)."""
+    for kind, name, value in checks:
+        if name.endswith("?"):
+            items = [] if value in (None, "") else [(name[:-1], value)]
+        elif name.endswith("[]"):
+            if not isinstance(value, list):
+                return [f"{name[:-2]} is a {type(value).__name__}, not a list; fix it"]
+            items = [(f"{name[:-2]}[{i}]", item) for i, item in enumerate(value)]
+        else:
+            items = [(name, value)]
+        for item_name, item in items:
+            if problems := _problem(SD_CHECKS[kind], item, item_name):
+                return problems
+    return []
 
 
 def is_secret_name(name: Any) -> bool:
@@ -134,6 +164,16 @@ class FilterModule:
             "sparkspec_pip_env_problems": pip_env_problems,
             "sparkspec_args_problems": args_problems,
             "sparkspec_env_quote": env_quote,
+            "sparkspec_sd_word": _filter(systemd.word),
+            "sparkspec_sd_executable": _filter(systemd.executable),
+            "sparkspec_sd_path": _filter(systemd.path_list_item),
+            "sparkspec_sd_single_path": _filter(systemd.path),
+            "sparkspec_sd_text": _filter(systemd.text),
+            "sparkspec_sd_comment": _filter(systemd.comment),
+            "sparkspec_sd_setting": _filter(systemd.setting_value),
+            "sparkspec_sd_line": _filter(systemd.unit_line),
+            "sparkspec_sd_env_name": _filter(systemd.env_name),
+            "sparkspec_sd_problems": sd_problems,
             "sparkspec_is_secret_name": is_secret_name,
             "sparkspec_redact_env": redact_env,
             "sparkspec_pip_config": pip_config,

@@ -3,9 +3,11 @@
 A long command (a checkpoint fetch, assemble, verify --full, the health wait) given ``--progress-file PATH``
 replaces PATH atomically, at most every few seconds, with::
 
-    {"what": "fetch org/name", "done": 123, "total": 456, "rate": 7.8, "eta_s": 42.0, "time": 1700000000.0}
+    {"format": "sparkspec progress", "what": "fetch org/name", "done": 123, "total": 456, "rate": 7.8,
+     "eta_s": 42.0, "time": 1700000000.0}
 
-(``done``/``total`` in bytes, ``rate`` in bytes/s over the last half minute, ``eta_s`` null while unknown;
+(``format`` marks the file as sparkspec's own: only such a file, or an empty one, is ever replaced or removed;
+``done``/``total`` in bytes, ``rate`` in bytes/s over the last half minute, ``eta_s`` null while unknown;
 a wait with no bytes writes ``elapsed_s`` and ``note`` instead). The ``sparkspec_progress`` action plugin of
 the ``sparkspec`` role reads that file while the command runs and prints :func:`line` at least once a minute,
 so a 77 GB fetch or a 15 minute load is not silence until the end.
@@ -14,6 +16,7 @@ so a 77 GB fetch or a 15 minute load is not silence until the end.
 from __future__ import annotations
 
 import collections
+import json
 import os
 import threading
 import time
@@ -22,20 +25,26 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Self
 
+from sparkspec import outputs
 from sparkspec.errors import UserError
 from sparkspec.figures import duration, size
-from sparkspec.jsonfile import write_json
 
 HELP = ("while running, replace PATH every few seconds with the bytes done, total, rate and time left as "
         "JSON (read by the sparkspec_progress Ansible action); removed at the end")
 WINDOW_S = 30.0  # the rate is measured over this much recent time
 EVERY_S = 2.0  # the file is replaced at most this often
+FORMAT = "sparkspec progress"  # the "format" of every progress document: marks a file as ours
+MARKER = outputs.json_format(FORMAT)
 
 
 class ProgressFile:
     """Counts bytes done (thread-safe) and replaces ``path`` with the progress document at most every
-    ``every`` seconds. The first write happens at once, so a path that cannot be written ends the command
-    before any work; a later failed write (a full disk) leaves the last good document and the work goes on."""
+    ``every`` seconds. The path is checked at once (not a link, FIFO or folder, not a file some other program
+    wrote, in an existing writable folder), so a bad path ends the command before any work, but nothing is
+    written until the work starts (:meth:`begin`, or the first :meth:`set_total` / :meth:`add`): a command
+    refused by its own checks leaves no progress file. A later failed write (a full disk) leaves the last good
+    document and the work goes on; the file is removed at the end only while it is still one this tool
+    wrote."""
 
     def __init__(self, path: str, what: str, total: int | None = None, every: float = EVERY_S,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -46,21 +55,56 @@ class ProgressFile:
         self._lock = threading.Lock()
         self._samples: collections.deque[tuple[float, int]] = collections.deque([(clock(), 0)])
         self._written = clock()
-        try:
-            write_json(path, self.doc(), sync=False)
-        except UserError:
-            raise UserError(f"--progress-file {path}: cannot be written; give a file in a writable folder "
-                            "(or leave the flag out)") from None
+        self._started = False
+        self._output = outputs.Output(path, "--progress-file", MARKER)
+        self._output.check()
+        parent = Path(path).absolute().parent
+        if not parent.is_dir():
+            raise UserError(f"--progress-file {path}: {parent} is not an existing folder; give a file in a "
+                            "writable folder (or leave the flag out)")
 
     def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        """The step ended (or failed): the file goes, so nothing reads a finished step as running."""
-        Path(self.path).unlink(missing_ok=True)
+        """The step ended (or failed): the file goes, so nothing reads a finished step as running; a file
+        that is no longer ours (replaced meanwhile by another program) stays."""
+        if self._started and self._ours():
+            Path(self.path).unlink(missing_ok=True)
+
+    def _ours(self) -> bool:
+        try:
+            self._output.check()
+        except UserError:
+            return False
+        return True
+
+    def begin(self) -> None:
+        """The work starts: the first document is written now (a path that cannot be written is one line)."""
+        with self._lock:
+            if self._started:
+                return
+            self._started = True
+            self._written = self.clock()
+            doc = self.doc(self._written)
+        try:
+            self._put(doc)
+        except (UserError, OSError):
+            raise UserError(f"--progress-file {self.path}: cannot be written; give a file in a writable "
+                            "folder (or leave the flag out)") from None
+
+    def _put(self, doc: dict[str, Any]) -> None:
+        """Replace the file with ``doc`` (checked again first: a file put there meanwhile is not ours)."""
+        self._output.check()
+        outputs.write_atomic(self.path, (json.dumps(doc, indent=2) + "\n").encode(), mode=0o644, sync=False,
+                             flag="--progress-file")
 
     def set_total(self, total: int | None) -> None:
         """The total became known (or grew): written at once."""
+        if not self._started:
+            self.total = total
+            self.begin()
+            return
         with self._lock:
             if total == self.total:
                 return
@@ -69,6 +113,7 @@ class ProgressFile:
 
     def add(self, n: int) -> None:
         """``n`` more bytes done; rewrites the file when ``every`` seconds passed since the last write."""
+        self.begin()
         with self._lock:
             self.done += n
         self._write()
@@ -81,8 +126,8 @@ class ProgressFile:
             self._written = now
             doc = self.doc(now)
         try:
-            write_json(self.path, doc, sync=False)
-        except UserError:
+            self._put(doc)
+        except (UserError, OSError):
             pass
 
     def doc(self, now: float | None = None) -> dict[str, Any]:
@@ -94,8 +139,8 @@ class ProgressFile:
         rate = (self.done - d0) / (now - t0) if now > t0 else 0.0
         left = None if self.total is None else max(self.total - self.done, 0)
         eta = None if left is None or (rate <= 0 and left) else round(left / rate, 1) if left else 0.0
-        return {"what": self.what, "done": self.done, "total": self.total, "rate": round(rate, 1),
-                "eta_s": eta, "time": time.time()}
+        return {"format": FORMAT, "what": self.what, "done": self.done, "total": self.total,
+                "rate": round(rate, 1), "eta_s": eta, "time": time.time()}
 
 
 def line(host: str, doc: dict[str, Any] | None, task: str, running_s: float, stale_s: float = 0.0) -> str:

@@ -61,6 +61,8 @@ def test_progress_file_counts_rate_and_time_left(tmp_path: Path) -> None:
     clock = [100.0]
     path = tmp_path / "p.json"
     progress = ProgressFile(str(path), "assemble", total=1000, every=2.0, clock=lambda: clock[0])
+    assert not path.exists()  # nothing written before the work starts
+    progress.begin()
     first = json.loads(path.read_text())
     assert (first["done"], first["total"], first["eta_s"]) == (0, 1000, None)
     clock[0] = 101.0

@@ -193,14 +193,27 @@ def _subset(args: argparse.Namespace, note: str = "") -> tuple[dict[str, Any], s
                               f"{result.tensor_bytes_used} ({ratio:.3f}x), headers {result.header_bytes}")
 
 
+def _item(number: int, args: argparse.Namespace, argv: list[str] | None = None) -> Any:
+    """A parsed fetch as :class:`sparkspec.hub.dest.Item`: its --dest and the folders it reads."""
+    from sparkspec.hub.dest import Item
+
+    inputs = {"--int4": getattr(args, "int4", None), "--local-path": args.local_path}
+    return Item(number, args.dest, {k: v for k, v in inputs.items() if v is not None}, tuple(argv or ()))
+
+
 def _fetch_repo(args: argparse.Namespace) -> int:
+    from sparkspec.hub.dest import check_batch
+
+    check_batch([_item(1, args)], args.progress_file)
     return _finish(args, *_repo(args))
 
 
 def _fetch_subset(args: argparse.Namespace) -> int:
     from sparkspec.checkpoint.selection import compile_patterns
+    from sparkspec.hub.dest import check_batch
 
     compile_patterns(args.fp8_pattern)  # a bad --fp8-pattern is refused before anything is fetched
+    check_batch([_item(1, args)], args.progress_file)
     return _finish(args, *_subset(args))
 
 
@@ -223,11 +236,13 @@ def _items(text: str) -> list[list[str]]:
 
 
 def _fetch_batch(args: argparse.Namespace) -> int:
-    """Each item is parsed by the same ``fetch repo`` / ``fetch fp8-subset`` parser first (all refused in one
-    line before anything is fetched), then fetched in order: an item may read what one before it fetched (the
-    FP8 subset reads the INT4 folder). One process, so the CLI starts once for a host's whole plan."""
+    """Each item is parsed by the same ``fetch repo`` / ``fetch fp8-subset`` parser first, then the items are
+    checked as a whole (:func:`sparkspec.hub.dest.check_batch`: all refused in one line before anything is
+    fetched or created), then fetched in order: an item may read what one before it fetched (the FP8 subset
+    reads the INT4 folder). One process, so the CLI starts once for a host's whole plan."""
     from sparkspec.checkpoint.selection import compile_patterns
     from sparkspec.cli.common import Parser
+    from sparkspec.hub.dest import check_batch
 
     items = []
     for number, argv in enumerate(args.items, 1):
@@ -249,6 +264,8 @@ def _fetch_batch(args: argparse.Namespace) -> int:
         if item.fetch_command == "fp8-subset":
             compile_patterns(item.fp8_pattern)
         items.append(item)
+    pairs = zip(items, args.items, strict=True)
+    check_batch([_item(n, item, argv) for n, (item, argv) in enumerate(pairs, 1)], args.progress_file)
     docs = []
     for number, item in enumerate(items, 1):
         item.progress_file = args.progress_file

@@ -1,11 +1,12 @@
 """The destination folder of ``sparkspec fetch``: whose it is, its resumable state, and how files land in it.
 
 A fetch writes only into a folder that is new, empty, or marked as a fetch's own by the state folder
-``.sparkspec-fetch`` (created before the first byte is written), never a symbolic link, and never into, around
-or inside one of its inputs (:func:`claim`, before anything is read). Each file is written to a hidden temp
-sibling and renamed when complete (:mod:`sparkspec.outputs`), so a re-run after an interruption skips finished
-files; a failed run removes its temp file and huggingface_hub's ``.lock`` and ``.incomplete`` files, and a
-folder this run created that holds nothing finished (:func:`writing`).
+``.sparkspec-fetch`` (created before the first byte is written) and holding no symbolic link, never a
+symbolic link itself, and never into, around or inside one of its inputs (:func:`claim`, before anything is
+read). The items of a batch are checked against each other first (:func:`check_batch`). Each file is
+written to a hidden temp sibling and renamed when complete (:mod:`sparkspec.outputs`), so a re-run after an
+interruption skips finished files; a failed run removes its temp file and huggingface_hub's ``.lock`` and
+``.incomplete`` files, and a folder this run created that holds nothing finished (:func:`writing`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import fcntl
 import json
 import os
 import shutil
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +42,7 @@ def claim(dest: Path, inputs: Mapping[str, str | os.PathLike[str] | None]) -> No
         raise UserError(f"--dest {dest}: exists and is not a folder; choose a folder for the download")
     state = dest / STATE_DIR
     if state.is_dir() and not state.is_symlink():
+        _refuse_links(dest)
         return
     try:
         with os.scandir(dest) as entries:
@@ -49,6 +52,100 @@ def claim(dest: Path, inputs: Mapping[str, str | os.PathLike[str] | None]) -> No
     if not empty:
         raise UserError(f"--dest {dest}: holds files that `sparkspec fetch` did not write (no {STATE_DIR}); "
                         "choose a new or empty folder")
+
+
+def _refuse_links(dest: Path) -> None:
+    """A fetch's own folder holds no symbolic link: it never makes one, and writing through one (a planted
+    ``.cache`` or shard name) would land outside ``--dest``."""
+    for top, dirs, files in os.walk(dest, onerror=None, followlinks=False):
+        for name in [*dirs, *files]:
+            path = Path(top, name)
+            if path.is_symlink():
+                raise UserError(f"--dest {dest}: holds the symbolic link {path}, which a fetch never makes; "
+                                "remove it (a fetch writes through no link)")
+
+
+@dataclass(frozen=True)
+class Item:
+    """One fetch of a batch (or a fetch alone, as a batch of one): what it writes and what it reads."""
+
+    number: int  # 1-based position in --items
+    dest: str
+    inputs: dict[str, str] = field(default_factory=dict)  # flag (--int4, --local-path) -> path
+    argv: tuple[str, ...] = ()
+
+    def label(self) -> str:
+        return f"item {self.number}"
+
+
+def _relation(a: str, b: str) -> str | None:
+    """How ``a`` lies to ``b`` (resolved real paths): "is", "is inside", "holds" or None (apart)."""
+    ra, rb = validate.real(a), validate.real(b)
+    if ra == rb:
+        return "is"
+    if ra.is_relative_to(rb):
+        return "is inside"
+    if rb.is_relative_to(ra):
+        return "holds"
+    return None
+
+
+def check_batch(items: Sequence[Item], progress_file: str | None = None) -> None:
+    """The items of a batch checked against each other before anything is fetched or created: no item
+    repeated, no two writing the same or nested folders, no folder written inside or around another item's
+    input, and an input that another item fetches (an FP8 subset's ``--int4``) fetched before it is read;
+    the progress file apart from every folder read or written. Then each item's own ``--dest`` is claimed
+    (:func:`claim`). One line naming the items and the fix."""
+    for j, b in enumerate(items):
+        for a in items[:j]:
+            if a.argv and a.argv == b.argv:
+                raise UserError(f"--items: {b.label()} repeats {a.label()}; drop one of them")
+            how = _relation(b.dest, a.dest)
+            if how == "is":
+                raise UserError(f"--items: items {a.number} and {b.number} both write --dest {b.dest}; give "
+                                "each item its own --dest")
+            if how:
+                raise UserError(f"--items: {b.label()}'s --dest {b.dest} {how} {a.label()}'s --dest "
+                                f"{a.dest}; give each item a folder of its own, apart from the others")
+    fetched_before: set[tuple[int, str]] = set()
+    for b in items:
+        for flag, path in b.inputs.items():
+            for a in items:
+                how = None if a is b else _relation(a.dest, path)
+                if how == "is" and a.number < b.number:
+                    fetched_before.add((b.number, flag))  # read once that item completed it
+                    continue
+                if how is None:
+                    continue
+                if how == "is":
+                    raise UserError(f"--items: {b.label()} reads {flag} {path}, which {a.label()} fetches "
+                                    f"only after it; put {a.label()} before {b.label()}")
+                raise UserError(f"--items: {a.label()}'s --dest {a.dest} {how} {b.label()}'s {flag} {path}; "
+                                "keep every --dest apart from the folders other items read")
+    if progress_file is not None:
+        for item in items:
+            for flag, path in [("--dest", item.dest), *item.inputs.items()]:
+                if _relation(progress_file, path) in ("is", "is inside"):
+                    raise UserError(f"--progress-file {progress_file} is inside {flag} {path}"
+                                    f"{f' of {item.label()}' if len(items) > 1 else ''}; put it outside "
+                                    "the folders a fetch reads or writes")
+    for item in items:
+        claim(Path(item.dest), dict(item.inputs))
+        for flag, path in item.inputs.items():
+            if (item.number, flag) not in fetched_before:
+                _check_input(flag, Path(path))
+
+
+def _check_input(flag: str, path: Path) -> None:
+    """An input no earlier item fetches is there now (``--int4``: its index read and checked), so that a
+    batch does not stop half way on an input it could have named at the start."""
+    from sparkspec.checkpoint.safetensors_io import read_index
+
+    if flag == "--int4":
+        read_index(path)
+    elif not path.is_dir():
+        raise UserError(f"{flag} {path}: not a directory; point it at a copy of the repo (or fetch it in an "
+                        "earlier item)")
 
 
 @contextlib.contextmanager

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import errno
 import os
+import posixpath
 import re
 import stat
+import unicodedata
 from pathlib import Path
 
 from sparkspec.errors import UserError
@@ -75,6 +77,23 @@ def filename(value: object, what: str = "file name") -> str:
     if isinstance(value, str) and _SEGMENT_RE.fullmatch(value):
         return value
     raise UserError(f"{what} {value!r} is not a plain file name in the checkpoint folder; fix the index")
+
+
+def has_control(text: str) -> bool:
+    """True when ``text`` holds a control character (C0, DEL, C1: a line break, NUL, ESC, NEL), a Unicode line
+    or paragraph separator (Python's splitlines breaks there) or a lone surrogate (no file can encode it)."""
+    return any(unicodedata.category(c) in ("Cc", "Cs", "Zl", "Zp") for c in text)
+
+
+def absolute_path(value: object, what: str = "path") -> str:
+    """An absolute, normalised POSIX path below '/': no '.' or '..' segment, no '//', no trailing '/', no
+    control character, at most 4095 characters (PATH_MAX), each segment at most 255 (NAME_MAX)."""
+    if (isinstance(value, str) and value.startswith("/") and value != "/" and not value.startswith("//")
+            and posixpath.normpath(value) == value and len(value) < 4096 and not has_control(value)
+            and all(len(part.encode("utf-8", "replace")) <= 255 for part in value.split("/"))):
+        return value
+    raise UserError(f"{what} {value!r} is not an absolute normalised path ('/' first, no '.' or '..' "
+                    "segment, no '//' or trailing '/', no control character); give the full path")
 
 
 def under(root: str | os.PathLike[str], rel: str, *, what: str = "file name",

@@ -9,7 +9,9 @@ inventory key and the fix.
 
 - :mod:`.data`: the built-in methods, the serve defaults and verify floors, and the names other places use
   (head kinds, contract keys, serve knob names, renamed keys);
-- :mod:`.schema`: the shape of methods, profiles, serve and verify blocks;
+- :mod:`.schema`: the shape of methods, profiles, serve and verify blocks and the contract itself;
+- :mod:`.fields`: their typed values (names, folders, serve knob values, speculative config values, port and
+  address) and vLLM's secret options;
 - :mod:`.resolve`: the switch rule, the merge order, the downloads;
 - :mod:`.command`: vLLM's argv, the unit's environment and record.
 """
@@ -20,13 +22,17 @@ from sparkspec.registry.data import (
     CONTRACT_KEYS,
     HEAD_KINDS,
     KNOBS,
+    NAMES,
     RENAMED,
+    SECRET_OPTIONS,
     SERVE,
     SERVE_DEFAULTS,
     SERVE_FLAGS,
+    SERVE_KINDS,
     VERIFY_DEFAULTS,
     VERIFY_KEYS,
 )
+from sparkspec.registry.fields import secret_option
 from sparkspec.registry.resolve import (
     check_renamed,
     choose_method,
@@ -42,6 +48,7 @@ from sparkspec.registry.schema import (
     SPEC_FIELDS,
     SPEC_INTERNAL,
     RegistryError,
+    check_contract,
     check_method,
     check_profile,
     check_serve,
@@ -50,7 +57,8 @@ from sparkspec.registry.schema import (
 )
 
 __all__ = ["BASE_ENV", "BUILTIN_METHODS", "CONTRACT_KEYS", "HEAD_KINDS", "KINDS", "KNOBS", "METHOD_KEYS",
-           "PROFILE_KEYS", "RENAMED", "SERVE", "SERVE_DEFAULTS", "SERVE_FLAGS", "SPEC_FIELDS",
-           "SPEC_INTERNAL", "VERIFY_DEFAULTS", "VERIFY_KEYS", "RegistryError", "check_method",
-           "check_profile", "check_renamed", "check_serve", "check_verify", "choose_method",
-           "defined_methods", "downloads", "lookup_profile", "repo_folder", "resolve", "vllm_command"]
+           "NAMES", "PROFILE_KEYS", "RENAMED", "SECRET_OPTIONS", "SERVE", "SERVE_DEFAULTS", "SERVE_FLAGS",
+           "SERVE_KINDS", "SPEC_FIELDS", "SPEC_INTERNAL", "VERIFY_DEFAULTS", "VERIFY_KEYS", "RegistryError",
+           "check_contract", "check_method", "check_profile", "check_renamed", "check_serve", "check_verify",
+           "choose_method", "defined_methods", "downloads", "lookup_profile", "repo_folder", "resolve",
+           "secret_option", "vllm_command"]

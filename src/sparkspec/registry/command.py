@@ -7,6 +7,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from sparkspec.registry import fields
 from sparkspec.registry.data import SERVE_FLAGS
 
 # The unit's fixed environment: offline (the unit never downloads), no usage reporting.
@@ -47,16 +48,20 @@ def vllm_command(resolved: Mapping[str, Any], service: Mapping[str, Any],
     fastsafetensors). ``service``: unit, bind_address, port, user."""
     k = {**resolved["serve"], **(overrides or {})}
     profile = resolved["profile"]
+    # checked by resolve where the contract gives them; here too, as the place they land (null included)
+    port = fields.port(service["port"], "sparkspec_port")
+    bind = fields.address(service["bind_address"], "sparkspec_bind_address")
     args = ["--model", profile["model_dir"], "--served-model-name", profile["served_model_name"],
-            "--host", str(service["bind_address"]), "--port", str(service["port"])]
+            "--host", bind, "--port", str(port)]
     if resolved["speculative_config"] is not None:
         args += ["--speculative-config", json.dumps(resolved["speculative_config"], separators=(",", ":"))]
     for knob, style in SERVE_FLAGS.items():
         args += _flags(knob, style, k.get(knob))
-    bind = str(service["bind_address"])
+    # where a client on the host reaches it: a wildcard address by loopback, an IPv6 literal in brackets
+    local = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(bind, bind)
     record = {"unit": service["unit"], "method": resolved["method"], "profile": profile["name"],
               "served_model_name": profile["served_model_name"], "venv": resolved["venv"],
-              "url": f"http://{'127.0.0.1' if bind == '0.0.0.0' else bind}:{service['port']}"}
+              "url": f"http://{f'[{local}]' if ':' in local else local}:{port}"}
     env: dict[str, Any] = {name: 1 for name in BASE_ENV}
     env.update(HF_HOME=f"/var/lib/{service['user']}/.cache/huggingface", SPARKSPEC_PROFILE=profile["name"])
     return {"args": args, "env": env, "record": record}

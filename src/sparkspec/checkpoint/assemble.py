@@ -27,6 +27,7 @@ from sparkspec.checkpoint.manifest import (
     TOOL,
     load,
     owned,
+    rehash,
     stale_outputs,
     stamp,
 )
@@ -42,15 +43,16 @@ from sparkspec.checkpoint.safetensors_io import (
     write_index,
 )
 from sparkspec.checkpoint.selection import (
+    EXTRA_FILE,
+    ModelConfig,
     compile_patterns,
-    config_int,
     fp8_candidates,
     fp8_pair,
     fp8_selection,
     int4_model_shards,
     int4_model_tensors,
     module_of,
-    text_config,
+    read_config,
     weight_block_size,
 )
 from sparkspec.checkpoint.stream import (
@@ -63,7 +65,6 @@ from sparkspec.checkpoint.stream import (
 )
 from sparkspec.errors import UserError
 from sparkspec.hub.repo import REVISION_FILE
-from sparkspec.jsonfile import read_json
 from sparkspec.outputs import fsync_path, write_atomic
 from sparkspec.validate import COMMIT_RE, read_regular, revision, source_file
 
@@ -121,14 +122,6 @@ def _stat(path: Path) -> dict[str, int]:
     return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino}
 
 
-def _load_json(root: Path, name: str, flag: str) -> dict[str, Any]:
-    path = source_file(root, root / name, flag)
-    doc = read_json(path, "not found; point at a complete checkpoint directory", "re-download it")
-    if not isinstance(doc, dict):
-        raise UserError(f"{path}: not a JSON object; re-download it")
-    return doc
-
-
 def _headers(root: Path, files: Iterable[str], flag: str) -> dict[str, Header]:
     return {f: read_header(source_file(root, root / f, flag)) for f in sorted(files)}
 
@@ -178,11 +171,11 @@ def plan_assembly(int4: Path, fp8: Path | None, patterns: Iterable[str] = (), ex
     h4 = _headers(int4, shard_files, "--int4")
     check_unique(int4, h4, "re-download the checkpoint")
     _check_index(int4 / INDEX_NAME, index4, h4)
-    config = _load_json(int4, "config.json", "--int4")
+    config = read_config(int4, "--int4")
     int4_tensors = int4_model_tensors(h4.values())
     if fp8 is None:
         return _finish(int4, None, shard_files, h4, config, {}, [], patterns, None, 0)
-    block = weight_block_size(_load_json(fp8, "config.json", "--fp8"), str(fp8 / "config.json"))
+    block = weight_block_size(read_config(fp8, "--fp8").doc, str(fp8 / "config.json"))
     index8 = read_index(fp8)["weight_map"]
     int4_file = {n: f for f, h in h4.items() for n in h.tensors}
     h8: dict[str, Header] = {}
@@ -217,7 +210,7 @@ def plan_assembly(int4: Path, fp8: Path | None, patterns: Iterable[str] = (), ex
 
 
 def _finish(int4: Path, fp8: Path | None, shard_files: list[str], h4: dict[str, Header],
-            config: dict[str, Any], replaced: dict[str, tuple[Piece, Piece]], modules: list[str],
+            config: ModelConfig, replaced: dict[str, tuple[Piece, Piece]], modules: list[str],
             patterns: list[str], block: tuple[int, ...] | None, expect_fp8: int | None) -> Plan:
     """The plan from the INT4 headers and the FP8 pieces chosen (none without ``--fp8``)."""
     shards: dict[str, list[Piece]] = {}
@@ -235,15 +228,11 @@ def _finish(int4: Path, fp8: Path | None, shard_files: list[str], h4: dict[str, 
         if pieces:
             shards[file] = pieces
     side = _side_files(int4)
-    where_config = str(int4 / "config.json")
-    tc = text_config(config, where_config)
-    layers = config_int(tc, "num_hidden_layers", where_config, 1, 1 << 16)
-    if expect_fp8 is None and fp8 is not None and layers and config_int(tc, "shared_expert_intermediate_size",
-                                                                          where_config):
-        expect_fp8 = 3 * layers
+    if expect_fp8 is None and fp8 is not None and config.layers and config.shared_expert:
+        expect_fp8 = 3 * config.layers
     fp8_modules = modules
     scale_dtypes = sorted({replaced[m][1].dtype for m in fp8_modules})
-    out_config = dict(config)
+    out_config = dict(config.doc)
     out_config[CONFIG_KEY] = {"fp8_layers": fp8_modules,
                               "fp8_weight_block_size": None if block is None else list(block),
                               "fp8_scale_dtype": scale_dtypes, "fp8_patterns": list(patterns),
@@ -273,7 +262,8 @@ def _is_current(out: Path, plan: Plan) -> bool:
         return False
     try:
         manifest = load(out)
-        if manifest["key"] != plan.key or stale_outputs(out, manifest, skip=(INDEX_NAME,)):
+        # the index and the MTP head are add-mtp's to record (it extends the index): judged by add-mtp
+        if manifest["key"] != plan.key or stale_outputs(out, manifest, skip=(INDEX_NAME, EXTRA_FILE)):
             return False
         index = read_index(out)["weight_map"]
     except UserError:
@@ -297,13 +287,19 @@ class AssembleResult:
                 "warnings": self.warnings, "hash": HASH_NAME}
 
 
+def check_output(int4: Path, fp8: Path | None, out: Path) -> dict[str, Path]:
+    """``--out`` claimed (before reading anything: refused outputs cost nothing); the inputs by flag."""
+    inputs = {"--int4": int4} | ({} if fp8 is None else {"--fp8": fp8})
+    claim(out, "--out", TOOL, owned, inputs)
+    return inputs
+
+
 def assemble(int4: Path, fp8: Path | None, out: Path, patterns: Iterable[str] = (),
              expect_fp8: int | None = None,
              progress: Callable[[int], Progress | None] | None = None) -> AssembleResult:
     """Build (or confirm) the hybrid in ``out``. ``progress(total_bytes)`` may return a per-bytes callback."""
     int4, fp8, out = Path(int4), None if fp8 is None else Path(fp8), Path(out)
-    inputs = {"--int4": int4} | ({} if fp8 is None else {"--fp8": fp8})
-    claim(out, "--out", TOOL, owned, inputs)  # before reading anything: refused outputs cost nothing
+    inputs = check_output(int4, fp8, out)
     plan = plan_assembly(int4, fp8, patterns, expect_fp8)
     n_tensors = sum(len(p) for p in plan.shards.values())
 
@@ -340,7 +336,7 @@ def _build(tmp: Path, int4: Path, plan: Plan, progress: Callable[[int], Progress
     digest.update(config_bytes)
     outputs["config.json"] = {"size": len(config_bytes), HASH_NAME: digest.hexdigest()}
     write_index(tmp, weight_map, plan.total_bytes)
-    outputs[INDEX_NAME] = {}
+    outputs[INDEX_NAME] = {HASH_NAME: rehash(tmp / INDEX_NAME)}
     for name in outputs:  # durability before the swap makes it visible
         fsync_path(tmp / name)
     outputs = {name: stamp(tmp / name, rec) for name, rec in outputs.items()}  # after the last write

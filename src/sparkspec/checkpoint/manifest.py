@@ -4,21 +4,26 @@ that what it wrote is still there, unchanged.
 Right after writing each output file, the manifest records its size, modification and change times and inode
 (any write to the file changes its change time, which no user can set back) and the digest of its bytes; for
 shards also the digest of the header. A re-run is a no-op only when all of that still matches
-(:func:`stale_outputs`); ``verify`` re-hashes the files whose record no longer matches, ``verify --full``
-every file (:func:`rehash`), with the digest the copy computed (ckpt_stream: the whole file's bytes, in
-order).
+(:func:`stale_outputs`). ``add-mtp`` adds the records of the files it writes into the hybrid (the MTP head
+and the index it extends, :func:`record`), so the manifest covers every file. ``verify`` re-hashes the files
+whose record no longer matches, ``verify --full`` every file (:func:`rehash`), with the digest the copy
+computed (ckpt_stream: the whole file's bytes, in order).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import struct
 from pathlib import Path
 from typing import Any
 
+from sparkspec.checkpoint.safetensors_io import INDEX_NAME
+from sparkspec.checkpoint.selection import EXTRA_FILE
 from sparkspec.checkpoint.stream import HASH_NAME, new_hash
 from sparkspec.errors import UserError
 from sparkspec.jsonfile import expect, read_json
+from sparkspec.outputs import write_atomic
 from sparkspec.validate import filename, open_regular
 
 MANIFEST_NAME = "sparkspec-manifest.json"
@@ -88,6 +93,7 @@ def load(directory: Path) -> dict[str, Any]:
                 raise UserError(f"{at}: {key} is negative; {_FIX}")
         expect(rec, doc["hash"], str, at, _FIX, required=False)
         expect(rec, "header", str, at, _FIX, required=False)
+        expect(rec, "linked", bool, at, _FIX, required=False)
     weight_map = expect(doc, "weight_map", dict, where, _FIX)
     for tensor, file in weight_map.items():
         if not isinstance(file, str) or file not in outputs:
@@ -97,11 +103,14 @@ def load(directory: Path) -> dict[str, Any]:
 
 
 def stale_outputs(directory: Path, manifest: dict[str, Any], skip: tuple[str, ...] = ()) -> list[str]:
-    """Output files whose size, times or inode differ from the record (or whose header digest does), sorted;
-    ``skip``: files another command may rewrite (the index, which add-mtp extends)."""
+    """Output files whose size, times or inode differ from the record (or whose header digest does), sorted
+    (a file recorded as a hard link to a source, add-mtp's head, is not judged by its change time: another
+    link to the same file made or removed changes it);
+    ``skip``: files another command records (add-mtp's head and index, for assemble's own no-op). A record
+    without a digest (an older sparkspec's index record, from before add-mtp recorded it) is not judged."""
     stale = []
     for name, rec in sorted(manifest["outputs"].items()):
-        if name in skip:
+        if name in skip or manifest["hash"] not in rec:
             continue
         path = directory / name
         try:
@@ -110,7 +119,8 @@ def stale_outputs(directory: Path, manifest: dict[str, Any], skip: tuple[str, ..
             stale.append(name)
             continue
         now = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns, "ino": st.st_ino}
-        if any(now[k] != rec[k] for k in STAT_KEYS) or not path.is_file() or (
+        keys = [k for k in STAT_KEYS if not (k == "ctime_ns" and rec.get("linked") is True)]
+        if any(now[k] != rec[k] for k in keys) or not path.is_file() or (
                 "header" in rec and header_digest(path) != rec["header"]):
             stale.append(name)
     return stale
@@ -130,12 +140,46 @@ def rehash(path: Path) -> str:
     return str(digest.hexdigest())
 
 
-def check_digests(directory: Path, manifest: dict[str, Any], names: list[str]) -> list[str]:
-    """Re-hash ``names`` (those the manifest holds a digest for); one problem per file that differs."""
-    algo = manifest["hash"]
+def is_current(directory: Path, manifest: dict[str, Any], name: str) -> bool:
+    """``name`` has a record with a digest and its size, times and inode still match it."""
+    rec = manifest["outputs"].get(name)
+    return isinstance(rec, dict) and manifest["hash"] in rec and not stale_outputs(
+        directory, {"hash": manifest["hash"], "outputs": {name: rec}})
+
+
+def record(directory: Path, manifest: dict[str, Any], names: list[str]) -> None:
+    """Add (or renew) the records of ``names``, files written into the hybrid after assemble (add-mtp's head
+    and index): each re-hashed, stat taken before and after (a file that changed meanwhile is an error), then
+    the manifest replaced atomically."""
+    algo = _same_hash(directory, manifest)
+    outputs = dict(manifest["outputs"])
+    for name in names:
+        path = directory / name
+        before = os.stat(path, follow_symlinks=False)
+        rec: dict[str, Any] = {algo: rehash(path)}
+        if name.endswith(".safetensors"):
+            rec["header"] = header_digest(path)
+        if before.st_nlink > 1:
+            rec["linked"] = True
+        rec = stamp(path, rec)
+        if (before.st_size, before.st_ctime_ns, before.st_ino) != (rec["size"], rec["ctime_ns"], rec["ino"]):
+            raise OSError(11, "changed while it was hashed; re-run", str(path))
+        outputs[name] = rec
+    body = json.dumps({**manifest, "outputs": outputs}, indent=2, sort_keys=True) + "\n"
+    write_atomic(directory / MANIFEST_NAME, body.encode())
+
+
+def _same_hash(directory: Path, manifest: dict[str, Any]) -> str:
+    algo = str(manifest["hash"])
     if algo != HASH_NAME:
         raise UserError(f"{directory / MANIFEST_NAME}: digests are {algo}, this install computes "
                         f"{HASH_NAME}; install the same digest (pip install xxhash) or re-run assemble")
+    return algo
+
+
+def check_digests(directory: Path, manifest: dict[str, Any], names: list[str]) -> list[str]:
+    """Re-hash ``names`` (those the manifest holds a digest for); one problem per file that differs."""
+    algo = _same_hash(directory, manifest)
     problems = []
     for name in names:
         want = manifest["outputs"][name].get(algo)
@@ -143,12 +187,25 @@ def check_digests(directory: Path, manifest: dict[str, Any], names: list[str]) -
             continue
         path = directory / name
         if not os.path.lexists(path):
-            problems.append(f"{path}: missing, assemble wrote it; {_FIX}")
+            problems.append(f"{path}: missing, {_writer(name)} wrote it; {_fix(name)}")
             continue
         got = rehash(path)
         if got != want:
-            problems.append(f"{path}: differs from what assemble wrote ({algo} {got} != {want}); {_FIX}")
+            problems.append(f"{path}: differs from what {_writer(name)} wrote ({algo} {got} != {want}); "
+                            f"{_fix(name)}")
     return problems
+
+
+ADD_MTP_FILES = (EXTRA_FILE, INDEX_NAME)  # add-mtp records these
+
+
+def _writer(name: str) -> str:
+    return "add-mtp" if name in ADD_MTP_FILES else "assemble"
+
+
+def _fix(name: str) -> str:
+    return ("re-run `sparkspec checkpoint add-mtp` (or build) into this hybrid" if name in ADD_MTP_FILES
+            else _FIX)
 
 
 def digested(manifest: dict[str, Any]) -> list[str]:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkspec import stops
-from sparkspec.checkpoint.manifest import TOOL, owned
+from sparkspec.checkpoint.manifest import TOOL, is_current, load, owned, record
 from sparkspec.checkpoint.safetensors_io import (
     INDEX_NAME,
     Header,
@@ -30,9 +30,9 @@ from sparkspec.checkpoint.safetensors_io import (
     stage_index,
 )
 from sparkspec.checkpoint.selection import EXTRA_FILE
-from sparkspec.checkpoint.stream import copy_file
+from sparkspec.checkpoint.stream import HASH_NAME, copy_file
 from sparkspec.errors import UserError, os_error
-from sparkspec.outputs import check_disjoint, commit, fsync_dir, fsync_path, temp_name
+from sparkspec.outputs import check_disjoint, check_not_symlink, commit, fsync_dir, fsync_path, temp_name
 from sparkspec.validate import source_file
 
 
@@ -41,7 +41,7 @@ class MtpResult:
     changed: bool
     target: Path
     mtp_tensors: int
-    file_action: str  # "kept", "linked" or "copied"
+    file_action: str  # "kept", "linked", "copied" or "recorded" (an older hybrid's files, once)
     total_size: int
 
     def as_dict(self) -> dict[str, Any]:
@@ -77,16 +77,11 @@ def _stage_file(src: Path, tmp: Path) -> str:
     return "copied"
 
 
-def _validated(source: Path, target: Path) -> tuple[Path, Header, list[str], dict[str, Any]]:
-    check_disjoint(target, {"--source": source}, "--target")
+def check_source(source: Path) -> tuple[Path, Header, list[str]]:
+    """add-mtp's checks of ``--source``: its model_extra_tensors.safetensors holds mtp.* tensors only; the
+    file, its header and the MTP tensor names. ``build`` runs them before it writes anything."""
     if not source.is_dir():
         raise UserError(f"--source {source}: not a folder; point it at the INT4 checkpoint download")
-    if not target.is_dir():
-        raise UserError(f"--target {target}: not a folder; point it at the hybrid `checkpoint assemble` "
-                        "wrote")
-    if not owned(target):
-        raise UserError(f"--target {target} was not written by {TOOL}; add-mtp registers the head in an "
-                        "assembled hybrid only: assemble first, then point --target at its --out")
     src = source / EXTRA_FILE
     if not os.path.lexists(src):
         raise UserError(f"{src}: not found; the MTP head ships in this file: point --source at the INT4 "
@@ -100,12 +95,29 @@ def _validated(source: Path, target: Path) -> tuple[Path, Header, list[str], dic
     if others:
         raise UserError(f"{src}: also holds {len(others)} non-MTP tensors (e.g. {others[0]}) that vLLM would "
                         "read once the index names the file; use an unmodified model_extra_tensors file")
-    return src, header, names, read_index(target)
+    return src, header, names
+
+
+def _validated(source: Path, target: Path) -> tuple[Path, Header, list[str], dict[str, Any], dict[str, Any]]:
+    check_disjoint(target, {"--source": source}, "--target")
+    check_not_symlink(target, "--target")
+    if not target.is_dir():
+        raise UserError(f"--target {target}: not a folder; point it at the hybrid `checkpoint assemble` "
+                        "wrote")
+    if not owned(target):
+        raise UserError(f"--target {target} was not written by {TOOL}; add-mtp registers the head in an "
+                        "assembled hybrid only: assemble first, then point --target at its --out")
+    manifest = load(target)
+    src, header, names = check_source(source)
+    return src, header, names, read_index(target), manifest
 
 
 def add_mtp(source: Path, target: Path) -> MtpResult:
+    """Register the head; afterwards the manifest records the head file and the index as they are on disk
+    (a no-op checks those records as assemble's no-op checks the shards; a file whose record no longer
+    matches is placed, or the index written, again)."""
     source, target = Path(source), Path(target)
-    src, header, names, doc = _validated(source, target)
+    src, header, names, doc, manifest = _validated(source, target)
     weight_map: dict[str, str] = dict(doc["weight_map"])
     new_map = {t: f for t, f in weight_map.items() if f != EXTRA_FILE or t in header.tensors}
     new_map.update({n: EXTRA_FILE for n in names})
@@ -121,12 +133,22 @@ def add_mtp(source: Path, target: Path) -> MtpResult:
                             "re-run checkpoint assemble")
         total += info.nbytes
     metadata = doc.get("metadata") or {}
-    index_changed = new_map != weight_map or metadata.get("total_size") != total
+    recorded = manifest["outputs"]
     dst = target / EXTRA_FILE
-    place = not _same_file(src, dst, header)
+    # a recorded file that changed since is not trusted, whatever it looks like: placed or written again
+    index_changed = (new_map != weight_map or metadata.get("total_size") != total
+                     or (INDEX_NAME in recorded and HASH_NAME in recorded[INDEX_NAME]
+                         and not is_current(target, manifest, INDEX_NAME)))
+    place = not _same_file(src, dst, header) or (EXTRA_FILE in recorded
+                                                 and not is_current(target, manifest, EXTRA_FILE))
+    covered = all(is_current(target, manifest, n) for n in (EXTRA_FILE, INDEX_NAME))
+    if not (index_changed or place or covered):
+        record(target, manifest, [EXTRA_FILE, INDEX_NAME])  # an older hybrid: its files recorded once
+        return MtpResult(True, target, len(names), "recorded", total)
     if not (index_changed or place):
         return MtpResult(False, target, len(names), "kept", total)
     action = _commit(src, dst, target, new_map, total, metadata, place, index_changed)
+    record(target, manifest, [EXTRA_FILE, INDEX_NAME])
     return MtpResult(True, target, len(names), action, total)
 
 

@@ -8,8 +8,11 @@ Names first (:func:`fp8_candidates`, e.g. on an index before any header is read)
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from sparkspec.checkpoint.safetensors_io import Header, TensorInfo
@@ -89,6 +92,53 @@ def config_int(settings: Mapping[str, Any], key: str, where: str, low: int = 0, 
         raise UserError(f"{where}: {key} is {value!r:.60}, expected an integer from {low} to {high}; "
                         f"{_CONFIG_FIX}")
     return int(value)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """What the checkpoint commands read from a config.json, checked once for all of them
+    (:func:`read_config`): assemble, build and verify accept and refuse the same files."""
+
+    doc: dict[str, Any]
+    layers: int | None  # num_hidden_layers
+    shared_expert: int | None  # shared_expert_intermediate_size
+    mtp_layers: int | None  # mtp_num_hidden_layers
+    experts: int | None  # num_experts
+
+    def expected_mtp(self) -> tuple[int | None, str]:
+        """4 + mtp_num_hidden_layers x (3 x num_experts + 13) for Qwen3.5-MoE; (None, why) when unknown."""
+        if not self.mtp_layers:
+            return 0, "config.json declares no MTP layer"
+        if self.experts is None:
+            return None, "config.json declares MTP layers but no num_experts: MTP count not checked"
+        return 4 + self.mtp_layers * (3 * self.experts + 13), "from config.json"
+
+
+def check_config(doc: Any, where: str) -> ModelConfig:
+    """The one check of a model's config.json: an object whose text settings (``text_config`` or the top
+    level) hold, where present, integers in range; anything else is one line naming ``where``."""
+    if not isinstance(doc, dict):
+        raise UserError(f"{where}: not a JSON object; {_CONFIG_FIX}")
+    tc = text_config(doc, where)
+    return ModelConfig(doc, config_int(tc, "num_hidden_layers", where, 1, 1 << 16),
+                       config_int(tc, "shared_expert_intermediate_size", where),
+                       config_int(tc, "mtp_num_hidden_layers", where, 0, 1024),
+                       config_int(tc, "num_experts", where, 1, 1 << 16))
+
+
+def read_config(directory: Path, flag: str) -> ModelConfig:
+    """``directory/config.json`` read (a regular file of the folder: a link out of it is refused) and checked
+    by :func:`check_config`."""
+    from sparkspec.jsonfile import read_json
+    from sparkspec.validate import source_file
+
+    path = source_file(directory, directory / "config.json", flag)
+    return check_config(read_json(path, "not found; point at a complete checkpoint directory", _CONFIG_FIX),
+                        str(directory / "config.json"))
+
+
+def has_config(directory: Path) -> bool:
+    return os.path.lexists(directory / "config.json")
 
 
 def compile_patterns(patterns: Iterable[str]) -> list[re.Pattern[str]]:

@@ -17,9 +17,8 @@ from typing import Any
 
 from sparkspec.checkpoint import manifest as ckpt_manifest
 from sparkspec.checkpoint.safetensors_io import INDEX_NAME, Header, read_header, read_index
-from sparkspec.checkpoint.selection import config_int, text_config
+from sparkspec.checkpoint.selection import has_config, read_config
 from sparkspec.errors import UserError
-from sparkspec.jsonfile import read_json
 from sparkspec.validate import source_file
 
 SAMPLE_FILES = 2
@@ -53,21 +52,12 @@ class VerifyReport:
 
 
 def expected_mtp_from_config(directory: Path) -> tuple[int | None, str]:
-    """4 + mtp_num_hidden_layers x (3 x num_experts + 13) for Qwen3.5-MoE; (None, why) when unknown."""
-    path = directory / "config.json"
-    if not os.path.lexists(path):
-        return None, f"{path} missing: MTP count not checked (pass --expect-mtp)"
-    config = read_json(path, "not found", "fix or re-download it")
-    if not isinstance(config, dict):
-        raise UserError(f"{path}: not a JSON object; fix or re-download it")
-    tc = text_config(config, str(path))
-    layers = config_int(tc, "mtp_num_hidden_layers", str(path), 0, 1024)
-    experts = config_int(tc, "num_experts", str(path), 1, 1 << 16)
-    if not layers:
-        return 0, "config.json declares no MTP layer"
-    if experts is None:
-        return None, "config.json declares MTP layers but no num_experts: MTP count not checked"
-    return 4 + layers * (3 * experts + 13), "from config.json"
+    """4 + mtp_num_hidden_layers x (3 x num_experts + 13) for Qwen3.5-MoE; (None, why) when unknown. The
+    config is checked by assemble's own function (:func:`sparkspec.checkpoint.selection.read_config`): what
+    build accepts, verify accepts."""
+    if not has_config(directory):
+        return None, f"{directory / 'config.json'} missing: MTP count not checked (pass --expect-mtp)"
+    return read_config(directory, "the checkpoint").expected_mtp()
 
 
 def _structure(directory: Path, weight_map: dict[str, str], declared_total: Any, report: VerifyReport
@@ -162,7 +152,7 @@ def _against_manifest(directory: Path, weight_map: dict[str, str], full: bool, r
         return
     manifest = ckpt_manifest.load(directory)
     names = (ckpt_manifest.digested(manifest) if full
-             else ckpt_manifest.stale_outputs(directory, manifest, skip=(INDEX_NAME,)))
+             else ckpt_manifest.stale_outputs(directory, manifest))
     report.problems.extend(ckpt_manifest.check_digests(directory, manifest, names))
     report.rehashed = len([n for n in names if manifest["hash"] in manifest["outputs"][n]])
     for tensor, file in manifest["weight_map"].items():

@@ -159,10 +159,32 @@ def _verify(args: argparse.Namespace) -> int:
     return 0
 
 
+def _build_checks(args: argparse.Namespace) -> None:
+    """What would stop add-mtp or verify after assemble wrote, checked before: the head in --int4 and the
+    MTP count verify will expect (from --expect-mtp or the config, by verify's own rule)."""
+    from sparkspec.checkpoint.mtp import check_source
+    from sparkspec.checkpoint.verify import expected_mtp_from_config
+
+    int4 = Path(args.int4)
+    with os_errors("check the path and its permissions"):
+        src, _, names = check_source(int4)
+        expect = args.expect_mtp if args.expect_mtp is not None else expected_mtp_from_config(int4)[0]
+    count = sum(1 for n in names if not n.endswith("_scale_inv"))
+    if expect is not None and count != expect:
+        how = "--expect-mtp" if args.expect_mtp is not None else f"{int4 / 'config.json'}"
+        raise UserError(f"{src}: holds {count} MTP tensors but {how} expects {expect}, so verify would "
+                        "refuse the hybrid; fix --expect-mtp or re-fetch the INT4 checkpoint")
+
+
 def _build(args: argparse.Namespace) -> int:
     """assemble, add-mtp (from the INT4 folder) and verify in one process (a provision runs this per hybrid
-    profile): verify re-hashes every file (--full) after an assemble that wrote something."""
+    profile): verify re-hashes every file (--full) after an assemble that wrote something. add-mtp's and
+    verify's checks of the inputs run first, so a build they would stop writes nothing."""
+    from sparkspec.checkpoint.assemble import check_output
+
     out = sys.stderr if args.json else sys.stdout
+    check_output(Path(args.int4), args.fp8 and Path(args.fp8), Path(args.out))
+    _build_checks(args)
     line, assembled = _run_assemble(args)
     print(line, file=out)
     line, mtp = _run_add_mtp(args.int4, args.out)

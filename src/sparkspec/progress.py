@@ -20,7 +20,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Self
@@ -173,11 +173,27 @@ def line(host: str, doc: dict[str, Any] | None, task: str, running_s: float, sta
     return text
 
 
+def check_apart(path: str | None, folders: Iterable[tuple[str, str | os.PathLike[str] | None]]) -> None:
+    """Refuse a progress file at or inside a folder the command reads or writes (resolved real paths):
+    ``folders`` holds (label, path), the label naming it in the one line (e.g. ``--int4 /x``)."""
+    if path is None:
+        return
+    real = Path(os.path.realpath(os.path.expanduser(path)))
+    for label, folder in folders:
+        if folder is not None and real.is_relative_to(os.path.realpath(folder)):
+            raise UserError(f"--progress-file {path} is inside {label}; put it outside the folders the "
+                            "command reads or writes")
+
+
 @contextmanager
-def optional(path: str | None, what: str, total: int | None = None) -> Iterator[ProgressFile | None]:
-    """A :class:`ProgressFile` at ``path`` for the block (removed after it), or None when no path is given."""
+def optional(path: str | None, what: str, total: int | None = None,
+             apart: Mapping[str, str | os.PathLike[str] | None] | None = None
+             ) -> Iterator[ProgressFile | None]:
+    """A :class:`ProgressFile` at ``path`` for the block (removed after it), or None when no path is given;
+    ``apart`` maps each folder flag of the command to its path (:func:`check_apart`)."""
     if path is None:
         yield None
         return
+    check_apart(path, [(f"{flag} {folder}", folder) for flag, folder in (apart or {}).items()])
     with ProgressFile(path, what, total) as progress:
         yield progress

@@ -71,6 +71,8 @@ BUILDS: dict[str, tuple[Callable[[Tree], list[str | Path]], str]] = {
                                   t.fp8 / "hybrid"], "is inside the input --fp8"),
     "out-foreign": (_foreign_out, "was not written by"),
     "progress-foreign": (_foreign_progress, "p.json: exists and was not written by this command"),
+    "progress-inside-int4": (lambda t: _build(t, "--progress-file", t.int4 / "p.json"), "is inside --int4"),
+    "progress-inside-out": (lambda t: _build(t, "--progress-file", t.out / "p.json"), "is inside --out"),
     "no-mtp-head": (_no_head, f"{EXTRA_FILE}: not found"),
     "expect-mtp-wrong": (lambda t: _build(t, "--expect-mtp", "1"), r"MTP tensors but --expect-mtp expects 1"),
     # verify's keys: before, assemble took them, wrote the hybrid, and verify refused it afterwards

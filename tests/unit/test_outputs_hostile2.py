@@ -230,3 +230,20 @@ def test_batch_property_apart_or_refused_untouched(tmp_path_factory: pytest.Temp
             for m, d in enumerate(dests):
                 if m != n and _overlap(d, Path(path)):
                     assert d == Path(path) and m < n  # only an earlier item's complete folder is read
+
+
+# --- the one writer ---------------------------------------------------------------------------------------
+def test_a_swap_without_the_exchange_removes_nothing_it_did_not_make(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the filesystem lacks renameat2's exchange, the old content moves aside under a fresh name: a
+    folder someone keeps as .out.old beside the output stays as it was."""
+    from sparkspec import outputs
+
+    out, tmp, kept = tmp_path / "out", tmp_path / ".out.build", tmp_path / ".out.old"
+    for folder, text in ((out, "old"), (tmp, "new"), (kept, "mine")):
+        folder.mkdir()
+        (folder / "f").write_text(text)
+    monkeypatch.setattr(outputs, "_exchange", lambda a, b: False)
+    outputs.swap_folder(tmp, out)
+    assert (out / "f").read_text() == "new" and (kept / "f").read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".out.old", "out"]

@@ -57,7 +57,9 @@ Start = Callable[[int], Callable[[int], None] | None]  # start(total bytes) -> a
 @contextmanager
 def _progress(args: argparse.Namespace, label: str) -> Iterator[Start | None]:
     """One byte count for both: the bar a person at a terminal sees, and --progress-file for a play."""
-    with progress.optional(args.progress_file, label) as pfile, _bar(not args.json, label) as bar:
+    apart = {"--int4": args.int4, "--fp8": args.fp8, "--out": args.out}
+    with (progress.optional(args.progress_file, label, apart=apart) as pfile,
+          _bar(not args.json, label) as bar):
         if pfile is None:
             yield bar
             return

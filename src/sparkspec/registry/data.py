@@ -137,6 +137,9 @@ NAMES: MappingProxyType[str, tuple[str, str]] = MappingProxyType({
 # as '-' and NAME.FIELD as one JSON field (vllm/utils/argparse_utils.py:335-356):
 # sparkspec.registry.fields.secret_option reads an argument the same way.
 SECRET_OPTIONS: tuple[str, ...] = ("--api-key", "--hf-token", "--watermark-config")
+# vLLM options that are also a prefix of a secret option: argparse takes an exact match before any
+# abbreviation, so each is itself (--watermark: the scheduler's KV-cache watermark, a float), not a secret.
+SECRET_PREFIX_OPTIONS: tuple[str, ...] = ("--watermark",)
 # Where each secret goes instead: a vault variable the roles pass through a 0600 file or the unit's
 # environment file (0640, root and the service group), never an argument.
 SECRET_HOMES: MappingProxyType[str, str] = MappingProxyType({

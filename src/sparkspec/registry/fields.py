@@ -15,7 +15,14 @@ from typing import Any
 
 from sparkspec import validate
 from sparkspec.errors import UserError
-from sparkspec.registry.data import MAX_INT, MAX_SPECULATIVE_TOKENS, NAMES, SECRET_HOMES, SECRET_OPTIONS
+from sparkspec.registry.data import (
+    MAX_INT,
+    MAX_SPECULATIVE_TOKENS,
+    NAMES,
+    SECRET_HOMES,
+    SECRET_OPTIONS,
+    SECRET_PREFIX_OPTIONS,
+)
 
 _PATTERNS = {kind: re.compile(pattern) for kind, (pattern, _) in NAMES.items()}
 _PLAIN_KEY = re.compile(r"[A-Za-z0-9_.:/@+-]{1,128}")
@@ -121,11 +128,14 @@ def _overrides(value: Any, where: str) -> dict[str, Any]:
 
 def secret_option(arg: str) -> str | None:
     """The secret option of vLLM's (:data:`.data.SECRET_OPTIONS`) that ``arg`` sets as vLLM 0.32.0's parser
-    reads it: --NAME, --NAME=VALUE, --NAME.FIELD, '_' for '-', and any prefix (argparse expands a unique one),
-    in any case; None for any other argument."""
+    reads it: --NAME, --NAME=VALUE, --NAME.FIELD, '_' for '-', and any prefix (argparse expands a unique one;
+    one that is not unique vLLM refuses anyway) that is not an option of its own, in any case; None for any
+    other argument."""
     if not arg.startswith("--"):
         return None
     flag = arg[2:].split("=", 1)[0].split(".", 1)[0].replace("_", "-").lower()
+    if f"--{flag}" in SECRET_PREFIX_OPTIONS:   # an option of its own, matched exactly first
+        return None
     return next((opt for opt in SECRET_OPTIONS if flag and opt[2:].startswith(flag)), None)
 
 

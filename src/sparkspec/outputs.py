@@ -26,6 +26,7 @@ import json
 import os
 import secrets
 import shutil
+import signal
 import stat
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -90,6 +91,53 @@ def open_temp(target: StrPath, mode: int | None = None) -> tuple[int, Path]:
     raise FileExistsError(errno.EEXIST, "no free temporary name beside the output", str(target))
 
 
+_HELD = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Stop signals that come in during the block are handled when it ends, by the handlers set before it
+    (so a KeyboardInterrupt is raised at its end, not inside it). Only the main thread sets handlers: in
+    another the block runs unheld (signals are handled in the main thread anyway)."""
+    got: list[tuple[int, object]] = []
+    try:
+        before = {sig: signal.signal(sig, lambda n, f: got.append((n, f))) for sig in _HELD}
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+        for signum, frame in got:
+            handler = before[signal.Signals(signum)]
+            if callable(handler):
+                handler(signum, frame)  # type: ignore[arg-type]
+            elif handler == signal.SIG_DFL:
+                os.kill(os.getpid(), signum)
+
+
+@contextlib.contextmanager
+def _temp(target: StrPath, mode: int | None) -> Iterator[tuple[int, Path]]:
+    """:func:`open_temp`, the temp removed when the block raises. Stop signals are held while it is created
+    and named: one that comes in between (a loaded machine's scheduler likes that moment) is raised only
+    once the name is known, so the temp cannot outlive it."""
+    tmp: Path | None = None
+    given = False  # the block owns the descriptor (it closes it)
+    try:
+        with _signals_held():
+            fd, tmp = open_temp(target, mode)
+        given = True
+        yield fd, tmp
+    except BaseException:
+        if tmp is not None:
+            if not given:
+                os.close(fd)
+            tmp.unlink(missing_ok=True)
+        raise
+
+
 def refuse_link(target: StrPath, flag: str = "output") -> None:
     """A path an atomic write replaces must not be a symbolic link or anything but a regular file."""
     if os.path.islink(target) or (os.path.lexists(target) and not os.path.isfile(target)):
@@ -105,17 +153,13 @@ def atomic(target: StrPath, *, mode: int | None = 0o644, sync: bool = True,
     link or a non-regular file at ``target`` is refused (UserError naming ``flag``); OSErrors pass to the
     caller."""
     refuse_link(target, flag)
-    fd, tmp = open_temp(target, mode)
-    try:
+    with _temp(target, mode) as (fd, tmp):
         with os.fdopen(fd, "wb") as fh:
             yield fh
             fh.flush()
             if sync:
                 os.fsync(fh.fileno())
         commit(tmp, target, sync=sync)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def write_atomic(target: StrPath, data: bytes | Iterable[bytes], *, mode: int | None = 0o644,
@@ -131,15 +175,11 @@ def write_atomic(target: StrPath, data: bytes | Iterable[bytes], *, mode: int | 
 def stage(target: StrPath, data: bytes, *, mode: int | None = 0o644) -> Path:
     """Write ``data`` to a fresh fsynced temp sibling of ``target`` and return it, for :func:`commit` (or the
     caller removes it). Nothing is left behind when writing fails."""
-    fd, tmp = open_temp(target, mode)
-    try:
+    with _temp(target, mode) as (fd, tmp):
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
     return tmp
 
 

@@ -247,3 +247,26 @@ def test_a_swap_without_the_exchange_removes_nothing_it_did_not_make(tmp_path: P
     outputs.swap_folder(tmp, out)
     assert (out / "f").read_text() == "new" and (kept / "f").read_text() == "mine"
     assert sorted(p.name for p in tmp_path.iterdir()) == [".out.old", "out"]
+
+
+def test_a_stop_signal_while_a_temp_is_made_leaves_no_temp(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGTERM right after the temp sibling is created, before its name is back in the writer's hands (the
+    window of the generate flake): the signal still stops the write (KeyboardInterrupt, exit 130 in a command)
+    and the temp is gone."""
+    import signal
+
+    from sparkspec import outputs, stops
+
+    real = outputs.open_temp
+
+    def made_then_signalled(target: str | os.PathLike[str], mode: int | None = None) -> tuple[int, Path]:
+        made = real(target, mode)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return made
+
+    monkeypatch.setattr(outputs, "open_temp", made_then_signalled)
+    monkeypatch.setattr(stops, "_requested", [])  # the stop recorded here ends with this test
+    with stops.handled(), pytest.raises(KeyboardInterrupt):
+        outputs.write_atomic(tmp_path / "f.json", b"{}\n")
+    assert list(tmp_path.iterdir()) == []

@@ -14,7 +14,7 @@ rule. Checkpoint, hub, bench and report code write files and folders only throug
   the work and again right before the write; nothing is created before every check passed, and several
   outputs of one command are written all or none (:func:`write_outputs`).
 
-It imports only the standard library and :mod:`sparkspec.errors`, so it can also ship as Ansible module_utils.
+It imports only the standard library, :mod:`sparkspec.errors` and :mod:`sparkspec.stops`.
 """
 
 from __future__ import annotations
@@ -26,13 +26,13 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import stat
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from sparkspec import stops
 from sparkspec.errors import RunFailure, UserError
 
 PNG_MARKER = "sparkspec report"  # the Description of every plot sparkspec writes: marks a PNG as ours
@@ -91,33 +91,6 @@ def open_temp(target: StrPath, mode: int | None = None) -> tuple[int, Path]:
     raise FileExistsError(errno.EEXIST, "no free temporary name beside the output", str(target))
 
 
-_HELD = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
-@contextlib.contextmanager
-def _signals_held() -> Iterator[None]:
-    """Stop signals that come in during the block are handled when it ends, by the handlers set before it
-    (so a KeyboardInterrupt is raised at its end, not inside it). Only the main thread sets handlers: in
-    another the block runs unheld (signals are handled in the main thread anyway)."""
-    got: list[tuple[int, object]] = []
-    try:
-        before = {sig: signal.signal(sig, lambda n, f: got.append((n, f))) for sig in _HELD}
-    except ValueError:  # not the main thread
-        yield
-        return
-    try:
-        yield
-    finally:
-        for sig, handler in before.items():
-            signal.signal(sig, handler)
-        for signum, frame in got:
-            handler = before[signal.Signals(signum)]
-            if callable(handler):
-                handler(signum, frame)  # type: ignore[arg-type]
-            elif handler == signal.SIG_DFL:
-                os.kill(os.getpid(), signum)
-
-
 @contextlib.contextmanager
 def _temp(target: StrPath, mode: int | None) -> Iterator[tuple[int, Path]]:
     """:func:`open_temp`, the temp removed when the block raises. Stop signals are held while it is created
@@ -126,7 +99,7 @@ def _temp(target: StrPath, mode: int | None) -> Iterator[tuple[int, Path]]:
     tmp: Path | None = None
     given = False  # the block owns the descriptor (it closes it)
     try:
-        with _signals_held():
+        with stops.held():
             fd, tmp = open_temp(target, mode)
         given = True
         yield fd, tmp

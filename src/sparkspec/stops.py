@@ -9,6 +9,7 @@ was swallowed still stops there, before anything is swapped in, and the command 
 
 from __future__ import annotations
 
+import os
 import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -50,3 +51,30 @@ def handled() -> Iterator[None]:
     finally:
         for sig, handler in before.items():
             signal.signal(sig, handler)
+
+
+_HELD = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@contextmanager
+def held() -> Iterator[None]:
+    """Stop signals that come in during the block are handled when it ends, by the handlers set before it
+    (so a KeyboardInterrupt is raised at its end, not inside it). Only the main thread sets handlers: in
+    another the block runs unheld (signals are handled in the main thread anyway)."""
+    got: list[tuple[int, object]] = []
+    try:
+        before = {sig: signal.signal(sig, lambda n, f: got.append((n, f))) for sig in _HELD}
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+        for signum, frame in got:
+            handler = before[signal.Signals(signum)]
+            if callable(handler):
+                handler(signum, frame)  # type: ignore[arg-type]
+            elif handler == signal.SIG_DFL:
+                os.kill(os.getpid(), signum)

@@ -7,8 +7,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from sparkspec.registry import fields
 from sparkspec.registry.data import SERVE_FLAGS
+from sparkspec.registry.fields import address, port
 
 # The unit's fixed environment: offline (the unit never downloads), no usage reporting.
 BASE_ENV = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HOME", "VLLM_NO_USAGE_STATS", "DO_NOT_TRACK")
@@ -49,10 +49,10 @@ def vllm_command(resolved: Mapping[str, Any], service: Mapping[str, Any],
     k = {**resolved["serve"], **(overrides or {})}
     profile = resolved["profile"]
     # checked by resolve where the contract gives them; here too, as the place they land (null included)
-    port = fields.port(service["port"], "sparkspec_port")
-    bind = fields.address(service["bind_address"], "sparkspec_bind_address")
+    checked_port = port(service["port"], "sparkspec_port")
+    bind = address(service["bind_address"], "sparkspec_bind_address")
     args = ["--model", profile["model_dir"], "--served-model-name", profile["served_model_name"],
-            "--host", bind, "--port", str(port)]
+            "--host", bind, "--port", str(checked_port)]
     if resolved["speculative_config"] is not None:
         args += ["--speculative-config", json.dumps(resolved["speculative_config"], separators=(",", ":"))]
     for knob, style in SERVE_FLAGS.items():
@@ -61,7 +61,7 @@ def vllm_command(resolved: Mapping[str, Any], service: Mapping[str, Any],
     local = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(bind, bind)
     record = {"unit": service["unit"], "method": resolved["method"], "profile": profile["name"],
               "served_model_name": profile["served_model_name"], "venv": resolved["venv"],
-              "url": f"http://{f'[{local}]' if ':' in local else local}:{port}"}
+              "url": f"http://{f'[{local}]' if ':' in local else local}:{checked_port}"}
     env: dict[str, Any] = {name: 1 for name in BASE_ENV}
     env.update(HF_HOME=f"/var/lib/{service['user']}/.cache/huggingface", SPARKSPEC_PROFILE=profile["name"])
     return {"args": args, "env": env, "record": record}

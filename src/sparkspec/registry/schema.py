@@ -10,9 +10,9 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import sparkspec.registry.fields as fields
 from sparkspec import validate
 from sparkspec.errors import UserError
-from sparkspec.registry import fields
 from sparkspec.registry.data import CONTRACT_FOLDERS, CONTRACT_KEYS, KNOBS, SERVE_KINDS, VERIFY_KEYS
 from sparkspec.registry.fields import RegistryError as RegistryError
 from sparkspec.registry.fields import fail, key, show

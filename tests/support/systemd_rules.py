@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 WHITESPACE = " \t\n\r"
@@ -301,27 +302,39 @@ HOSTILE_RENDERS: list[tuple[str, list[str]]] = [
 _LOADER: list[bool] = []
 
 
+def small_contract() -> dict[str, Any]:
+    """A one-profile, plain-model contract (sparkspec_<key> values without the prefix), fresh each call."""
+    return {"method": "baseline", "method_switch": "", "methods": {}, "profile": "p",
+            "profiles": {"p": {"kind": "plain", "dir": "m", "served_model_name": "m",
+                               "model": {"repo": "org/m", "revision": "a" * 40}}},
+            "stage_profiles": ["p"], "models_dir": "/opt/models", "sources_dir": "/opt/models/s",
+            "heads_dir": "/opt/models/h", "vllm_venv": "/opt/venvs/vllm"}
+
+
 def render_unit(served_name: str, extra_args: list[str],
                 venv: str = "/opt/venvs/vllm") -> tuple[str, list[str]]:
     """The deploy role's unit template rendered by Ansible's templating with the contract role's filters
     (in-process: no playbook, no host), for the registry's resolution of a small contract with a hostile
     served_model_name, extra_args and venv (set on the resolved host, past the schema, so the quoting alone
     must hold); and the argv the unit must run: the venv's python and vllm_command's arguments."""
+    from sparkspec import registry
+
+    resolved = registry.resolve(small_contract())
+    resolved["venv"] = venv
+    resolved["profile"]["served_model_name"] = served_name
+    resolved["serve"]["extra_args"] = extra_args
+    return render_resolved(resolved)
+
+
+def render_resolved(resolved: dict[str, Any]) -> tuple[str, list[str]]:
+    """The unit template rendered for a resolved host (:func:`render_unit`), and the argv it must run."""
     from ansible.parsing.dataloader import DataLoader
     from ansible.plugins.loader import filter_loader, init_plugin_loader
     from ansible.template import Templar, trust_as_template
 
     from sparkspec import registry
 
-    contract = {"method": "baseline", "method_switch": "", "methods": {}, "profile": "p",
-                "profiles": {"p": {"kind": "plain", "dir": "m", "served_model_name": "m",
-                                   "model": {"repo": "org/m", "revision": "a" * 40}}},
-                "stage_profiles": ["p"], "models_dir": "/opt/models", "sources_dir": "/opt/models/s",
-                "heads_dir": "/opt/models/h", "vllm_venv": "/opt/venvs/vllm"}
-    resolved = registry.resolve(contract)
-    resolved["venv"] = venv
-    resolved["profile"]["served_model_name"] = served_name
-    resolved["serve"]["extra_args"] = extra_args
+    venv = resolved["venv"]
     vllm = registry.vllm_command(resolved, {"unit": "u", "bind_address": "127.0.0.1", "port": 8000,
                                             "user": "sparkspec"})
     argv = [f"{resolved['venv']}/bin/python", "-m", "vllm.entrypoints.openai.api_server", *vllm["args"]]

@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from sparkspec import validate
+from sparkspec import systemd, validate
 from sparkspec.errors import UserError
 from sparkspec.registry.data import (
     MAX_INT,
@@ -66,10 +66,28 @@ def name(value: Any, kind: str, where: str, fix: str) -> str:
 
 
 def folder(value: Any, where: str, fix: str = "give the folder's full path") -> str:
+    """An absolute, normalised folder that the unit can carry as a path (ReadOnlyPaths=, ReadWritePaths=)."""
     try:
-        return validate.absolute_path(value, "path")
+        validate.absolute_path(value, "path")
     except UserError as exc:
         raise fail(where, f"{str(exc).rsplit(';', 1)[0]}; {fix}") from None
+    _unit_can_carry(systemd.path_list_item, value, where, fix)
+    return str(value)
+
+
+def venv(value: Any, where: str, fix: str = "give the venv's full path, or drop it") -> str:
+    """A venv folder whose bin/python the unit runs as ExecStart's executable
+    (:func:`sparkspec.systemd.executable`)."""
+    folder(value, where, fix)
+    _unit_can_carry(systemd.executable, f"{value}/bin/python", where, fix)
+    return str(value)
+
+
+def _unit_can_carry(quote: Callable[[object, str], str], value: str, where: str, fix: str) -> None:
+    try:
+        quote(value, where)
+    except UserError as exc:
+        raise RegistryError(f"{str(exc).rsplit(';', 1)[0]}; {fix}") from None
 
 
 def integer(value: Any, where: str, low: int, high: int = MAX_INT, fix: str = "fix it") -> int:
@@ -89,6 +107,17 @@ def number(value: Any, where: str, fix: str = "fix it") -> float:
 def text(value: Any, where: str, fix: str = "give a string without control characters") -> str:
     if not isinstance(value, str) or validate.has_control(value):
         raise fail(where, f"{show(value)} is not a string without control characters or line breaks; {fix}")
+    return lands(value, where)
+
+
+def lands(value: str, where: str) -> str:
+    """A string that becomes a word of the unit's ExecStart, checked here, at resolve, by the quoting rule the
+    unit template applies (:func:`sparkspec.systemd.word`), so what the unit cannot carry exactly stops the
+    play before anything renders."""
+    try:
+        systemd.word(value, where)
+    except UserError as exc:
+        raise RegistryError(str(exc)) from None
     return value
 
 
@@ -151,6 +180,7 @@ def _args(value: Any, where: str) -> list[str]:
         if validate.has_control(arg):
             raise fail(where, f"item {i} ({show(arg)}) holds a control character or line break (it would end "
                               "the unit's ExecStart line); remove it")
+        lands(arg, f"{where}[{i}]")
         if (opt := secret_option(arg)) is not None:
             raise fail(where, f"{arg.split('=', 1)[0]} (item {i}) is vLLM's {opt}, a secret on vLLM's "
                               "command line, where every process list shows it; remove it and "

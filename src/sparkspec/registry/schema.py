@@ -162,7 +162,7 @@ def check_method(name: str, method: Any) -> dict[str, Any]:
                     f"and set {where}.speculative_config.attention_backend (the drafter's only) instead")
     venv = entry.get("vllm_venv")
     if venv is not None:
-        fields.folder(venv, f"{where}.vllm_venv", "give the venv's full path, or drop it")
+        fields.venv(venv, f"{where}.vllm_venv")
     return {"speculative_config": spec, "head": entry.get("head"), "serve": serve, "verify": verify,
             "vllm_venv": venv}
 
@@ -238,7 +238,7 @@ def check_profile(name: str, profile: Any, dirs: Mapping[str, str]) -> dict[str,
         sources["model"]["folder"] = f"{dirs['models']}/{folder}"
     venv = entry.get("vllm_venv")
     if venv is not None:
-        fields.folder(venv, f"{where}.vllm_venv", "give the venv's full path, or drop it")
+        fields.venv(venv, f"{where}.vllm_venv")
     return {"name": name, "kind": kind, "served_model_name": served, "dir": folder,
             "model_dir": f"{dirs['models']}/{folder}", "disk_gb": disk, "sources": sources,
             "heads": _heads(entry.get("heads"), f"{where}.heads", dirs["heads"]),
@@ -258,8 +258,9 @@ def check_contract(contract: Mapping[str, Any]) -> dict[str, Any]:
             raise _fail(f"sparkspec_{key(field)}", "not a key of the contract; use one of "
                         f"{', '.join(f'sparkspec_{k}' for k in CONTRACT_KEYS)}")
     for field in CONTRACT_FOLDERS:
-        fields.folder(contract.get(field), f"sparkspec_{field}", "give the folder's full path (the "
-                      "contract's defaults: roles/sparkspec/defaults/main.yml)")
+        check = fields.venv if field == "vllm_venv" else fields.folder
+        check(contract.get(field), f"sparkspec_{field}", "give the folder's full path (the contract's "
+              "defaults: roles/sparkspec/defaults/main.yml)")
     fields.name(contract.get("method"), "method", "sparkspec_method", "name a built-in method or a key of "
                                                                       "sparkspec_methods")
     if contract.get("method_switch") not in (None, ""):

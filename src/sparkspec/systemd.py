@@ -141,20 +141,23 @@ def executable(value: object, name: str | None = None) -> str:
     return text if SAFE.fullmatch(text) else _quote(text, escape_controls=False)
 
 
-def path_list_item(value: object, name: str | None = None) -> str:
-    """One path of ReadWritePaths=/ReadOnlyPaths= (quoted words, no C escapes, then specifiers)."""
+def _path(value: object, name: str | None) -> str:
+    """An absolute, normalised path without control characters (every path setting's common rule)."""
     text = _text(value, name, "the path")
     _no_controls(text, name, "the path")
     _absolute(text, name, "the path")
-    text = text.replace("%", "%%")
+    return text
+
+
+def path_list_item(value: object, name: str | None = None) -> str:
+    """One path of ReadWritePaths=/ReadOnlyPaths= (quoted words, no C escapes, then specifiers)."""
+    text = _path(value, name).replace("%", "%%")
     return text if SAFE.fullmatch(text) else _quote(text, escape_controls=False)
 
 
 def path(value: object, name: str | None = None) -> str:
     """A single-path setting taken raw (WorkingDirectory=, EnvironmentFile=, which also globs)."""
-    text = _text(value, name, "the path")
-    _no_controls(text, name, "the path")
-    _absolute(text, name, "the path")
+    text = _path(value, name)
     if text != text.rstrip() or set(text) & set("*?[\\"):
         _fail(name, f"the path {_show(text)} ends in a space or holds a glob or escape character",
               "rename it")

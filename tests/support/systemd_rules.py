@@ -338,6 +338,13 @@ def render_resolved(resolved: dict[str, Any]) -> tuple[str, list[str]]:
     vllm = registry.vllm_command(resolved, {"unit": "u", "bind_address": "127.0.0.1", "port": 8000,
                                             "user": "sparkspec"})
     argv = [f"{resolved['venv']}/bin/python", "-m", "vllm.entrypoints.openai.api_server", *vllm["args"]]
+    cluster = resolved.get("cluster")
+    entry = [f"{venv}/bin/vllm", "serve"]
+    if cluster:   # `vllm serve` under sparkspec's peer check
+        peers = [w for p in cluster["peers"] for w in ("--peer", p)]
+        argv = ["/opt/venvs/tools/bin/sparkspec", "cluster", "supervise", "--rank", str(cluster["rank"]),
+                "--listen", cluster["listen"], *peers, "--join-timeout", str(cluster["join_timeout"]),
+                "--lost-after", str(cluster["lost_after"]), "--", *entry, *vllm["args"]]
     if not _LOADER:
         init_plugin_loader()
         filter_loader.add_directory(str(ROOT / "roles/sparkspec/filter_plugins"))
@@ -349,6 +356,8 @@ def render_resolved(resolved: dict[str, Any]) -> tuple[str, list[str]]:
         "deploy_limit_nofile": 65536, "deploy_read_write_paths": ["/var/lib/sparkspec"],
         "sparkspec_models_dir": "/opt/models", "deploy_private_devices": False,
         "deploy_device_allow": ["char-nvidia* rw"], "deploy_address_families": ["AF_UNIX", "AF_INET"],
-        "deploy_memory_deny_write_execute": False, "deploy_unit_extra": ["LimitMEMLOCK=infinity"]}
+        "deploy_memory_deny_write_execute": False,
+        "deploy_unit_extra": [] if cluster else ["LimitMEMLOCK=infinity"],
+        "sparkspec_tools_venv": "/opt/venvs/tools", "_deploy_serve_entry": entry}
     source = (ROOT / "roles/deploy/templates/vllm.service.j2").read_text()
     return str(Templar(loader=DataLoader(), variables=variables).template(trust_as_template(source))), argv

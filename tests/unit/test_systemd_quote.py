@@ -181,8 +181,10 @@ def test_random_paths_are_refused_or_read_back_exactly(kind, value):
 @settings(max_examples=100, deadline=None)
 @given(words=st.lists(ST_TEXT, max_size=6))
 def test_a_random_command_line_reads_back_as_the_same_argv(words):
-    line = "ExecStart=/usr/bin/prog " + " ".join(systemd.word(w) for w in words if "\0" not in w)
-    assert _exec(line).exec_argv() == ["/usr/bin/prog", *[w for w in words if "\0" not in w]]
+    # a NUL or a lone surrogate (not UTF-8) is refused by systemd.word (_check covers the refusals)
+    kept = [w for w in words if "\0" not in w and not any(0xD800 <= ord(c) <= 0xDFFF for c in w)]
+    line = "ExecStart=/usr/bin/prog " + " ".join(systemd.word(w) for w in kept)
+    assert _exec(line).exec_argv() == ["/usr/bin/prog", *kept]
 
 
 # ---- the real unit template, in-process (tests/support/systemd_rules.render_unit) ------------------------

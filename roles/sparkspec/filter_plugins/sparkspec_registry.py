@@ -19,6 +19,7 @@ from ansible.errors import AnsibleFilterError
 
 from sparkspec import registry
 from sparkspec.errors import UserError
+from sparkspec.registry.cluster import check_layout
 
 
 def _record(slurped: Any) -> Mapping[str, Any] | None:
@@ -36,10 +37,11 @@ def _record(slurped: Any) -> Mapping[str, Any] | None:
 
 
 def resolve(contract: Mapping[str, Any], slurped: Any = None, now: str = "",
-            set_names: Sequence[str] = ()) -> dict[str, Any]:
-    """registry.resolve for one host, with ``problems`` (empty, or the one line to stop the play with)."""
+            set_names: Sequence[str] = (), cluster: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """registry.resolve for one host, with ``problems`` (empty, or the one line to stop the play with).
+    ``cluster``: {me, members, accelerator} where sparkspec_cluster is set."""
     try:
-        return {**registry.resolve(contract, _record(slurped), now, set_names), "problems": []}
+        return {**registry.resolve(contract, _record(slurped), now, set_names, cluster), "problems": []}
     except UserError as exc:
         return {"problems": [str(exc)]}
 
@@ -67,7 +69,22 @@ def downloads(resolved: Mapping[str, Any], heads: str = "all") -> list[dict[str,
     return registry.downloads(resolved, heads)
 
 
+def cluster_layout_problems(cluster: Mapping[str, Any], config_text: str, model: str) -> list[str]:
+    """[] when the cluster's layout fits the model's config.json (text), else the one line."""
+    try:
+        config = json.loads(config_text)
+        if not isinstance(config, Mapping):
+            raise registry.RegistryError(f"{model}: config.json is not a JSON object; check the checkpoint")
+        check_layout(cluster, config, model)
+    except ValueError:
+        return [f"{model}: config.json is not JSON; check the checkpoint"]
+    except UserError as exc:
+        return [str(exc)]
+    return []
+
+
 class FilterModule:
     def filters(self) -> dict[str, Callable[..., Any]]:
         return {"sparkspec_resolve": resolve, "sparkspec_vllm_command": vllm_command,
-                "sparkspec_downloads": downloads, "sparkspec_registry_names": registry_names}
+                "sparkspec_downloads": downloads, "sparkspec_registry_names": registry_names,
+                "sparkspec_cluster_layout_problems": cluster_layout_problems}

@@ -123,6 +123,11 @@ options:
     type: list
     elements: str
     default: []
+  restart:
+    description: In the live step, restart the unit even when its own files did not change (a cluster's node
+      whose peer's files changed; vLLM's process group restarts as one).
+    type: bool
+    default: false
 author: sparkspec
 """
 
@@ -315,11 +320,11 @@ def _live(module: AnsibleModule, files: list[dict], check: bool) -> dict:
         changed = True
         if not check:
             _systemctl(module, "enable", unit)
-    restarted = bool(differed) or not _active(module, unit)
+    restarted = bool(differed) or p["restart"] or not _active(module, unit)
     if restarted:
         changed = True
         if not check:
-            _systemctl(module, "restart" if differed else "start", unit)
+            _systemctl(module, "restart" if differed or p["restart"] else "start", unit)
     result: dict = {"changed": changed, "differs": bool(differed), "differed": differed, "has_live": has_live,
                     "live_present": present, "restarted": restarted}
     if module._diff:
@@ -348,6 +353,7 @@ def main() -> None:
             "check_user": {"type": "str"},
             "check_cache_dir": {"type": "path"},
             "absent": {"type": "list", "elements": "str", "default": []},
+            "restart": {"type": "bool", "default": False},
         },
         required_if=[("state", "staged", ("unit", "staged_root", "previous_root")),
                      ("state", "live", ("unit", "staged_root", "previous_root"))],

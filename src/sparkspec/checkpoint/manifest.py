@@ -210,3 +210,28 @@ def _fix(name: str) -> str:
 
 def digested(manifest: dict[str, Any]) -> list[str]:
     return sorted(n for n, rec in manifest["outputs"].items() if manifest["hash"] in rec)
+
+
+def fingerprint(directory: Path) -> dict[str, Any]:
+    """One digest of a checkpoint folder, equal on every node that holds the same checkpoint (a cluster's gate
+    before its deploy): from assemble's manifest where the folder has one (each output's name and digest, as
+    recorded; ``checkpoint verify`` checks that the files still match it), else from the bytes of every
+    regular file under it (a plain profile's download), hidden files and folders left out."""
+    if owned(directory):
+        doc = load(directory)
+        entries = sorted((name, str(rec.get(doc["hash"], ""))) for name, rec in doc["outputs"].items())
+        source = "manifest"
+    else:
+        if not directory.is_dir():
+            raise UserError(f"{directory}: not a folder; give the checkpoint's folder")
+        entries = []
+        for root, dirs, files in os.walk(directory):
+            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+            for name in sorted(f for f in files if not f.startswith(".")):
+                path = Path(root) / name
+                if path.is_file() and not path.is_symlink():
+                    entries.append((path.relative_to(directory).as_posix(), rehash(path)))
+        source = "content"
+    digest = new_hash()
+    digest.update(json.dumps(entries).encode())
+    return {"digest": str(digest.hexdigest()), "source": source, "files": len(entries)}

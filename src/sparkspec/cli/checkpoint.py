@@ -210,6 +210,13 @@ def _check_head(args: argparse.Namespace) -> int:
                    r.as_dict())
 
 
+def _digest(args: argparse.Namespace) -> int:
+    from sparkspec.checkpoint.manifest import fingerprint
+
+    r = fingerprint(Path(args.dir))
+    return summary(args, f"{args.dir}: {r['digest']} ({r['files']} files, from the {r['source']})", r)
+
+
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     ckpt = sub.add_parser("checkpoint", help="assemble, register MTP and verify the hybrid checkpoint")
     cmds = ckpt.add_subparsers(dest="checkpoint_command", metavar="ACTION")
@@ -239,6 +246,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                         "without it, only files whose size, times or inode changed since are re-hashed")
     p.add_argument("--json", action="store_true", help="print a final JSON line")
     p.set_defaults(func=_verify)
+
+    p = cmds.add_parser("digest", help="one digest of a checkpoint folder (a cluster's nodes compare theirs)")
+    p.add_argument("dir", help="checkpoint directory")
+    p.add_argument("--json", action="store_true", help="print a final JSON line")
+    p.set_defaults(func=_digest)
 
     p = cmds.add_parser("check-head",
                         help="an EAGLE3 or DFlash head fits its target (configs and headers only)")

@@ -51,19 +51,32 @@ def vllm_command(resolved: Mapping[str, Any], service: Mapping[str, Any],
     # checked by resolve where the contract gives them; here too, as the place they land (null included)
     checked_port = port(service["port"], "sparkspec_port")
     bind = address(service["bind_address"], "sparkspec_bind_address")
-    args = ["--model", profile["model_dir"], "--served-model-name", profile["served_model_name"],
-            "--host", bind, "--port", str(checked_port)]
+    cluster = resolved.get("cluster")
+    # one node: vLLM's API server module, --model; a cluster: the `vllm serve` entry point (the only one with
+    # --headless: vllm/entrypoints/cli/serve.py), which takes the model as its first word and refuses --model
+    args = [profile["model_dir"]] if cluster else ["--model", profile["model_dir"]]
+    args += ["--served-model-name", profile["served_model_name"]]
+    if not cluster or cluster["rank"] == 0:
+        args += ["--host", bind, "--port", str(checked_port)]
     if resolved["speculative_config"] is not None:
         args += ["--speculative-config", json.dumps(resolved["speculative_config"], separators=(",", ":"))]
     for knob, style in SERVE_FLAGS.items():
         args += _flags(knob, style, k.get(knob))
+    if cluster:
+        args += cluster["args"]
     # where a client on the host reaches it: a wildcard address by loopback, an IPv6 literal in brackets
     local = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(bind, bind)
     record = {"unit": service["unit"], "method": resolved["method"], "profile": profile["name"],
               "served_model_name": profile["served_model_name"], "venv": resolved["venv"],
               "url": f"http://{f'[{local}]' if ':' in local else local}:{checked_port}"}
+    if cluster:   # a worker serves no HTTP: status and verify go to the head
+        record.update(cluster={k: cluster[k] for k in ("group", "rank", "role", "head", "members", "nnodes")})
+        if cluster["rank"] > 0:
+            record["url"] = ""
     env: dict[str, Any] = {name: 1 for name in BASE_ENV}
     env.update(HF_HOME=f"/var/lib/{service['user']}/.cache/huggingface", SPARKSPEC_PROFILE=profile["name"])
+    if cluster:
+        env.update(cluster["env"])
     return {"args": args, "env": env, "record": record}
 
 

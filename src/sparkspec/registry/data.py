@@ -87,7 +87,7 @@ HEAD_KINDS: tuple[str, ...] = tuple(m["speculative_config"]["method"] for m in B
 CONTRACT_KEYS: tuple[str, ...] = ("method", "method_switch", "methods", "profile", "profiles",
                                   "stage_profiles",
                                   "models_dir", "sources_dir", "heads_dir", "vllm_venv", "serve", "verify",
-                                  "port", "bind_address")
+                                  "port", "bind_address", "cluster")
 # The contract's folders: absolute, normalised paths (sparkspec.validate.absolute_path).
 CONTRACT_FOLDERS: tuple[str, ...] = CONTRACT_KEYS[6:10]
 
@@ -155,3 +155,19 @@ SECRET_HOMES: MappingProxyType[str, str] = MappingProxyType({
 # integer of the schema stays within a C int, as vLLM's config fields do on the engine side.
 MAX_SPECULATIVE_TOKENS = 64
 MAX_INT = 2**31 - 1
+
+# Two or more Sparks as one server (sparkspec.registry.cluster; docs/cluster.md). sparkspec_cluster's keys and
+# defaults: vLLM's native multi-node executor (mp; vllm/config/parallel.py's nnodes/node_rank/master_addr/
+# master_port), tensor parallel across the nodes (the layout vLLM 0.32 serves speculative decoding with), the
+# master port of vLLM's two-Spark recipe (docs/spark-facts.md) and sparkspec's own peer check beside it: a
+# lost peer shows within lost_after seconds plus one 5 s poll (within a minute), and a bring-up that does not
+# join stops after join_timeout (instead of gloo's 30 minutes).
+CLUSTER_DEFAULTS: MappingProxyType[str, Any] = MappingProxyType({
+    "backend": "mp", "pipeline_parallel_size": 1, "master_port": 29501, "peer_port": 29502,
+    "join_timeout": 900, "lost_after": 30})
+CLUSTER_KEYS: tuple[str, ...] = ("group", "nnodes", "tensor_parallel_size", *CLUSTER_DEFAULTS)
+# Each member's sparkspec_cluster_node: its role and its link (the ConnectX-7 port's interface and address,
+# and its RoCE devices for NCCL_IB_HCA).
+CLUSTER_NODE_KEYS: tuple[str, ...] = ("role", "interface", "address", "rdma_devices")
+# GB10: one GPU per Spark (NVIDIA's DGX Spark hardware page), so vLLM's world is one rank per node.
+GPUS_PER_SPARK = 1

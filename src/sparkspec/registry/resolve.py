@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from sparkspec.registry.cluster import resolve_cluster
 from sparkspec.registry.data import BUILTIN_METHODS, HEAD_KINDS, RENAMED, SERVE_DEFAULTS, VERIFY_DEFAULTS
 from sparkspec.registry.fields import key, show
 from sparkspec.registry.schema import (
@@ -96,11 +97,13 @@ def choose_method(inventory: str, switch: str | None, record: Mapping[str, Any] 
 
 
 def resolve(contract: Mapping[str, Any], record: Mapping[str, Any] | None = None, now: str = "",
-            set_names: Iterable[str] = ()) -> dict[str, Any]:
+            set_names: Iterable[str] = (), cluster: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Everything the roles need for one host, from the contract's variables (sparkspec_<key> without the
     prefix, for each key of sparkspec.registry.data.CONTRACT_KEYS), the switch recorded on the host (None:
     none) and the names of the variables the inventory sets (``set_names``: a renamed one is refused in one
-    line)."""
+    line). ``cluster``: where sparkspec_cluster is set, {me, members, accelerator} for
+    :func:`sparkspec.registry.cluster.resolve_cluster` (members: the group's hosts to their
+    sparkspec_cluster_node)."""
     check_renamed(set_names)
     dirs = check_contract(contract)
     methods = defined_methods(contract.get("methods"))
@@ -133,6 +136,10 @@ def resolve(contract: Mapping[str, Any], record: Mapping[str, Any] | None = None
     # the default: off for hybrid profiles (Gated-DeltaNet layers)
     if serve["enable_prefix_caching"] is None:
         serve["enable_prefix_caching"] = profile["kind"] != "hybrid"
+    where = dict(cluster or {})
+    placed = resolve_cluster(contract.get("cluster"), where.get("members") or {}, str(where.get("me", "")),
+                             speculative=spec["method"] if spec is not None else None,
+                             accelerator=str(where.get("accelerator", "gb10")))
     floors = {m: _merge(VERIFY_DEFAULTS, profile["verify"], c["verify"],
                         host_verify) for m, c in checked.items()}
     return {"method": name, "method_source": chosen["source"], "method_note": chosen["note"],
@@ -143,7 +150,8 @@ def resolve(contract: Mapping[str, Any], record: Mapping[str, Any] | None = None
             "head_kind": spec["method"] if spec is not None and spec["method"] in HEAD_KINDS else None,
             "verify": floors[name], "floors": floors,
             "venv": method["vllm_venv"] or profile["vllm_venv"] or contract["vllm_venv"],
-            "profile": profile, "staged": staged, "disk_gb": sum(p["disk_gb"] for p in staged)}
+            "profile": profile, "staged": staged, "disk_gb": sum(p["disk_gb"] for p in staged),
+            "cluster": placed}
 
 
 def _download(profile: str, mode: str, src: Mapping[str, str], **extra: str) -> dict[str, Any]:

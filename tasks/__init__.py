@@ -18,6 +18,8 @@ bench.add_task(dev.bench_switch, "switch")
 sim = Collection("sim")
 sim.add_task(dev.sim_up, "up")
 sim.add_task(dev.sim_down, "down")
+sim.add_task(dev.sim_pair_up, "pair-up")
+sim.add_task(dev.sim_pair_down, "pair-down")
 sim.add_task(dev.sim_ssh, "ssh")
 
 ns = Collection(host.provision, host.deploy, host.render, host.teardown, observe.status, host.verify,

@@ -37,3 +37,16 @@ def require_host(c: Context, host: str | None, inventory: str | None) -> Invento
     except UserError as exc:
         raise fail(exc) from None
     return inv
+
+
+def require_hosts(c: Context, host: str | None, inventory: str | None) -> Inventory:
+    """The inventory, checked to hold every host --host names (a host, a group, or a comma-separated list)."""
+    if not host:
+        raise Exit("sparkspec: error: --host is required; name a host (or a cluster's group) of the "
+                   "inventory", code=2)
+    try:
+        inv = load(inventory_of(c, inventory))
+        inv.hosts_of(host)
+    except UserError as exc:
+        raise fail(exc) from None
+    return inv

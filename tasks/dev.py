@@ -59,6 +59,27 @@ def sim_down(c):
         raise fail(exc) from None
 
 
+@task(positional=[], auto_shortflags=False)
+def sim_pair_up(c):
+    """Start the simulated pair for two-node serving: pair-head and pair-worker on the podman network
+    sparkspec-pair, and their hub (inventory inventories/sim-pair)."""
+    dev = support()
+    try:
+        print(f"sim pair: {dev.sim_pair_up(ROOT)}")
+    except UserError as exc:
+        raise fail(exc) from None
+
+
+@task(positional=[], auto_shortflags=False)
+def sim_pair_down(c):
+    """Remove the simulated pair's containers and network and stop its hub (the cached image stays)."""
+    dev = support()
+    try:
+        print(f"sim pair: {dev.sim_pair_down(ROOT)}")
+    except UserError as exc:
+        raise fail(exc) from None
+
+
 @task(positional=[], auto_shortflags=False, help={"command": "command to run instead of a shell"})
 def sim_ssh(c, command=""):
     """Open a shell (or run a command) on the simulated Spark over SSH, with Fabric, as on a real host."""

@@ -13,7 +13,7 @@ from invoke import Context, Exit, task
 from sparkspec import registry
 from sparkspec.errors import UserError
 from sparkspec.outputs import check_disjoint
-from tasks.common import ROOT, fail, require_host
+from tasks.common import ROOT, fail, require_host, require_hosts
 from tasks.play import PlayResult, failure_summary, run_playbook
 
 INVENTORY_HELP = "inventory folder (default from invoke.yaml)"
@@ -22,23 +22,30 @@ INVENTORY_HELP = "inventory folder (default from invoke.yaml)"
 def run_play(c: Context, playbook: str, host: str | None, inventory: str | None,
              extra_vars: dict[str, Any] | None = None, tags: str = "", skip_tags: str = "",
              check: bool = False) -> PlayResult:
-    """One playbook on one host; a failure ends the task with the play's one-line summary."""
-    inv = require_host(c, host, inventory)
+    """One playbook on the hosts --host names (a host, a cluster's group or a comma-separated list: a
+    cluster runs as one play); a failure ends the task with the play's one-line summary."""
+    inv = require_hosts(c, host, inventory)
     assert host is not None
+    hosts = inv.hosts_of(host)
     book = ROOT / "playbooks" / playbook
     if not book.is_file():
         raise Exit(f"sparkspec: error: {book}: playbook not found", code=2)
     # sudo on the host asks for a password unless NOPASSWD or ansible_become_password (vault) is set: the
     # runner answers ansible-playbook's prompt with what getpass read here (it gives the play no terminal)
     password = getpass.getpass("BECOME password: ") if c.config.sparkspec.get("ask_become_pass") else None
-    result = run_playbook(book, inv.path, host, extra_vars=extra_vars, tags=[t for t in tags.split(",") if t],
+    result = run_playbook(book, inv.path, ",".join(hosts), extra_vars=extra_vars,
+                          tags=[t for t in tags.split(",") if t],
                           skip_tags=[t for t in skip_tags.split(",") if t], check=check,
                           become_password=password)
+    # the host that failed (its own line), else the first
+    failed = next((h for h in hosts if h in result.unreachable or any(f.host == h for f in result.failures)),
+                  hosts[0])
     if result.interrupted:
-        raise Exit(f"sparkspec: error: {failure_summary(result, host)}", code=130)
+        raise Exit(f"sparkspec: error: {failure_summary(result, failed)}", code=130)
     if result.rc != 0:
-        raise Exit(f"sparkspec: error: {failure_summary(result, host)}", code=2)
-    print(f"sparkspec: {playbook} on {host}: changed={result.changed.get(host, 0)}")
+        raise Exit(f"sparkspec: error: {failure_summary(result, failed)}", code=2)
+    for name in hosts:
+        print(f"sparkspec: {playbook} on {name}: changed={result.changed.get(name, 0)}")
     return result
 
 
@@ -46,9 +53,9 @@ def defined_methods(c: Context, inventory: str | None, host: str | None) -> list
     """The methods defined for a host: the built-ins with the inventory's sparkspec_methods on top
     (sparkspec.registry.defined_methods, as the play's resolver merges them)."""
     try:
-        inv = require_host(c, host, inventory)
-        assert host is not None   # require_host refused a missing --host
-        values = inv.host_vars(host, ("sparkspec_methods",))
+        inv = require_hosts(c, host, inventory)
+        assert host is not None   # require_hosts refused a missing --host
+        values = inv.host_vars(inv.hosts_of(host)[0], ("sparkspec_methods",))
         return sorted(registry.defined_methods(values.get("sparkspec_methods")))
     except UserError as exc:
         raise fail(exc) from None

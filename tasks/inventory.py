@@ -49,6 +49,23 @@ class Inventory:
     def hosts(self) -> list[str]:
         return sorted(h.name for h in self.manager.get_hosts())
 
+    def hosts_of(self, pattern: str) -> list[str]:
+        """The hosts a --host value names: one host, a group (a cluster's: its members, in order) or a
+        comma-separated list of either; one line naming the hosts and groups when a name is neither."""
+        out: list[str] = []
+        for name in [n.strip() for n in pattern.split(",")]:
+            if self.manager.get_host(name) is not None:
+                found = [name]
+            elif name in self.manager.groups and name not in ("all", "ungrouped"):
+                found = [h.name for h in self.manager.groups[name].get_hosts()]
+            else:
+                groups = ", ".join(sorted(g for g in self.manager.groups if g not in ("all", "ungrouped")))
+                raise UserError(f"host {name!r} is not in inventory {self.path} (hosts: "
+                                f"{', '.join(self.hosts) or 'none'}; groups: {groups or 'none'}); add it "
+                                "there or pass --inventory")
+            out += [h for h in found if h not in out]
+        return out
+
     def require_host(self, host: str) -> None:
         if self.manager.get_host(host) is None:
             known = ", ".join(self.hosts) or "none"
@@ -56,12 +73,11 @@ class Inventory:
                             f"add it there or pass --inventory")
 
     def select(self, pattern: str) -> list[str]:
-        """The hosts a pattern names: 'all' (the Sparks: the playbooks' group) or one host of the
-        inventory."""
+        """The hosts a pattern names: 'all' (the Sparks: the playbooks' group), or hosts and groups as
+        :meth:`hosts_of` reads them."""
         if pattern == "all":
             return sorted(h.name for h in self.manager.get_hosts(pattern="sparks"))
-        self.require_host(pattern)
-        return [pattern]
+        return self.hosts_of(pattern)
 
     def host_vars(self, host: str, names: tuple[str, ...]) -> dict[str, Any]:
         """The named variables of a host, templated as a play would see them (contract defaults underneath);

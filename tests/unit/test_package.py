@@ -203,8 +203,8 @@ def _commands(parser: object, prefix: str = "") -> set[str]:
 
 def test_host_cli_lists_the_host_commands_and_no_generator() -> None:
     assert _commands(build_parser()) == {
-        "checkpoint assemble", "checkpoint add-mtp", "checkpoint verify", "checkpoint build", "checkpoint "
-                                                                                              "check-head",
+        "checkpoint assemble", "checkpoint add-mtp", "checkpoint verify", "checkpoint build",
+        "checkpoint check-head", "checkpoint digest",
         "fetch repo", "fetch fp8-subset", "fetch batch", "fetch plan", "hub serve",
         "bench", "check-output record", "check-output compare", "report"}
 

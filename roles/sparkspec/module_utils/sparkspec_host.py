@@ -263,8 +263,12 @@ def probe_status(args):
     show = systemd_show(unit + ".service", props)
     record = read_json(f"/etc/sparkspec/{unit}.json", report=True)
     health, health_error = None, ""
-    if isinstance(record, dict) and isinstance(record.get("url"), str):
+    cluster = record.get("cluster") if isinstance(record, dict) else None
+    if isinstance(record, dict) and isinstance(record.get("url"), str) and record["url"]:
         health, health_error = _health(record["url"])
+    elif isinstance(cluster, dict) and isinstance(cluster.get("head"), dict):
+        # a cluster's worker serves no HTTP: the head's /health answers for the cluster
+        health_error = f"worker: see {cluster['head'].get('host')}"
     group = show.get("ControlGroup", "")
     desired = read_json(f"/etc/sparkspec/{unit}.desired.json", report=True)
     return {"show": show, "record": record, "desired": desired,

@@ -206,7 +206,7 @@ def test_host_cli_lists_the_host_commands_and_no_generator() -> None:
         "checkpoint assemble", "checkpoint add-mtp", "checkpoint verify", "checkpoint build",
         "checkpoint check-head", "checkpoint digest",
         "fetch repo", "fetch fp8-subset", "fetch batch", "fetch plan", "hub serve",
-        "bench", "check-output record", "check-output compare", "report"}
+        "bench", "check-output record", "check-output compare", "report", "cluster supervise"}
 
 
 def test_dev_cli_has_the_generators() -> None:

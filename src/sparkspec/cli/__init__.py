@@ -13,11 +13,11 @@ import sys
 from types import ModuleType
 
 from sparkspec import __version__, stops
-from sparkspec.cli import bench, checkpoint, hub
+from sparkspec.cli import bench, checkpoint, cluster, hub
 from sparkspec.cli.common import Parser
 from sparkspec.errors import UserError, os_error
 
-COMMAND_MODULES: tuple[ModuleType, ...] = (checkpoint, hub, bench)
+COMMAND_MODULES: tuple[ModuleType, ...] = (checkpoint, hub, bench, cluster)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -95,6 +95,18 @@ def sim_image():
 
 
 @pytest.fixture(scope="session")
+def sim_pair():
+    """The simulated pair (pair-head and pair-worker on the bridge sparkspec-pair, with its hub), started once
+    per session and left running like sim01. It shares sim01's image and files but not sim01, so its tests
+    run in the host lane (not a SIM_FIXTURES name)."""
+    from tests.support.simpair import SimPair
+
+    pair = SimPair(ROOT)
+    pair.up(log=lambda msg: print(msg, file=sys.stderr))
+    return pair
+
+
+@pytest.fixture(scope="session")
 def provisioned(sim):
     """The simulated Spark after the whole provision pipeline (it serves the sim inventory's method)."""
     result = run_cli(f"{BIN}/invoke", "provision", "--host", "sim01", timeout=1800)

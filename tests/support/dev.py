@@ -32,6 +32,23 @@ def sim_down(root: Path) -> str:
     return Sim(root).down()
 
 
+def sim_pair_up(root: Path) -> str:
+    """Start the simulated pair (sim01's image, built once) and its hub; one line saying what ran."""
+    from tests.support.simpair import SimPair
+
+    pair = SimPair(root)
+    state = pair.up()
+    nodes = ", ".join(f"{n.host} root@{n.address}:22" for n in pair.nodes)
+    return f"{state} ({nodes}; hub {pair.hub.url}; inventory inventories/sim-pair)"
+
+
+def sim_pair_down(root: Path) -> str:
+    """Remove the simulated pair's containers and network and stop its hub (the image stays); what it did."""
+    from tests.support.simpair import SimPair
+
+    return SimPair(root).down()
+
+
 def bench_checkpoint(root: Path, workdir: str, size_gb: float, repeats: int) -> int:
     """assemble against cp -r on the same disk (tests.support.ckpt_bench).
 

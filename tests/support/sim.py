@@ -27,6 +27,9 @@ MIRROR = os.environ.get("SPARKSPEC_SIM_MIRROR", "http://deb.debian.org/debian")
 PACKAGES = (
     "python3", "python3-venv", "python3-pip", "python3-apt", "systemd", "systemd-sysv", "dbus", "sudo",
     "openssh-server", "ca-certificates", "iproute2", "procps", "curl", "less",
+    # vLLM-CPU with tensor parallel > 1 compiles a helper through torch inductor at its first request: it
+    # needs a C++ compiler and Python.h (the simulated pair, tests/support/simpair.py).
+    "g++", "python3-dev",
 )
 # podman on this kind of machine: crun cannot raise rlimits and refuses hybrid cgroups; runc works.
 CONTAINERS_CONF = """\
@@ -44,7 +47,7 @@ PasswordAuthentication no
 KbdInteractiveAuthentication no
 PermitRootLogin prohibit-password
 """
-RECIPE_VERSION = "3"
+RECIPE_VERSION = "4"
 # How the container runs. CAP_SYS_ADMIN lets its systemd build each unit's mount namespace as on a Spark:
 # without it systemd silently drops ProtectSystem=, PrivateDevices=, ProtectProc=, ReadOnlyPaths= ... for
 # units in a container, and the unit's confinement would go untested. A change here restarts the container.

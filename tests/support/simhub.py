@@ -83,20 +83,24 @@ def ensure_secret_file(path: Path, prefix: str) -> str:
 
 class SimHub:
     """The simulated Spark's hub: published repos under ``state/hub``, served on the controller's loopback
-    with a per-machine token (``state/hub-token``, 0600, created once) that the sim inventory hands to the
-    fetch role, as a site's token would be."""
+    (or on ``host``, the simulated pair's bridge address) with a per-machine token (``state/hub-token``,
+    0600, created once) that the sim inventory hands to the fetch role, as a site's token would be."""
 
-    def __init__(self, state: Path, port: int = PORT) -> None:
+    def __init__(self, state: Path, port: int = PORT, host: str = "127.0.0.1") -> None:
         self.state = state
         self.port = port
+        self.host = host
         self.root = state / "hub"
-        self.pidfile = state / "hub.pid"
-        self.log = state / "hub.log"
+        # A hub on another address (the simulated pair's, on its bridge) serves the same repos with the same
+        # token, and keeps its own pid file and log beside sim01's.
+        name = "hub" if host == "127.0.0.1" else f"hub-{host}-{port}"
+        self.pidfile = state / f"{name}.pid"
+        self.log = state / f"{name}.log"
         self.token_file = state / "hub-token"
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def publish_all(self, log: Callable[[str], None] = print) -> dict[str, str]:
         """Generate every repo and publish it; unchanged content keeps its revision. Returns revisions."""
@@ -139,7 +143,7 @@ class SimHub:
         with open(self.log, "ab") as logf:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "sparkspec.cli", "hub", "serve", "--root", str(self.root),
-                 "--host", "127.0.0.1", "--port", str(self.port), "--token-file", str(self.token_file)],
+                 "--host", self.host, "--port", str(self.port), "--token-file", str(self.token_file)],
                 stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         self.pidfile.write_text(f"{proc.pid}\n")
         deadline = time.monotonic() + 30

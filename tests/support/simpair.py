@@ -127,7 +127,8 @@ class SimPair:
             elif not option.startswith("--network="):
                 options.append(option)
         # NET_ADMIN: a test sets a real MTU mismatch on the link (ip link set eth0 mtu N)
-        options += ["--network", NETWORK, "--ip", node.address, "--hostname", node.host, "--cap-add", "NET_ADMIN"]
+        options += ["--network", NETWORK, "--ip", node.address, "--hostname", node.host,
+                    "--cap-add", "NET_ADMIN"]
         for other in self.nodes:
             options += ["--add-host", f"{other.host}:{other.address}"]
         return options

@@ -63,7 +63,7 @@ def _read(path: str) -> str:
         return ""
 
 
-def _interface(name: str) -> dict:
+def _interface(name: str) -> dict[str, object]:
     base = f"/sys/class/net/{name}"
     exists = "/" not in name and os.path.isdir(base)
     mtu = _read(f"{base}/mtu") if exists else ""

@@ -27,26 +27,18 @@ def fail(exc: UserError) -> Exit:
     return Exit(f"sparkspec: error: {exc}", code=exc.exit_code)
 
 
-def require_host(c: Context, host: str | None, inventory: str | None) -> Inventory:
-    """The inventory, checked to hold the host: one line naming the fix otherwise."""
+def require_host(c: Context, host: str | None, inventory: str | None, *, many: bool = False) -> Inventory:
+    """The inventory, checked to hold the host (``many``: every host --host names, a host, a cluster's group
+    or a comma-separated list): one line naming the fix otherwise."""
     if not host:
-        raise Exit("sparkspec: error: --host is required; name a host of the inventory", code=2)
+        raise Exit("sparkspec: error: --host is required; name a host"
+                   f"{' (or a cluster group)' if many else ''} of the inventory", code=2)
     try:
         inv = load(inventory_of(c, inventory))
-        inv.require_host(host)
-    except UserError as exc:
-        raise fail(exc) from None
-    return inv
-
-
-def require_hosts(c: Context, host: str | None, inventory: str | None) -> Inventory:
-    """The inventory, checked to hold every host --host names (a host, a group, or a comma-separated list)."""
-    if not host:
-        raise Exit("sparkspec: error: --host is required; name a host (or a cluster's group) of the "
-                   "inventory", code=2)
-    try:
-        inv = load(inventory_of(c, inventory))
-        inv.hosts_of(host)
+        if many:
+            inv.hosts_of(host)
+        else:
+            inv.require_host(host)
     except UserError as exc:
         raise fail(exc) from None
     return inv

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -38,25 +39,27 @@ def _exit(code: int) -> None:
         raise Exit(code=code)
 
 
+def _say(label: str, call: Callable[[], str]) -> None:
+    """One line of what a dev helper did, or its error as the task's one-line exit."""
+    try:
+        print(f"{label}: {call()}")
+    except UserError as exc:
+        raise fail(exc) from None
+
+
 @task(positional=[], auto_shortflags=False,
       help={"rebuild": "rebuild the image even if one with the same recipe exists"})
 def sim_up(c, rebuild=False):
     """Start the simulated Spark (builds its image once): systemd container, sshd on loopback."""
     dev = support()
-    try:
-        print(f"sim: {dev.sim_up(ROOT, rebuild=bool(rebuild))}")
-    except UserError as exc:
-        raise fail(exc) from None
+    _say("sim", lambda: dev.sim_up(ROOT, rebuild=bool(rebuild)))
 
 
 @task(positional=[], auto_shortflags=False)
 def sim_down(c):
     """Stop and remove the simulated Spark container (the cached image stays)."""
     dev = support()
-    try:
-        print(f"sim: {dev.sim_down(ROOT)}")
-    except UserError as exc:
-        raise fail(exc) from None
+    _say("sim", lambda: dev.sim_down(ROOT))
 
 
 @task(positional=[], auto_shortflags=False)
@@ -64,20 +67,14 @@ def sim_pair_up(c):
     """Start the simulated pair for two-node serving: pair-head and pair-worker on the podman network
     sparkspec-pair, and their hub (inventory inventories/sim-pair)."""
     dev = support()
-    try:
-        print(f"sim pair: {dev.sim_pair_up(ROOT)}")
-    except UserError as exc:
-        raise fail(exc) from None
+    _say("sim pair", lambda: dev.sim_pair_up(ROOT))
 
 
 @task(positional=[], auto_shortflags=False)
 def sim_pair_down(c):
     """Remove the simulated pair's containers and network and stop its hub (the cached image stays)."""
     dev = support()
-    try:
-        print(f"sim pair: {dev.sim_pair_down(ROOT)}")
-    except UserError as exc:
-        raise fail(exc) from None
+    _say("sim pair", lambda: dev.sim_pair_down(ROOT))
 
 
 @task(positional=[], auto_shortflags=False, help={"command": "command to run instead of a shell"})

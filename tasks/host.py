@@ -13,7 +13,7 @@ from invoke import Context, Exit, task
 from sparkspec import registry
 from sparkspec.errors import UserError
 from sparkspec.outputs import check_disjoint
-from tasks.common import ROOT, fail, require_host, require_hosts
+from tasks.common import ROOT, fail, require_host
 from tasks.play import PlayResult, failure_summary, run_playbook
 
 INVENTORY_HELP = "inventory folder (default from invoke.yaml)"
@@ -24,7 +24,7 @@ def run_play(c: Context, playbook: str, host: str | None, inventory: str | None,
              check: bool = False) -> PlayResult:
     """One playbook on the hosts --host names (a host, a cluster's group or a comma-separated list: a
     cluster runs as one play); a failure ends the task with the play's one-line summary."""
-    inv = require_hosts(c, host, inventory)
+    inv = require_host(c, host, inventory, many=True)
     assert host is not None
     hosts = inv.hosts_of(host)
     book = ROOT / "playbooks" / playbook
@@ -53,8 +53,8 @@ def defined_methods(c: Context, inventory: str | None, host: str | None) -> list
     """The methods defined for a host: the built-ins with the inventory's sparkspec_methods on top
     (sparkspec.registry.defined_methods, as the play's resolver merges them)."""
     try:
-        inv = require_hosts(c, host, inventory)
-        assert host is not None   # require_hosts refused a missing --host
+        inv = require_host(c, host, inventory, many=True)
+        assert host is not None   # require_host refused a missing --host
         values = inv.host_vars(inv.hosts_of(host)[0], ("sparkspec_methods",))
         return sorted(registry.defined_methods(values.get("sparkspec_methods")))
     except UserError as exc:

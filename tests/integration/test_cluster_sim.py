@@ -143,6 +143,22 @@ def test_the_pair_answers_as_one_node_does(provisioned_pair: SimPair, tmp_path: 
 
 
 @pytest.mark.sim
+def test_the_verify_roles_figures_are_the_heads_counter_deltas(provisioned_pair: SimPair) -> None:
+    """The provision's verify ran through the head: its bench's output tokens are the head's
+    generation-token delta over the bench (the /metrics text it kept before and after)."""
+    from tests.counters import counters_from_text
+
+    folder = ROOT / "reports" / "pair-head"
+    bench = json.loads((folder / "baseline.json").read_text())
+    before, after = (counters_from_text((folder / "metrics" / f"baseline.{when}").read_text())
+                     for when in ("before", "after"))
+    generated = after["vllm:generation_tokens_total"] - before.get("vllm:generation_tokens_total", 0.0)
+    assert bench["completed"] == bench["num_prompts"] > 0 and bench["failed"] == 0
+    assert bench["total_output_tokens"] == generated > 0
+    assert not (ROOT / "reports" / "pair-worker").exists()     # a worker serves nothing to measure
+
+
+@pytest.mark.sim
 def test_status_shows_every_node(provisioned_pair: SimPair) -> None:
     result = invoke("status", *INVENTORY, "--host", "spark_cluster", "--json", timeout=120)
     assert result.returncode == 0, result.stderr

@@ -59,9 +59,10 @@ from sparkspec.registry.schema import (
     repo_folder,
 )
 
-__all__ = ["BASE_ENV", "BUILTIN_METHODS", "CLUSTER_DEFAULTS", "CONTRACT_KEYS", "HEAD_KINDS", "KINDS", "KNOBS",
-           "METHOD_KEYS", "NAMES", "PROFILE_KEYS", "RENAMED", "SECRET_OPTIONS", "SECRET_PREFIX_OPTIONS",
-           "SERVE", "SERVE_DEFAULTS", "SERVE_FLAGS", "SERVE_KINDS", "SPEC_FIELDS", "SPEC_INTERNAL", "VERIFY_DEFAULTS",
-           "VERIFY_KEYS", "RegistryError", "check_contract", "check_method", "check_profile", "check_renamed",
-           "check_serve", "check_verify", "choose_method", "defined_methods", "downloads", "lookup_profile",
-           "repo_folder", "resolve", "secret_option", "vllm_command"]
+__all__ = ["BASE_ENV", "BUILTIN_METHODS", "CLUSTER_DEFAULTS", "CONTRACT_KEYS", "HEAD_KINDS", "KINDS",
+           "KNOBS", "METHOD_KEYS", "NAMES", "PROFILE_KEYS", "RENAMED", "SECRET_OPTIONS",
+           "SECRET_PREFIX_OPTIONS", "SERVE", "SERVE_DEFAULTS", "SERVE_FLAGS", "SERVE_KINDS", "SPEC_FIELDS",
+           "SPEC_INTERNAL", "VERIFY_DEFAULTS", "VERIFY_KEYS", "RegistryError", "check_contract",
+           "check_method", "check_profile", "check_renamed", "check_serve", "check_verify", "choose_method",
+           "defined_methods", "downloads", "lookup_profile", "repo_folder", "resolve", "secret_option",
+           "vllm_command"]

@@ -109,7 +109,7 @@ def test_throttled_fetch_prints_growing_progress_and_completes(tmp_path: Path, h
     done = []
     for line in counted:
         m = re.fullmatch(rf"localhost: fetch {REPO}: ([\d.]+) (\w+) of 24\.0 MiB, [\d.]+ \w+/s, "
-                         r"(\d+ s left|time left unknown)", line)
+                         r"((?:\d+ s|\d+ min|\d+ h \d\d min) left|time left unknown)", line)
         assert m, line
         done.append(float(m[1]) * UNITS[m[2]])
     assert done == sorted(done) and done[-1] > done[0], counted

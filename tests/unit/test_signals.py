@@ -21,7 +21,10 @@ def test_generate_killed_mid_write_leaves_nothing(tmp_path: Path, sig: signal.Si
     proc = subprocess.Popen([sys.executable, "-m", "tests.support", "checkpoint", "generate",
                              "--kind", "int4", "--hidden", "2048", "--layers", "8", "--experts", "64",
                              "--shared-intermediate", "2048", "--out", str(out)],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            # its own session: only the signal this test sends by pid reaches it (under
+                            # xdist a SIGINT to the worker's process group once ended it as -2)
+                            start_new_session=True)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and proc.poll() is None:
         if any(p.name.endswith("-tmp") for p in tmp_path.iterdir()):  # the build sibling is being written

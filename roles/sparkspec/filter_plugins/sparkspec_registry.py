@@ -2,8 +2,9 @@
 
 The contract role resolves each host once (``sparkspec_resolve``) into the fact ``sparkspec_resolved``; the
 deploy role turns that into vLLM's command line (``sparkspec_vllm_command``), the fetch role into what to
-download (``sparkspec_downloads``). Errors come back as one line in
-``problems``, which the role asserts on, so the play stops with the line and not a traceback.
+download (``sparkspec_downloads``) and, in a cluster, what the head hands its workers (``sparkspec_handoffs``,
+``sparkspec_handoff_items``). Errors come back as one line in ``problems``, which the role asserts on, so the
+play stops with the line and not a traceback.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from ansible.errors import AnsibleFilterError
 from sparkspec import registry
 from sparkspec.errors import UserError
 from sparkspec.registry.cluster import check_layout
+from sparkspec.registry.resolve import handoff_items
+from sparkspec.registry.resolve import handoffs as _handoffs
 
 
 def _record(slurped: Any) -> Mapping[str, Any] | None:
@@ -69,6 +72,15 @@ def downloads(resolved: Mapping[str, Any], heads: str = "all") -> list[dict[str,
     return registry.downloads(resolved, heads)
 
 
+def handoffs(resolved: Mapping[str, Any], heads: str = "all") -> list[dict[str, Any]]:
+    if resolved.get("problems"):
+        raise AnsibleFilterError(resolved["problems"][0])
+    try:
+        return _handoffs(resolved, heads)
+    except UserError as exc:
+        raise AnsibleFilterError(str(exc)) from None
+
+
 def cluster_layout_problems(cluster: Mapping[str, Any], config_text: str, model: str) -> list[str]:
     """[] when the cluster's layout fits the model's config.json (text), else the one line."""
     try:
@@ -86,5 +98,7 @@ def cluster_layout_problems(cluster: Mapping[str, Any], config_text: str, model:
 class FilterModule:
     def filters(self) -> dict[str, Callable[..., Any]]:
         return {"sparkspec_resolve": resolve, "sparkspec_vllm_command": vllm_command,
-                "sparkspec_downloads": downloads, "sparkspec_registry_names": registry_names,
+                "sparkspec_downloads": downloads, "sparkspec_handoffs": handoffs,
+                "sparkspec_handoff_items": handoff_items,
+                "sparkspec_registry_names": registry_names,
                 "sparkspec_cluster_layout_problems": cluster_layout_problems}

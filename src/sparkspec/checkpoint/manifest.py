@@ -104,8 +104,8 @@ def load(directory: Path) -> dict[str, Any]:
 
 def stale_outputs(directory: Path, manifest: dict[str, Any], skip: tuple[str, ...] = ()) -> list[str]:
     """Output files whose size, times or inode differ from the record (or whose header digest does), sorted
-    (a file recorded as a hard link to a source, add-mtp's head, is not judged by its change time: another
-    link to the same file made or removed changes it);
+    (a file recorded as a hard link to a source, add-mtp's head, or one with another link now, the cluster
+    head's hand-off root, is not judged by its change time: a link made or removed changes it, not a byte);
     ``skip``: files another command records (add-mtp's head and index, for assemble's own no-op). A record
     without a digest (an older sparkspec's index record, from before add-mtp recorded it) is not judged."""
     stale = []
@@ -119,7 +119,8 @@ def stale_outputs(directory: Path, manifest: dict[str, Any], skip: tuple[str, ..
             stale.append(name)
             continue
         now = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns, "ino": st.st_ino}
-        keys = [k for k in STAT_KEYS if not (k == "ctime_ns" and rec.get("linked") is True)]
+        linked = rec.get("linked") is True or st.st_nlink > 1
+        keys = [k for k in STAT_KEYS if not (k == "ctime_ns" and linked)]
         if any(now[k] != rec[k] for k in keys) or not path.is_file() or (
                 "header" in rec and header_digest(path) != rec["header"]):
             stale.append(name)
@@ -213,28 +214,32 @@ def digested(manifest: dict[str, Any]) -> list[str]:
 
 
 def fingerprint(directory: Path) -> dict[str, Any]:
-    """One digest of a checkpoint folder, equal on every node that holds the same checkpoint (a cluster's gate
-    before its deploy): from assemble's manifest where the folder has one (each output's name and digest, as
-    recorded, a file whose size, times or inode changed since hashed again), else from the bytes of every
-    regular file under it (a plain profile's download), hidden files and folders left out."""
+    """One digest of a checkpoint folder, equal on every node that holds the same files (a cluster's gate
+    before its deploy, the head's hand-off to its workers): each regular file under it (hidden files and
+    folders and assemble's manifest left out) by its path and the digest of its bytes. Where assemble's
+    manifest holds a current record of a file (size, times and inode unchanged since hashed), the recorded
+    digest stands for a re-hash (source "manifest"); every other file is hashed (source "content"). So a copy
+    of the files elsewhere, with the manifest or without it, gives the digest of the folder assemble wrote."""
+    if not directory.is_dir():
+        raise UserError(f"{directory}: not a folder; give the checkpoint's folder")
+    known: dict[str, str] = {}
+    source = "content"
     if owned(directory):
         doc = load(directory)
-        # a file changed since its record is hashed again: the digest is of its bytes, not a stale record
-        stale = set(stale_outputs(directory, doc))
-        entries = sorted((name, rehash(directory / name) if name in stale else str(rec.get(doc["hash"], "")))
-                         for name, rec in doc["outputs"].items())
         source = "manifest"
-    else:
-        if not directory.is_dir():
-            raise UserError(f"{directory}: not a folder; give the checkpoint's folder")
-        entries = []
-        for root, dirs, files in os.walk(directory):
-            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-            for name in sorted(f for f in files if not f.startswith(".")):
-                path = Path(root) / name
-                if path.is_file() and not path.is_symlink():
-                    entries.append((path.relative_to(directory).as_posix(), rehash(path)))
-        source = "content"
+        if doc["hash"] == HASH_NAME:
+            # a file changed since its record is hashed again: the digest is of its bytes, not a stale record
+            stale = set(stale_outputs(directory, doc))
+            known = {name: str(rec[doc["hash"]]) for name, rec in doc["outputs"].items()
+                     if doc["hash"] in rec and name not in stale}
+    entries = []
+    for root, dirs, files in os.walk(directory):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in sorted(f for f in files if not f.startswith(".")):
+            path = Path(root) / name
+            rel = path.relative_to(directory).as_posix()
+            if rel != MANIFEST_NAME and path.is_file() and not path.is_symlink():
+                entries.append((rel, known.get(rel) or rehash(path)))
     digest = new_hash()
     digest.update(json.dumps(entries).encode())
     return {"digest": str(digest.hexdigest()), "source": source, "files": len(entries)}

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from sparkspec.errors import UserError
 from sparkspec.registry.cluster import resolve_cluster
 from sparkspec.registry.data import BUILTIN_METHODS, HEAD_KINDS, RENAMED, SERVE_DEFAULTS, VERIFY_DEFAULTS
 from sparkspec.registry.fields import key, show
@@ -28,6 +29,7 @@ from sparkspec.registry.schema import (
     check_serve,
     check_verify,
 )
+from sparkspec.validate import repo_id
 
 
 def check_renamed(names: Iterable[str]) -> None:
@@ -175,3 +177,46 @@ def downloads(resolved: Mapping[str, Any], heads: str = "all") -> list[dict[str,
         out += [_download(pname, "repo", src) for name, src in profile["heads"].items()
                 if heads == "all" or name == resolved["head"]]
     return out
+
+
+HANDOFF_ORG = "local"   # the hand-off root's one org: local/<name>, as docs/hub.md's hand-off lays it out
+
+
+def handoffs(resolved: Mapping[str, Any], heads: str = "all") -> list[dict[str, Any]]:
+    """What a cluster head hands its workers (through ``hub serve``) for a resolved host, once per folder, in
+    order: every staged profile's served folder (the hybrid it assembled, or the plain model), then its heads
+    (all, or the method's: as :func:`downloads` fetched them). Each item: the profile, the folder (the same
+    path on the head and on the workers) and the repo it is served as, ``local/<folder's name>`` ('--' written
+    '.': the hub's repo names hold no '--'). [] outside a cluster."""
+    if resolved.get("cluster") is None:
+        return []
+    out: list[dict[str, Any]] = []
+    taken: dict[str, str] = {}
+    for profile in resolved["staged"]:
+        pname = profile["name"]
+        folders = [(f"sparkspec_profiles.{pname}", profile["model_dir"])] + [
+            (f"sparkspec_profiles.{pname}.heads.{kind}", src["folder"])
+            for kind, src in profile["heads"].items() if heads == "all" or kind == resolved["head"]]
+        for where, folder in folders:
+            if folder in taken.values():
+                continue
+            name = folder.rstrip("/").rsplit("/", 1)[-1].replace("--", ".")
+            repo = f"{HANDOFF_ORG}/{name}"
+            try:
+                repo_id(repo)
+            except UserError:
+                raise _fail(where, f"its folder {folder} cannot be served to the workers as {show(repo)}; "
+                                   "name the folder with letters, digits, '-', '_' and '.'") from None
+            if repo in taken:
+                raise _fail(where, f"its folder {folder} and {taken[repo]} would both be served to the "
+                                   f"workers as {repo}; give one of them another folder name")
+            taken[repo] = folder
+            out.append({"profile": pname, "folder": folder, "repo": repo, "name": name})
+    return out
+
+
+def handoff_items(handed: Iterable[Mapping[str, Any]], endpoint: str, token_file: str) -> list[list[str]]:
+    """A worker's ``sparkspec fetch batch --items``: one ``fetch repo`` per folder of :func:`handoffs`, from
+    the head's endpoint with the token file, into the same path as on the head (its hub serves ``main``)."""
+    return [["repo", item["repo"], "--revision", "main", "--dest", item["folder"], "--endpoint", endpoint,
+             "--token-file", token_file] for item in handed]

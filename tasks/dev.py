@@ -113,12 +113,14 @@ def test(c, k="", x=False, workers=2):
     """Every test: lint, unit tests, then the simulated-Spark tests (podman, systemd, real vLLM).
 
     With workers > 1 (pytest-xdist), every test of a file that touches the simulated Spark runs on one worker
-    in file order (there is one simulated Spark), and the other files run beside them on the other workers."""
+    in file order (there is one simulated Spark), the other integration tests on another, and each unit test
+    file on whichever worker is free first (tests/conftest.py)."""
     lint(c)
     bindir = Path(sys.executable).parent
     args = (f" -k {k!r}" if k else "") + (" -x" if x else "")
     if int(workers) > 1:
-        args += f" -n {int(workers)}"   # two lanes: tests/conftest.py pytest_xdist_make_scheduler
+        # the scopes of tests/conftest.py pytest_xdist_make_scheduler, in collection order (sim first)
+        args += f" -n {int(workers)} --no-loadscope-reorder"
     # the slowest tests, printed every run, so the cost of the suite stays visible in CI
     c.run(f"{bindir}/pytest --durations=25{args}", pty=False)
 

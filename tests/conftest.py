@@ -35,19 +35,32 @@ def _sim_lane() -> frozenset[str]:
 SIM_LANE = _sim_lane()
 
 
+def lane_of(nodeid: str) -> str:
+    """The scope a test runs in under `invoke test` (see pytest_xdist_make_scheduler)."""
+    path = nodeid.split("::", 1)[0]
+    if path in SIM_LANE:
+        return "sim"
+    return path if path.startswith("tests/unit/") else "host"
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
-    """`invoke test` runs pytest-xdist with two workers in two lanes: "sim" (every test of a SIM_LANE file, in
-    file order, test_provision.py first: there is one simulated Spark, and such a file's tests share its state
-    from test to test) and "host" (every other test, molecule's scenarios too: their containers have podman's
-    own network), so each session fixture (a vLLM server, generated checkpoints) is made once. (xdist's own
+    """`invoke test` runs pytest-xdist with two workers and these scopes, each run whole by one worker in
+    file order: "sim" (every test of a SIM_LANE file, test_provision.py first: there is one simulated Spark,
+    and such a file's tests share its state from test to test), "host" (the other integration and bench tests,
+    molecule's scenarios and the simulated pair too: their containers have podman networks of their own), so
+    each session fixture (a vLLM server, the pair) is made once; and each unit test file, a scope of its
+    own, handed to whichever worker runs out of work first (measured: with the unit tests in "host", the
+    worker done with "sim" idled the last ~550 s of a 2944 s run). `invoke test` passes
+    --no-loadscope-reorder: scopes go out in collection order, "sim" first (test_provision.py is collected
+    first), "host" second. (xdist's own
     loadgroup cannot do this with pytest 9: it renames nodeids through an attribute pytest 9 no longer
     reads.)"""
     from xdist.scheduler import LoadScopeScheduling
 
     class Lanes(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return "sim" if nodeid.split("::", 1)[0] in SIM_LANE else "host"
+            return lane_of(nodeid)
 
     return Lanes(config, log)
 

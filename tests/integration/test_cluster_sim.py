@@ -241,7 +241,7 @@ VENV = "/opt/sparkspec/venvs/vllm"
 PARALLEL_CHECK = """
 import json, sys
 from vllm.config import ParallelConfig
-from vllm.entrypoints.openai.cli_args import make_arg_parser
+from vllm.entrypoints.launchers.cli_args import make_arg_parser   # vLLM 0.32's place (check_vllm_args.py)
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 n = make_arg_parser(FlexibleArgumentParser()).parse_args(json.loads(sys.argv[1])[1:])
 config = ParallelConfig(tensor_parallel_size=n.tensor_parallel_size,

@@ -88,7 +88,7 @@ def test_the_ray_unit_runs_ray_start_with_the_vllm_units_confinement(me: str) ->
     assert exec_command(service["ExecStart"]).exec_argv() == ["/opt/venvs/vllm/bin/ray",
                                                                *host["cluster"]["ray"]["argv"]]
     assert service["EnvironmentFile"] == "/etc/sparkspec/sparkspec-vllm-ray.env"
-    assert service["Restart"] == "always" and service["RemoveIPC"] == "no"
+    assert service["Restart"] == "always" and service["RemoveIPC"] == "no" and service["KillMode"] == "mixed"
     # the model worker on this node runs here: the GPU's devices, the link's RDMA devices and memlock
     assert ("Service", "DeviceAllow", "char-nvidia* rw") in entries
     assert ("Service", "DeviceAllow", "char-infiniband_verbs rw") in entries

@@ -67,6 +67,15 @@ def test_the_head_hands_over_every_served_folder_and_head_once() -> None:
     assert handoffs(resolved("spark01", spec=None)) == []
 
 
+@pytest.mark.parametrize("root", ["/opt/models/h", "/opt/models/h/org--dflash/", "/opt/models", "/opt"])
+def test_a_folder_at_in_or_around_the_hand_off_root_is_refused(root: str) -> None:
+    """The head removes its hand-off root each run: a checkpoint's folder there would go with it."""
+    assert handoffs(resolved("spark01"), root="/opt/models/handoff")   # beside the folders: fine
+    with pytest.raises(UserError, match="is at, in or around the hand-off root") as info:
+        handoffs(resolved("spark01"), root=root)
+    assert "\n" not in str(info.value)
+
+
 def test_two_folders_served_under_one_name_are_refused_in_one_line() -> None:
     profiles = contract()["profiles"]
     # the plain model's folder org.dflash and the head's folder org--dflash: one repo name, local/org.dflash

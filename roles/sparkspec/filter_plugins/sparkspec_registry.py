@@ -72,11 +72,11 @@ def downloads(resolved: Mapping[str, Any], heads: str = "all") -> list[dict[str,
     return registry.downloads(resolved, heads)
 
 
-def handoffs(resolved: Mapping[str, Any], heads: str = "all") -> list[dict[str, Any]]:
+def handoffs(resolved: Mapping[str, Any], heads: str = "all", root: str = "") -> list[dict[str, Any]]:
     if resolved.get("problems"):
         raise AnsibleFilterError(resolved["problems"][0])
     try:
-        return _handoffs(resolved, heads)
+        return _handoffs(resolved, heads, root)
     except UserError as exc:
         raise AnsibleFilterError(str(exc)) from None
 

@@ -182,12 +182,13 @@ def downloads(resolved: Mapping[str, Any], heads: str = "all") -> list[dict[str,
 HANDOFF_ORG = "local"   # the hand-off root's one org: local/<name>, as docs/hub.md's hand-off lays it out
 
 
-def handoffs(resolved: Mapping[str, Any], heads: str = "all") -> list[dict[str, Any]]:
+def handoffs(resolved: Mapping[str, Any], heads: str = "all", root: str = "") -> list[dict[str, Any]]:
     """What a cluster head hands its workers (through ``hub serve``) for a resolved host, once per folder, in
     order: every staged profile's served folder (the hybrid it assembled, or the plain model), then its heads
     (all, or the method's: as :func:`downloads` fetched them). Each item: the profile, the folder (the same
     path on the head and on the workers) and the repo it is served as, ``local/<folder's name>`` ('--' written
-    '.': the hub's repo names hold no '--'). [] outside a cluster."""
+    '.': the hub's repo names hold no '--'). [] outside a cluster. ``root``: the hand-off root the head
+    removes and makes anew each run; a folder at, in or around it is refused (the removal would take it)."""
     if resolved.get("cluster") is None:
         return []
     out: list[dict[str, Any]] = []
@@ -200,6 +201,11 @@ def handoffs(resolved: Mapping[str, Any], heads: str = "all") -> list[dict[str, 
         for where, folder in folders:
             if folder in taken.values():
                 continue
+            inner, outer = f"{folder.rstrip('/')}/", f"{root.rstrip('/')}/"
+            if root and (inner.startswith(outer) or outer.startswith(inner)):
+                raise _fail(where, f"its folder {folder} is at, in or around the hand-off root {root}, "
+                                   "which each hand-off removes and makes anew; keep the checkpoints"
+                                   " outside sparkspec_home/handoff")
             name = folder.rstrip("/").rsplit("/", 1)[-1].replace("--", ".")
             repo = f"{HANDOFF_ORG}/{name}"
             try:

@@ -210,3 +210,11 @@ def test_a_pin_no_index_serves_is_found(knob: str, value: str) -> None:
     (install if knob in install else build)[knob] = value
     steps = pip_requirements(install, build)
     assert [r for reqs in steps.values() for r in unserved(reqs)] == [value]
+
+
+def test_cluster_hand_off_defaults(facts: dict[str, Any]) -> None:
+    d = _yaml("roles/checkpoint_fetch/defaults/main.yml")
+    assert d["checkpoint_fetch_handoff_port"] == facts["handoff_port"]
+    assert d["checkpoint_fetch_handoff_wait"] == facts["handoff_wait_s"]
+    hub_cli = (ROOT / "src/sparkspec/cli/hub.py").read_text()
+    assert f'type=argtypes.port, default={facts["handoff_port"]},' in hub_cli

@@ -20,7 +20,7 @@ import pytest
 
 from sparkspec import registry
 from sparkspec.errors import UserError
-from sparkspec.registry.resolve import handoff_items, handoffs
+from sparkspec.registry.resolve import handoff_folder, handoff_items, handoffs
 from tests.support.systemd_rules import small_contract
 from tests.unit.conftest import Tree, run_cli
 
@@ -91,6 +91,37 @@ def test_a_worker_fetches_each_folder_from_the_head_into_the_same_path() -> None
     assert items[0] == ["repo", "local/h-hybrid", "--revision", "main", "--dest", "/opt/models/h-hybrid",
                         "--endpoint", "http://192.168.100.10:8089", "--token-file", "/opt/sparkspec/tok"]
     assert [(i[1], i[5]) for i in items] == [(h["repo"], h["folder"]) for h in handoffs(resolved("spark01"))]
+
+
+def test_a_source_build_s_wheelhouse_folder_lands_in_the_worker_s_staging_folder() -> None:
+    """vllm_build hands its stamp's wheelhouse folder over (roles/vllm_build/tasks/cluster.yml): served from
+    the head's path, fetched into a staging folder the worker's root copies from."""
+    item = handoff_folder("/opt/sparkspec/wheelhouse/vllm-0123456789ab", "/opt/sparkspec/handoff",
+                          "vllm_build_wheelhouse", "vllm_build_wheelhouse",
+                          "/opt/sparkspec/handoff-in/vllm-0123456789ab")
+    assert item == {"folder": "/opt/sparkspec/wheelhouse/vllm-0123456789ab",
+                    "dest": "/opt/sparkspec/handoff-in/vllm-0123456789ab",
+                    "repo": "local/vllm-0123456789ab", "name": "vllm-0123456789ab",
+                    "setting": "vllm_build_wheelhouse"}
+    fetch = handoff_items([item], "http://192.168.100.10:8089", "/opt/sparkspec/tok")
+    assert fetch == [["repo", "local/vllm-0123456789ab", "--revision", "main", "--dest",
+                      "/opt/sparkspec/handoff-in/vllm-0123456789ab", "--endpoint", "http://192.168.100.10:8089",
+                      "--token-file", "/opt/sparkspec/tok"]]
+    # a checkpoint's folder lands where it is on the head (its dest is its folder)
+    assert all(i["dest"] == i["folder"] and i["setting"] == "sparkspec_models_dir"
+               for i in handoffs(resolved("spark01")))
+
+
+@pytest.mark.parametrize(("folder", "expect"), [
+    ("/opt/sparkspec/handoff/wheels/vllm-0123456789ab", "is at, in or around the hand-off root"),
+    ("/opt/sparkspec", "is at, in or around the hand-off root"),
+    ("/opt/sparkspec/wheelhouse/vllm 01", "cannot be served to the workers"),
+])
+def test_a_wheelhouse_folder_the_hand_off_would_remove_or_cannot_serve_is_refused(folder: str,
+                                                                                  expect: str) -> None:
+    with pytest.raises(UserError, match=expect) as info:
+        handoff_folder(folder, "/opt/sparkspec/handoff", "vllm_build_wheelhouse", "vllm_build_wheelhouse")
+    assert str(info.value).startswith("vllm_build_wheelhouse: ") and "\n" not in str(info.value)
 
 
 def digest(folder: Path) -> dict[str, Any]:
@@ -171,7 +202,8 @@ def test_a_worker_pulls_the_hard_linked_root_and_ends_with_the_head_s_digest(ckp
         dest = tmp_path / "worker" / "h-hybrid"
         dest.parent.mkdir()
         # the worker's one `fetch batch`, its items as the role builds them
-        items = handoff_items([{"repo": "local/h-hybrid", "folder": str(dest)}], url, str(mine))
+        item = {"repo": "local/h-hybrid", "folder": str(dest), "dest": str(dest)}
+        items = handoff_items([item], url, str(mine))
         pulled = run_cli("fetch", "batch", "--json", "--items", json.dumps(items))
         assert pulled.rc == 0, pulled.stderr
         assert not (dest / ".sparkspec-published").exists()

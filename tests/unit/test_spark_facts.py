@@ -167,12 +167,14 @@ def _pin(requirement: str) -> tuple[str, str]:
 def pip_requirements(vllm_install: dict[str, Any], vllm_build: dict[str, Any]) -> dict[str, list[str]]:
     """What each install mode's pip steps ask an index for, from the roles' task files and the given values:
     wheel mode installs vllm_install_package (tasks/wheel.yml), source mode the torch pin from its index, then
-    FlashInfer (roles/vllm_build/tasks/build.yml); existing mode runs no pip step."""
+    FlashInfer (roles/vllm_build/tasks/venv.yml, build.yml); existing mode runs no pip step."""
     wheel_tasks = (ROOT / "roles/vllm_install/tasks/wheel.yml").read_text()
     build_tasks = (ROOT / "roles/vllm_build/tasks/build.yml").read_text()
+    venv_tasks = (ROOT / "roles/vllm_build/tasks/venv.yml").read_text()
     assert 'name: "{{ vllm_install_package }}"' in wheel_tasks
-    assert '_vllm_build_pip_args: [install, "{{ vllm_build_torch }}"]' in build_tasks
-    assert "'PIP_INDEX_URL': vllm_build_torch_index_url" in build_tasks
+    assert "ansible.builtin.import_tasks: venv.yml" in build_tasks
+    assert '_vllm_build_pip_args: [install, "{{ vllm_build_torch }}"]' in venv_tasks
+    assert "'PIP_INDEX_URL': vllm_build_torch_index_url" in venv_tasks
     assert "['wheel', '--no-deps', '--wheel-dir', _vllm_build_wheels] + vllm_build_flashinfer" in build_tasks
     # checks only
     assert "ansible.builtin.pip" not in (ROOT / "roles/vllm_install/tasks/fit.yml").read_text()

@@ -3,8 +3,9 @@
 The contract role resolves each host once (``sparkspec_resolve``) into the fact ``sparkspec_resolved``; the
 deploy role turns that into vLLM's command line (``sparkspec_vllm_command``), the fetch role into what to
 download (``sparkspec_downloads``) and, in a cluster, what the head hands its workers (``sparkspec_handoffs``,
-``sparkspec_handoff_items``). Errors come back as one line in ``problems``, which the role asserts on, so the
-play stops with the line and not a traceback.
+``sparkspec_handoff_items``; ``sparkspec_handoff_folder`` for a source build's wheelhouse). Errors come
+back as one line in ``problems``, which the role asserts on, so the play stops with the line and not a
+traceback.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from ansible.errors import AnsibleFilterError
 from sparkspec import registry
 from sparkspec.errors import UserError
 from sparkspec.registry.cluster import check_layout
+from sparkspec.registry.resolve import handoff_folder as _handoff_folder
 from sparkspec.registry.resolve import handoff_items
 from sparkspec.registry.resolve import handoffs as _handoffs
 
@@ -81,6 +83,13 @@ def handoffs(resolved: Mapping[str, Any], heads: str = "all", root: str = "") ->
         raise AnsibleFilterError(str(exc)) from None
 
 
+def handoff_folder(folder: str, root: str, where: str, setting: str, dest: str = "") -> dict[str, Any]:
+    try:
+        return _handoff_folder(folder, root, where, setting, dest)
+    except UserError as exc:
+        raise AnsibleFilterError(str(exc)) from None
+
+
 def cluster_layout_problems(cluster: Mapping[str, Any], config_text: str, model: str) -> list[str]:
     """[] when the cluster's layout fits the model's config.json (text), else the one line."""
     try:
@@ -99,6 +108,6 @@ class FilterModule:
     def filters(self) -> dict[str, Callable[..., Any]]:
         return {"sparkspec_resolve": resolve, "sparkspec_vllm_command": vllm_command,
                 "sparkspec_downloads": downloads, "sparkspec_handoffs": handoffs,
-                "sparkspec_handoff_items": handoff_items,
+                "sparkspec_handoff_items": handoff_items, "sparkspec_handoff_folder": handoff_folder,
                 "sparkspec_registry_names": registry_names,
                 "sparkspec_cluster_layout_problems": cluster_layout_problems}

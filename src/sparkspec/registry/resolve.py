@@ -185,9 +185,8 @@ HANDOFF_ORG = "local"   # the hand-off root's one org: local/<name>, as docs/hub
 def handoffs(resolved: Mapping[str, Any], heads: str = "all", root: str = "") -> list[dict[str, Any]]:
     """What a cluster head hands its workers (through ``hub serve``) for a resolved host, once per folder, in
     order: every staged profile's served folder (the hybrid it assembled, or the plain model), then its heads
-    (all, or the method's: as :func:`downloads` fetched them). Each item: the profile, the folder (the same
-    path on the head and on the workers) and the repo it is served as, ``local/<folder's name>`` ('--' written
-    '.': the hub's repo names hold no '--'). [] outside a cluster. ``root``: the hand-off root the head
+    (all, or the method's: as :func:`downloads` fetched them). Each item is :func:`handoff_folder`'s, its
+    ``dest`` the same path as on the head. [] outside a cluster. ``root``: the hand-off root the head
     removes and makes anew each run; a folder at, in or around it is refused (the removal would take it)."""
     if resolved.get("cluster") is None:
         return []
@@ -201,28 +200,40 @@ def handoffs(resolved: Mapping[str, Any], heads: str = "all", root: str = "") ->
         for where, folder in folders:
             if folder in taken.values():
                 continue
-            inner, outer = f"{folder.rstrip('/')}/", f"{root.rstrip('/')}/"
-            if root and (inner.startswith(outer) or outer.startswith(inner)):
-                raise _fail(where, f"its folder {folder} is at, in or around the hand-off root {root}, "
-                                   "which each hand-off removes and makes anew; keep the checkpoints"
-                                   " outside sparkspec_home/handoff")
-            name = folder.rstrip("/").rsplit("/", 1)[-1].replace("--", ".")
-            repo = f"{HANDOFF_ORG}/{name}"
-            try:
-                repo_id(repo)
-            except UserError:
-                raise _fail(where, f"its folder {folder} cannot be served to the workers as {show(repo)}; "
-                                   "name the folder with letters, digits, '-', '_' and '.'") from None
+            item = handoff_folder(folder, root, where, "sparkspec_models_dir")
+            repo = item["repo"]
             if repo in taken:
                 raise _fail(where, f"its folder {folder} and {taken[repo]} would both be served to the "
                                    f"workers as {repo}; give one of them another folder name")
             taken[repo] = folder
-            out.append({"profile": pname, "folder": folder, "repo": repo, "name": name})
+            out.append({"profile": pname, **item})
     return out
 
 
+def handoff_folder(folder: str, root: str, where: str, setting: str, dest: str = "") -> dict[str, Any]:
+    """One folder a cluster head hands over: ``folder`` (its path on the head), ``dest`` (where a worker's
+    fetch writes it: ``folder`` unless given, e.g. a staging folder the worker's root copies from), the repo
+    it is served as (``local/<folder's name>``, '--' written '.': the hub's repo names hold no '--'), its
+    ``name`` and the ``setting`` that places it (named when it cannot be hard-linked into the hand-off root).
+    ``where`` names the input in an error. Refused: a folder at, in or around ``root`` (each hand-off removes
+    and makes it anew) and a name the hub cannot serve."""
+    inner, outer = f"{folder.rstrip('/')}/", f"{root.rstrip('/')}/"
+    if root and (inner.startswith(outer) or outer.startswith(inner)):
+        raise _fail(where, f"its folder {folder} is at, in or around the hand-off root {root}, which each "
+                           "hand-off removes and makes anew; keep it outside sparkspec_home/handoff")
+    name = folder.rstrip("/").rsplit("/", 1)[-1].replace("--", ".")
+    repo = f"{HANDOFF_ORG}/{name}"
+    try:
+        repo_id(repo)
+    except UserError:
+        raise _fail(where, f"its folder {folder} cannot be served to the workers as {show(repo)}; "
+                           "name the folder with letters, digits, '-', '_' and '.'") from None
+    return {"folder": folder, "dest": dest or folder, "repo": repo, "name": name, "setting": setting}
+
+
 def handoff_items(handed: Iterable[Mapping[str, Any]], endpoint: str, token_file: str) -> list[list[str]]:
-    """A worker's ``sparkspec fetch batch --items``: one ``fetch repo`` per folder of :func:`handoffs`, from
-    the head's endpoint with the token file, into the same path as on the head (its hub serves ``main``)."""
-    return [["repo", item["repo"], "--revision", "main", "--dest", item["folder"], "--endpoint", endpoint,
+    """A worker's ``sparkspec fetch batch --items``: one ``fetch repo`` per folder of :func:`handoffs` (or
+    :func:`handoff_folder`), from the head's endpoint with the token file, into its ``dest`` (its hub serves
+    ``main``)."""
+    return [["repo", item["repo"], "--revision", "main", "--dest", item["dest"], "--endpoint", endpoint,
              "--token-file", token_file] for item in handed]

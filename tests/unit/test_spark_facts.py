@@ -173,7 +173,9 @@ def pip_requirements(vllm_install: dict[str, Any], vllm_build: dict[str, Any]) -
     venv_tasks = (ROOT / "roles/vllm_build/tasks/venv.yml").read_text()
     assert 'name: "{{ vllm_install_package }}"' in wheel_tasks
     assert "ansible.builtin.import_tasks: venv.yml" in build_tasks
-    assert '_vllm_build_pip_args: [install, "{{ vllm_build_torch }}"]' in venv_tasks
+    assert '_vllm_build_pip_args: [install, "{{ _vllm_build_torch_req }}"]' in venv_tasks
+    # this host's pin (a cluster's worker takes its head's, from the same variable there)
+    assert "else vllm_build_torch }}" in (ROOT / "roles/vllm_build/vars/main.yml").read_text()
     assert "'PIP_INDEX_URL': vllm_build_torch_index_url" in venv_tasks
     assert "['wheel', '--no-deps', '--wheel-dir', _vllm_build_wheels] + vllm_build_flashinfer" in build_tasks
     # checks only

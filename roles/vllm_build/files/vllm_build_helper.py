@@ -15,6 +15,12 @@ memory and disk is that code's ``toolchain`` probe.
                                cuda_archs_loose_intersection(FA2_ARCHS ...); idempotent; prints
                                {"changed", "file", "edits"} as JSON; exits 1 with one line on stderr when a
                                line it needs is not there (a symlinked CMakeLists.txt is refused)
+  take-wheels STAGING DEST SUMS_JSON OWNER
+                               a cluster worker's copy of the head's wheels: each file named in SUMS_JSON
+                               ({name: sha256}) from STAGING (OWNER's fetch) into DEST (root's), read through
+                               an O_NOFOLLOW descriptor that must be a regular file of OWNER with one link,
+                               hashed while it streams into a temp name that takes the wheel's name only when
+                               its sha256 matches; prints {"copied": [...]}; exits 1 with one line otherwise
   run LOG WHAT CMD... [--progress-file P]
                                run CMD, appending its output to LOG; with --progress-file (appended by the
                                sparkspec_progress action) keep P updated with the time and the last ninja
@@ -25,9 +31,13 @@ memory and disk is that code's ``toolchain`` probe.
 from __future__ import annotations
 
 import glob
+import hashlib
 import json
 import os
+import pwd
 import re
+import secrets
+import stat
 import subprocess
 import sys
 import threading
@@ -182,6 +192,58 @@ def run(argv: list[str]) -> int:
     return rc
 
 
+def take_wheels(staging: str, dest: str, sums: dict, owner: str) -> dict:
+    """Copy the wheels a cluster's head listed (SUMS) from a folder the unprivileged OWNER wrote (its fetch)
+    into root's DEST, so that what pip installs is byte for byte what the head built: no name but the head's,
+    no link followed (a planted symlink would have root copy a file of its choice into a readable folder), no
+    hard link (another file of OWNER's), and a copy that takes its name only after its sha256 matched."""
+    uid = pwd.getpwnam(owner).pw_uid
+    flags = os.O_RDONLY | os.O_NOFOLLOW
+    src_dir = os.open(staging, flags | os.O_DIRECTORY)
+    dst_dir = os.open(dest, flags | os.O_DIRECTORY)
+    copied = []
+    try:
+        for name, want in sorted(sums.items()):
+            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.+-]*\.whl", name):
+                raise SystemExit(f"{name!r} is not a wheel's file name; the head's list is not its wheels")
+            try:
+                src = os.open(name, flags | os.O_NONBLOCK, dir_fd=src_dir)
+            except OSError as exc:
+                raise SystemExit(f"{staging}/{name}: {exc.strerror} (a link, or not fetched)") from None
+            tmp = f".{name}.{secrets.token_hex(8)}.tmp"
+            try:
+                st = os.fstat(src)
+                if not stat.S_ISREG(st.st_mode) or st.st_uid != uid or st.st_nlink != 1:
+                    raise SystemExit(f"{staging}/{name} is not a regular file of {owner} with one link; "
+                                     "the fetch writes only such files")
+                digest = hashlib.sha256()
+                create = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                out = os.open(tmp, create, 0o644, dir_fd=dst_dir)
+                try:
+                    while block := os.read(src, 1 << 20):
+                        digest.update(block)
+                        os.write(out, block)
+                    os.fsync(out)
+                finally:
+                    os.close(out)
+                if digest.hexdigest() != want:
+                    raise SystemExit(f"{name}: sha256 {digest.hexdigest()[:16]} is not the head's "
+                                     f"{str(want)[:16]}")
+                os.rename(tmp, name, src_dir_fd=dst_dir, dst_dir_fd=dst_dir)
+                copied.append(name)
+            finally:
+                os.close(src)
+                try:
+                    os.unlink(tmp, dir_fd=dst_dir)
+                except FileNotFoundError:
+                    pass
+        os.fsync(dst_dir)
+    finally:
+        os.close(src_dir)
+        os.close(dst_dir)
+    return {"copied": copied}
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["torch"]:
         print(json.dumps(torch(argv[1])))
@@ -189,6 +251,8 @@ def main(argv: list[str]) -> int:
         print(json.dumps(sass(argv[1], argv[2], argv[3], json.loads(argv[4]))))
     elif argv[:1] == ["fa-archs"] and len(argv) == 3:
         print(json.dumps(fa_archs(argv[1], argv[2])))
+    elif argv[:1] == ["take-wheels"] and len(argv) == 5:
+        print(json.dumps(take_wheels(argv[1], argv[2], json.loads(argv[3]), argv[4])))
     elif argv[:1] == ["run"]:
         return run(argv[1:])
     else:

@@ -193,10 +193,13 @@ def test_no_build_isolation_and_nothing_but_the_wheel_in_the_compile(sequence: l
 
 
 def test_every_pip_call_is_a_guarded_step(sequence: list[dict[str, Any]]) -> None:
-    """pip runs in two places only: the compile, and pip_step.yml, whose every run is followed by the torch
-    guard (torch still the pinned CUDA build, else the failure names the step)."""
+    """pip changes a venv in two places only: the compile, and pip_step.yml, whose every run is followed by
+    the torch guard (torch still the pinned CUDA build, else the failure names the step); a cluster's reads
+    of a venv's packages (`pip list --format=freeze`, tasks/cluster.yml) change nothing."""
     calls = [s for s in sequence if "pip" in _argv(s) or "ansible.builtin.pip" in s]
-    assert calls and all(s["_file"] == "pip_step.yml" or "wheel" in _argv(s) for s in calls), \
+    reads = [s for s in calls if _argv(s)[-3:-1] == ["list", "--format=freeze"]]
+    assert [s["_file"] for s in reads] == ["cluster.yml", "cluster.yml"]
+    assert calls and all(s["_file"] == "pip_step.yml" or "wheel" in _argv(s) or s in reads for s in calls), \
         [s.get("name") for s in calls]
     steps = yaml.safe_load((ROLE / "tasks/pip_step.yml").read_text())
     assert [list(k for k in s if k.startswith(("ansible.", "sparkspec_")))[0] for s in steps] == \
@@ -204,12 +207,14 @@ def test_every_pip_call_is_a_guarded_step(sequence: list[dict[str, Any]]) -> Non
     assert steps[0]["environment"] == ("{{ _vllm_build_pip_env | combine(_vllm_build_step_env | default({})) "
                                        "}}")
     assert _argv(steps[2])[2] == "torch"
-    assert "_vllm_build_torch_pin[1]" in steps[3]["ansible.builtin.assert"]["that"]
+    assert "_vllm_build_torch_req_pin[1]" in steps[3]["ansible.builtin.assert"]["that"]
     included = [s for s in sequence if s["_file"] == "pip_step.yml" and "sparkspec_progress" in s]
-    assert len(included) == 5   # torch, the build requirements, FlashInfer's wheels, vLLM's wheel, FlashInfer
+    # the head: torch, the build requirements, FlashInfer's wheels, vLLM's wheel, FlashInfer; a cluster's
+    # worker (tasks/cluster.yml): torch, the head's vLLM wheel, the head's other wheels
+    assert len(included) == 8
     # the torch index reaches the torch step alone (no other step gains an index: dependency confusion)
     with_index = [s["_vars"]["_vllm_build_pip_args"] for s in included
                   if "_vllm_build_step_env" in s["_vars"]]
-    assert with_index == [["install", "{{ vllm_build_torch }}"]]
+    assert with_index == [["install", "{{ _vllm_build_torch_req }}"]] * 2
     assert "'PIP_INDEX_URL': vllm_build_torch_index_url" in next(
         s["_vars"]["_vllm_build_step_env"] for s in included if "_vllm_build_step_env" in s["_vars"])

@@ -92,3 +92,11 @@ def test_a_name_that_is_not_a_wheel_s_is_refused(dirs: tuple[Path, Path], name: 
     staging, dest = dirs
     proc = take(staging, dest, {name: "0" * 64})
     assert proc.returncode == 1 and "is not a wheel's file name" in proc.stderr
+
+
+def test_a_wheelhouse_that_is_the_staging_folder_is_refused(dirs: tuple[Path, Path]) -> None:
+    staging, _ = dirs
+    digest = wheel(staging, "vllm-1-py3-none-any.whl", b"the head's")
+    proc = take(staging, staging, {"vllm-1-py3-none-any.whl": digest})
+    assert proc.returncode == 1 and "are one folder" in proc.stderr
+    assert sorted(p.name for p in staging.iterdir()) == ["vllm-1-py3-none-any.whl"]

@@ -201,6 +201,12 @@ def take_wheels(staging: str, dest: str, sums: dict, owner: str) -> dict:
     flags = os.O_RDONLY | os.O_NOFOLLOW
     src_dir = os.open(staging, flags | os.O_DIRECTORY)
     dst_dir = os.open(dest, flags | os.O_DIRECTORY)
+    src_st, dst_st = os.fstat(src_dir), os.fstat(dst_dir)
+    if (src_st.st_dev, src_st.st_ino) == (dst_st.st_dev, dst_st.st_ino):
+        os.close(src_dir)
+        os.close(dst_dir)
+        raise SystemExit(f"{staging} and {dest} are one folder; keep vllm_build_wheelhouse outside the "
+                         "staging folder sparkspec_home/handoff-in")
     copied = []
     try:
         for name, want in sorted(sums.items()):

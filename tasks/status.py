@@ -35,6 +35,8 @@ class HostStatus:
     profile: str | None = None
     model: str | None = None
     url: str | None = None
+    k: int | None = None               # num_speculative_tokens served, from the unit's record
+    k_source: str | None = None        # where it came from: sparkspec_num_speculative_tokens, a method entry
     desired_method: str | None = None  # recorded by a deploy that switched the method
     desired_time: str | None = None
     inventory_method: str | None = None
@@ -93,6 +95,8 @@ def _status(name: str, unit: str, data: dict[str, Any]) -> HostStatus:
         status.notes.append(str(record["error"]))
     status.method, status.profile = record.get("method"), record.get("profile")
     status.model, status.url = record.get("served_model_name"), record.get("url")
+    status.k = _int(record.get("num_speculative_tokens"))
+    status.k_source = str(record["k_source"]) if isinstance(record.get("k_source"), str) else None
     desired = data.get("desired")
     if isinstance(desired, dict) and not desired.get("error"):
         status.desired_method, status.desired_time = desired.get("method"), desired.get("time")
@@ -140,12 +144,14 @@ def table(statuses: list[HostStatus]) -> Any:
     from rich.text import Text
 
     grid = Table(title=f"sparkspec status ({', '.join(sorted({s.unit for s in statuses}))})")
-    for column in ("host", "unit", "method", "profile", "model", "/health", "memory", "available"):
+    columns = ("host", "unit", "method", "k (from)", "profile", "model", "/health", "memory", "available")
+    for column in columns:
         grid.add_column(column, no_wrap=column in ("host", "unit", "/health", "memory", "available"))
     for s in statuses:
         state = s.state if s.sub_state in ("running", "dead", "") else f"{s.state}/{s.sub_state}"
         health = str(s.health) if s.health is not None else (s.health_error or "-")
-        grid.add_row(s.host, state, s.method or "none", s.profile or "-", s.model or "-", health,
+        k = "-" if s.k is None else f"{s.k} ({s.k_source or 'unknown'})"
+        grid.add_row(s.host, state, s.method or "none", k, s.profile or "-", s.model or "-", health,
                      _gib(s.memory_current), _gib(s.mem_available))
     notes = [Text(f"{s.host}: {note}", style="yellow") for s in statuses for note in s.notes]
     return Group(grid, *notes)

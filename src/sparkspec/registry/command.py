@@ -69,6 +69,10 @@ def vllm_command(resolved: Mapping[str, Any], service: Mapping[str, Any],
     record = {"unit": service["unit"], "method": resolved["method"], "profile": profile["name"],
               "served_model_name": profile["served_model_name"], "venv": resolved["venv"],
               "url": f"http://{f'[{local}]' if ':' in local else local}:{checked_port}"}
+    spec = resolved["speculative_config"]
+    if spec is not None:   # k and where it came from, for `invoke status`
+        record.update(num_speculative_tokens=spec.get("num_speculative_tokens"),
+                      k_source=resolved.get("k_source"))
     if cluster:   # a worker serves no HTTP: status and verify go to the head
         record.update(cluster={k: cluster[k] for k in ("group", "rank", "role", "head", "members", "nnodes")})
         if cluster["rank"] > 0:

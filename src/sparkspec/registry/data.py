@@ -87,7 +87,7 @@ HEAD_KINDS: tuple[str, ...] = tuple(m["speculative_config"]["method"] for m in B
 CONTRACT_KEYS: tuple[str, ...] = ("method", "method_switch", "methods", "profile", "profiles",
                                   "stage_profiles",
                                   "models_dir", "sources_dir", "heads_dir", "vllm_venv", "serve", "verify",
-                                  "port", "bind_address", "cluster")
+                                  "port", "bind_address", "cluster", "num_speculative_tokens")
 # The contract's folders: absolute, normalised paths (sparkspec.validate.absolute_path).
 CONTRACT_FOLDERS: tuple[str, ...] = CONTRACT_KEYS[6:10]
 

@@ -27,6 +27,7 @@ from sparkspec.registry.schema import (
     check_method,
     check_profile,
     check_serve,
+    check_tuned_k,
     check_verify,
 )
 from sparkspec.validate import repo_id
@@ -124,6 +125,12 @@ def resolve(contract: Mapping[str, Any], record: Mapping[str, Any] | None = None
     stage = contract.get("stage_profiles") or [profile["name"]]
     staged = [_pick(profiles, s, "sparkspec_stage_profiles") for s in dict.fromkeys(stage)]
     spec = method["speculative_config"]
+    tuned = check_tuned_k(contract.get("num_speculative_tokens"), checked)
+    k_source = None if spec is None else (
+        "sparkspec_num_speculative_tokens" if name in tuned else
+        f"sparkspec_methods.{name}" if name in (contract.get("methods") or {}) else f"registry ({name})")
+    if name in tuned:
+        spec = {**spec, "num_speculative_tokens": tuned[name]}
     if method["head"] is not None:
         if method["head"] not in profile["heads"]:
             raise _fail(f"sparkspec_methods.{name}.head", f"method {name} needs a {method['head']} head, and "
@@ -149,6 +156,7 @@ def resolve(contract: Mapping[str, Any], record: Mapping[str, Any] | None = None
             "desired": {"action": chosen["action"], "record": chosen["record"],
                         "previous": dict(record) if isinstance(record, Mapping) else None},
             "methods": list(methods), "head": method["head"], "serve": serve, "speculative_config": spec,
+            "k_source": k_source,
             "head_kind": spec["method"] if spec is not None and spec["method"] in HEAD_KINDS else None,
             "verify": floors[name], "floors": floors,
             "venv": method["vllm_venv"] or profile["vllm_venv"] or contract["vllm_venv"],

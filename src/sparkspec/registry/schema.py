@@ -248,6 +248,23 @@ def check_profile(name: str, profile: Any, dirs: Mapping[str, str]) -> dict[str,
             "verify": check_verify(entry.get("verify"), f"{where}.verify")}
 
 
+def check_tuned_k(value: Any, methods: Mapping[str, Mapping[str, Any]]) -> dict[str, int]:
+    """sparkspec_num_speculative_tokens: method name to k, over that method's speculative_config (what
+    `invoke tune --apply` writes). Every entry is checked, served or not: a method that is not defined or
+    drafts nothing is refused, and k as the speculative_config's own (1..64)."""
+    where = "sparkspec_num_speculative_tokens"
+    block = _mapping({} if value is None else value, where, "give a mapping of method name to k, e.g. "
+                                                            "{ngram: 3}")
+    for method, k in block.items():
+        if method not in methods:
+            raise _fail(f"{where}.{key(method)}", f"no such method; choose one of {', '.join(methods)}")
+        if methods[method]["speculative_config"] is None:
+            raise _fail(f"{where}.{method}", f"method {method} drafts nothing (no speculative_config), so "
+                                             "it has no k; remove the entry")
+        fields.spec_value("num_speculative_tokens", k, f"{where}.{method}")
+    return dict(block)
+
+
 def check_contract(contract: Mapping[str, Any]) -> dict[str, Any]:
     """The contract's own values (sparkspec_<key> for each key of CONTRACT_KEYS), before its structures: the
     folders absolute and normalised, the method names, the tables mappings, stage_profiles a list of profile

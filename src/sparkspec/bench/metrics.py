@@ -227,4 +227,6 @@ def summarize(results: Sequence[Timed], duration: float) -> dict[str, Any]:
     figures |= _stats("e2el", [r.e2e for r in results])
     figures["per_request_tok_s_mean"] = float(np.mean(speeds)) if speeds else None
     figures["per_request_tok_s_max"] = float(np.max(speeds)) if speeds else None
+    # the spread of the per-request speeds (population std): `invoke tune` compares k within it
+    figures["per_request_tok_s_std"] = float(np.std(speeds)) if speeds else None
     return figures

@@ -1,5 +1,5 @@
 """Invoke tasks: the commands a Spark owner types. This module only assembles the collection; the tasks
-live by concern in host (provision, deploy, render, teardown, verify), compare, report, observe (status,
+live by concern in host (provision, deploy, render, teardown, verify), compare, tune, report, observe (status,
 logs), dev (sim.*, bench.*, lint, test) and molecule_tasks (one role's molecule scenario), over the libraries
 play, inventory, remote, status and compare_plan."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from invoke import Collection
 
-from tasks import compare, dev, host, molecule_tasks, observe, report
+from tasks import compare, dev, host, molecule_tasks, observe, report, tune
 
 bench = Collection("bench")
 bench.add_task(dev.bench_checkpoint, "checkpoint")
@@ -23,6 +23,7 @@ sim.add_task(dev.sim_pair_down, "pair-down")
 sim.add_task(dev.sim_ssh, "ssh")
 
 ns = Collection(host.provision, host.deploy, host.render, host.teardown, observe.status, host.verify,
-                observe.logs, compare.compare, report.report, dev.lint, dev.test, molecule_tasks.molecule,
+                observe.logs, compare.compare, tune.tune, report.report, dev.lint, dev.test,
+                molecule_tasks.molecule,
                 sim, bench)
 ns.configure({"sparkspec": {"inventory": "inventories/sim", "sim_host": "sim01"}})

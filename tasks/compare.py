@@ -41,6 +41,12 @@ def compare(c, host=None, methods="baseline,ngram", inventory=None):
         raise fail(exc) from None
     where = target.head if target.placement is None else f"{target.pattern} (head {target.head})"
     running = Row(now.method, now.profile or values.get("sparkspec_profile", "")) if now.method else None
+    # the host's record is not trusted: what the restore deploys again must be the inventory's
+    if running and (not isinstance(running.profile, str)
+                    or running.profile not in (values.get("sparkspec_profiles") or {})):
+        raise fail(UserError(f"{target.head}'s record says it serves profile {str(running.profile)[:64]!r}, "
+                             "which the inventory does not define; deploy a method first (invoke deploy "
+                             f"--host {target.head} --method baseline)"))
     reports = ROOT / "reports" / "compare"
     for row in rows:  # this run's files only: a row that did not run leaves no old result behind
         for old in results(target, reports, row):

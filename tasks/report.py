@@ -208,12 +208,17 @@ def plot_png(rows: list[Row], title: str = "Per-request output speed") -> bytes:
         acc.set_title("Acceptance per position (/metrics counter deltas)")
         if positions:
             acc.legend(fontsize=8)
-        fig.tight_layout()
-        out = io.BytesIO()
-        fig.savefig(out, format="png", metadata={"Software": None, "Description": PNG_MARKER})
-        return out.getvalue()
+        return png_bytes(fig)
     finally:
         plt.close(fig)
+
+
+def png_bytes(fig: Any) -> bytes:
+    """A figure laid out and saved as PNG, marked as sparkspec's by its Description (outputs.PNG)."""
+    fig.tight_layout()
+    out = io.BytesIO()
+    fig.savefig(out, format="png", metadata={"Software": None, "Description": PNG_MARKER})
+    return out.getvalue()
 
 
 def load_lossless(path: str) -> dict[str, Any]:

@@ -47,8 +47,8 @@ REPORTS = ROOT / "reports" / "tune"
     "max-tokens": "max output tokens per request (default: the verify role's)",
     "apply": "write the best k into the inventory (sparkspec_num_speculative_tokens) and print the diff",
     "inventory": "inventory folder (default from invoke.yaml)"})
-def tune(c, host=None, method=None, profile="", k="", k_max=0, suite="all", prompts="", requests=0,
-         concurrency="1", temperature=0.0, thinking=False, max_tokens=0, apply=False, inventory=None):
+def tune(c, host=None, method=None, profile="", k="", k_max="", suite="all", prompts="", requests="",
+         concurrency="1", temperature="0", thinking=False, max_tokens="", apply=False, inventory=None):
     """Choose k for a method on your workload: baseline and k_max measured, every k up to k_max predicted
     from the k_max run's per-position acceptance, each other k of -k measured to check the prediction.
     Restores what served before. Report: reports/<head>/tune-<method>.{md,png}, figures in
@@ -68,18 +68,17 @@ def tune(c, host=None, method=None, profile="", k="", k_max=0, suite="all", prom
         spec = resolved["speculative_config"]
         head = _head_config(c, inventory, target.head, spec) if spec["method"] == "dflash" else None
         block = (tune_plan.block_limit(head) + 1) if head is not None else None
-        ks = tune_plan.parse_ks(k, int(k_max or 0), int(spec["num_speculative_tokens"]),
+        ks = tune_plan.parse_ks(k, k_max, int(spec["num_speculative_tokens"]),
                                 tune_plan.block_limit(head))
         levels = tune_plan.parse_levels(str(concurrency))
-        load = tune_plan.workload(suite, prompts, int(requests or 0), temperature, thinking,
-                                  int(max_tokens or 0))
+        load = tune_plan.workload(suite, prompts, requests, temperature, thinking, max_tokens)
         plan = tune_plan.rows(method, ks, levels)
         tune_plan.check_names(plan, target.head, target.pattern if target.placement is not None else None)
         targets = tune_report.outputs(str(ROOT / "reports" / target.head), method)
         now = host_status(inventory_of(c, inventory), target.head, ask_become_pass=ask_become_pass(c))
         before = tune_plan.restore_of(values, target.head, asdict(now), target.placement)
-    except (UserError, ValueError) as exc:
-        raise fail(exc if isinstance(exc, UserError) else UserError(f"{exc}; fix the option")) from None
+    except UserError as exc:
+        raise fail(exc) from None
     tuned = dict(values.get("sparkspec_num_speculative_tokens") or {})
     for row in plan:   # this run's files only: a row that does not run leaves no old result behind
         _result(target, row).unlink(missing_ok=True)

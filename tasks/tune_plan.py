@@ -11,6 +11,7 @@ method the owner serves, only its k changed.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -76,9 +77,19 @@ def _integers(text: str, flag: str, low: int, high: int, what: str) -> list[int]
     return sorted(out)
 
 
-def parse_ks(k: str, k_max: int, current: int, limit: int) -> list[int]:
+def whole(value: int | str, flag: str, high: int) -> int:
+    """An option's whole number in 0..high (0: not given), from invoke's string or an int; one line else."""
+    text = str(value).strip()
+    if isinstance(value, bool) or not (isinstance(value, int) or (text.isascii() and text.isdigit())) \
+            or not 0 <= int(text) <= high:
+        raise UserError(f"{flag}: {str(value)[:40]!r} is not a whole number in 1..{high}")
+    return int(text)
+
+
+def parse_ks(k: str, k_max: int | str, current: int, limit: int) -> list[int]:
     """The k to measure: ``-k`` (a list), else ``--k-max`` alone (the one run the prediction needs), else
     the method's current k. ``limit``: the most the method allows (64; DFlash: its block size - 1)."""
+    k_max = whole(k_max or 0, "--k-max", MAX_SPECULATIVE_TOKENS)
     if k and k_max:
         raise UserError("-k and --k-max both given; give the list to measure (-k 1,2,4) or the one k to "
                         "predict from (--k-max 4)")
@@ -101,8 +112,8 @@ def parse_levels(text: str) -> list[int]:
     return _integers(text, "--concurrency", 1, MAX_CONCURRENCY, "a concurrency")
 
 
-def workload(suite: str, prompts: str, requests: int, temperature: float, thinking: bool,
-             max_tokens: int) -> Workload:
+def workload(suite: str, prompts: str, requests: int | str, temperature: float | str, thinking: bool,
+             max_tokens: int | str) -> Workload:
     """The workload, checked: the owner's prompts file is read and parsed here (a regular file of at most
     16 MiB of JSON lines with a "prompt" each; sparkspec.bench.suites), before any play."""
     if prompts and suite != "all":
@@ -110,17 +121,13 @@ def workload(suite: str, prompts: str, requests: int, temperature: float, thinki
     if suite not in SUITES:
         raise UserError(f"--suite: {suite!r} is not one of {', '.join(SUITES)}; or give your own prompts "
                         "with --prompts FILE.jsonl")
-    if type(requests) is not int or not 0 <= requests <= MAX_REQUESTS:
-        raise UserError(f"--requests: {requests!r} is not an integer in 1..{MAX_REQUESTS} (0: each prompt "
-                        "once)")
-    if type(max_tokens) is not int or not 0 <= max_tokens <= MAX_TOKENS:
-        raise UserError(f"--max-tokens: {max_tokens!r} is not an integer in 1..{MAX_TOKENS} (0: the verify "
-                        "role's)")
+    requests = whole(requests or 0, "--requests", MAX_REQUESTS)
+    max_tokens = whole(max_tokens or 0, "--max-tokens", MAX_TOKENS)
     try:
-        temp = float(temperature)
-    except (TypeError, ValueError):
-        raise UserError(f"--temperature: {temperature!r} is not a number; e.g. 0 or 0.6") from None
-    if not 0 <= temp <= 2:
+        temp = float(str(temperature)) if not isinstance(temperature, bool) else math.nan
+    except ValueError:
+        raise UserError(f"--temperature: {str(temperature)[:40]!r} is not a number; e.g. 0 or 0.6") from None
+    if not 0 <= temp <= 2:   # NaN too
         raise UserError(f"--temperature: {temperature!r} is outside 0..2; give the temperature you serve at")
     path = ""
     if prompts:

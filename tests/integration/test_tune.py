@@ -161,8 +161,10 @@ def _refused(*args: str) -> str:
     (("--method", "warp"), "unknown method 'warp'"),
     (("--method", "ngram", "--concurrency", "0"), "--concurrency: 0 is outside 1..256"),
     (("--method", "ngram", "--suite", "chat"), "--suite: 'chat' is not one of"),
+    (("--method", "ngram", "--k-max", "two"), "--k-max: 'two' is not a whole number in 1..64"),
+    (("--method", "ngram", "--temperature", "warm"), "--temperature: 'warm' is not a number"),
 ], ids=["empty-k", "zero-k", "negative-k", "k-above-64", "k-and-kmax", "no-draft", "unknown",
-        "zero-concurrency", "bad-suite"])
+        "zero-concurrency", "bad-suite", "word-k-max", "word-temperature"])
 def test_bad_input_is_refused_before_any_play(args, message):
     line = _refused(*args)
     assert message in line, line

@@ -53,7 +53,7 @@ def test_bad_k_is_one_line(text: str, match: str) -> None:
 def test_k_defaults_to_the_current_k_and_k_max_replaces_it() -> None:
     assert plan.parse_ks("", 0, 4, 64) == [4]
     assert plan.parse_ks("", 6, 4, 64) == [6]
-    with pytest.raises(UserError, match=r"^--k-max: 65 is not an integer in 1\.\.64"):
+    with pytest.raises(UserError, match=r"^--k-max: '65' is not a whole number in 1\.\.64"):
         plan.parse_ks("", 65, 4, 64)
     with pytest.raises(UserError, match=r"^--k-max: 0 is not an integer in 1\.\.64"):
         plan.parse_ks("", 0, 0, 64)   # no --k-max and a current k of 0: nothing to measure
@@ -162,11 +162,14 @@ def test_a_prompts_symlink_is_refused(tmp_path: Path) -> None:
     ({"temperature": 2.5}, r"^--temperature: 2\.5 is outside 0\.\.2"),
     ({"temperature": -0.1}, r"^--temperature: -0\.1 is outside 0\.\.2"),
     ({"temperature": float("nan")}, r"^--temperature: nan is outside 0\.\.2"),
-    ({"requests": -1}, r"^--requests: -1 is not an integer"),
-    ({"requests": 100_001}, r"^--requests: 100001 is not an integer"),
-    ({"requests": True}, r"^--requests: True is not an integer"),
-    ({"max_tokens": 262_145}, r"^--max-tokens: 262145 is not an integer"),
-    ({"max_tokens": 1.5}, r"^--max-tokens: 1\.5 is not an integer"),
+    ({"requests": -1}, r"^--requests: '-1' is not a whole number"),
+    ({"requests": 100_001}, r"^--requests: '100001' is not a whole number"),
+    ({"requests": True}, r"^--requests: 'True' is not a whole number"),
+    ({"max_tokens": 262_145}, r"^--max-tokens: '262145' is not a whole number"),
+    ({"max_tokens": 1.5}, r"^--max-tokens: '1\.5' is not a whole number"),
+    ({"requests": "abc"}, r"^--requests: 'abc' is not a whole number"),   # as invoke passes an option
+    ({"max_tokens": "²"}, r"^--max-tokens: '²' is not a whole number"),
+    ({"temperature": "warm"}, r"^--temperature: 'warm' is not a number"),
 ])
 def test_bad_workload_options_are_one_line(kw: dict[str, Any], match: str) -> None:
     with pytest.raises(UserError, match=match):

@@ -75,6 +75,9 @@ def tune(c, host=None, method=None, profile="", k="", k_max="", suite="all", pro
         plan = tune_plan.rows(method, ks, levels)
         tune_plan.check_names(plan, target.head, target.pattern if target.placement is not None else None)
         targets = tune_report.outputs(str(ROOT / "reports" / target.head), method)
+        for folder in (REPORTS, REPORTS / target.head):   # the rows' results are deleted and written there
+            if folder.is_symlink():
+                raise UserError(f"{folder}: a symbolic link; remove it (tune keeps each row's results there)")
         now = host_status(inventory_of(c, inventory), target.head, ask_become_pass=ask_become_pass(c))
         before = tune_plan.restore_of(values, target.head, asdict(now), target.placement)
     except UserError as exc:

@@ -6,8 +6,10 @@ write)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
+from sparkspec.errors import UserError
 from sparkspec.outputs import (
     PNG,
     Marker,
@@ -30,6 +32,9 @@ def outputs(folder: str, method: str) -> list[Output]:
     """tune-<method>.{md,png} under reports/<head>/ and the figures in tune/<method>.json below it (not
     beside: the verify role reads every reports/<host>/*.json as a bench result), checked before anything
     runs."""
+    for below in (Path(folder), Path(folder) / "tune"):   # no folder of ours may lead elsewhere
+        if below.is_symlink():
+            raise UserError(f"{below}: a symbolic link; remove it (tune writes its report there)")
     base = f"{folder}/tune-{method}"
     found = check_outputs([Output(f"{base}.md", "report", MARKDOWN), Output(f"{base}.png", "plot", PNG),
                            Output(f"{folder}/tune/{method}.json", "result", JSON)])

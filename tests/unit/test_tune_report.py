@@ -148,3 +148,15 @@ def test_write_refuses_a_foreign_json_result(tmp_path: Path) -> None:
         tune_report.write(targets, "ngram", "spark01", SETTINGS, _found())
     assert not png.exists() and not md.exists()
     assert js.read_text() == '{"format": "something-else/1"}\n'
+
+
+def test_a_linked_report_folder_is_refused(tmp_path: Path) -> None:
+    """reports/<host>/tune as a link would steer the figures elsewhere: refused before anything runs."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    folder = tmp_path / "reports" / "h"
+    folder.mkdir(parents=True)
+    (folder / "tune").symlink_to(elsewhere)
+    with pytest.raises(UserError, match=r"tune: a symbolic link; remove it"):
+        tune_report.outputs(str(folder), "ngram")
+    assert list(elsewhere.iterdir()) == []

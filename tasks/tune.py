@@ -92,7 +92,9 @@ def tune(c, host=None, method=None, profile="", k="", k_max="", suite="all", pro
                 "profile": profile, "k measured": ",".join(map(str, ks))}
     failure: BaseException | None = None
     try:
-        _sweep(c, inventory, target, plan, profile, tuned, load)
+        # baseline that serves already, healthy, on this profile: its row needs no switch, only verify
+        serving = (before.method == "baseline" and before.profile == profile)
+        _sweep(c, inventory, target, plan, profile, tuned, load, serving)
     except (Exit, KeyboardInterrupt) as exc:
         failure = exc
     try:   # what served before, at its own k, whatever happened (a failed row, Ctrl-C)
@@ -153,13 +155,14 @@ def _result(target: Target, row: tune_plan.Row) -> Path:
 
 
 def _sweep(c: Any, inventory: str | None, target: Target, plan: list[tune_plan.Row], profile: str,
-           tuned: dict[str, Any], load: tune_plan.Workload) -> None:
+           tuned: dict[str, Any], load: tune_plan.Workload, baseline_serves: bool) -> None:
     for row in plan:
         extra = tune_plan.extra_vars(row, profile, tuned, load, str(REPORTS))
         what = "baseline" if not row.k else f"{row.method} k={row.k}"
+        switch = row.deploy and not (row.k == 0 and baseline_serves)
         print(f"sparkspec: tune: {what}, concurrency {row.concurrency}"
-              + ("" if row.deploy else " (verify only: it serves already)"))
-        if row.deploy:
+              + ("" if switch else " (verify only: it serves already)"))
+        if switch:
             playbook, more = method_playbook(c, row.method if row.k else "baseline", inventory, target.head)
             run_play(c, playbook, target.pattern, inventory, {**more, **extra})
         else:

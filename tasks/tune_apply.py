@@ -39,8 +39,20 @@ def _yaml() -> YAML:
     return y
 
 
-def _dump(doc: Any, explicit_start: bool) -> str:
+def _indented_dashes(text: str) -> bool:
+    """Whether the file indents a block list under its key (``key:`` then ``  - x``, Ansible's usual style),
+    so the round trip keeps it rather than writing ``- x`` at the key's column."""
+    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    for key, item in zip(lines, lines[1:], strict=False):
+        if key.rstrip().endswith(":") and item.lstrip().startswith("- "):
+            return len(item) - len(item.lstrip()) > len(key) - len(key.lstrip())
+    return False
+
+
+def _dump(doc: Any, explicit_start: bool, text: str = "") -> str:
     y = _yaml()
+    if _indented_dashes(text):
+        y.indent(mapping=2, sequence=4, offset=2)
     y.explicit_start = explicit_start
     out = io.StringIO()
     y.dump(doc, out)
@@ -161,7 +173,7 @@ def apply(inventory: Path, host: str, group: str | None, method: str, k: int,
         if now is None:
             holder[KEY] = CommentedMap(current or {})
         holder[KEY][method] = k   # in place: the mapping's own comments stay
-        new = _dump(doc, explicit_start=text.lstrip().startswith("---"))
+        new = _dump(doc, explicit_start=text.lstrip().startswith("---"), text=text)
     diff = "".join(difflib.unified_diff(text.splitlines(True), new.splitlines(True), str(path), str(path)))
     if new != text:
         _check_read_back(inventory, path, new, (host, *members), method, k)

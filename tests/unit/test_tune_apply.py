@@ -268,3 +268,17 @@ def test_a_file_without_a_mapping_gets_one(tmp_path: Path, content: str) -> None
     tune_apply.apply(tmp_path, "h", None, "mtp", 4, {})
     assert yaml.safe_load(path.read_text()) == {KEY: {"mtp": 4}}
     assert ("# only a comment" in path.read_text()) == ("#" in content)
+
+
+@pytest.mark.parametrize("style", ["  - ", "- "])
+def test_the_files_list_style_is_kept(tmp_path: Path, style: str) -> None:
+    """A block list stays as the owner indented it: the diff shows the key added and nothing else."""
+    _ini(tmp_path)
+    path = tmp_path / "host_vars" / "h.yml"
+    path.parent.mkdir()
+    text = f"---\nsparkspec_stage_profiles:\n{style}hybrid   # served\n{style}tiny\nport: 8000\n"
+    path.write_text(text)
+    _, diff = tune_apply.apply(tmp_path, "h", None, "mtp", 2, {})
+    assert path.read_text() == text + f"{KEY}:\n  mtp: 2\n"
+    assert [ln for ln in diff.splitlines() if ln[:1] in "+-" and ln[:3] not in ("+++", "---")] == [
+        f"+{KEY}:", "+  mtp: 2"]

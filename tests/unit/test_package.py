@@ -206,7 +206,9 @@ def test_host_cli_lists_the_host_commands_and_no_generator() -> None:
         "checkpoint assemble", "checkpoint add-mtp", "checkpoint verify", "checkpoint build",
         "checkpoint check-head", "checkpoint digest",
         "fetch repo", "fetch fp8-subset", "fetch batch", "fetch plan", "hub serve",
-        "bench", "check-output record", "check-output compare", "report", "cluster supervise"}
+        "bench", "check-output record", "check-output compare", "check prefix-cache", "check tool-call",
+        "report", "cluster supervise", "memfit guard", "memfit measure", "memfit show", "memfit forget",
+        "watchdog"}
 
 
 def test_dev_cli_has_the_generators() -> None:

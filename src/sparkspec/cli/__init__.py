@@ -13,11 +13,11 @@ import sys
 from types import ModuleType
 
 from sparkspec import __version__, stops
-from sparkspec.cli import bench, checkpoint, cluster, hub
+from sparkspec.cli import bench, checkpoint, cluster, hub, operate
 from sparkspec.cli.common import Parser
 from sparkspec.errors import UserError, os_error
 
-COMMAND_MODULES: tuple[ModuleType, ...] = (checkpoint, hub, bench, cluster)
+COMMAND_MODULES: tuple[ModuleType, ...] = (checkpoint, hub, bench, cluster, operate)
 
 
 def build_parser() -> argparse.ArgumentParser:

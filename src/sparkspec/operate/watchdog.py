@@ -1,0 +1,220 @@
+"""The watchdog's configuration and decisions, as pure code fed snapshots and times (no sleeping, no I/O);
+:mod:`sparkspec.operate.watchrun` is the loop that feeds them.
+
+It restarts the vLLM unit when requests are running but generation tokens stop advancing for a window (a stuck
+engine behind a green /health), when speculative decoding's acceptance stays below the method's floor over a
+window (a collapsed drafter), or when /health answers 200 while a one-token completion times out again and
+again (a frozen engine process). A grace period after each start covers the load; at most ``max_restarts``
+restarts within ``restart_window_s``, then it stops and says why."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from sparkspec.jsonfile import read_json
+
+MAX_SECONDS = 1e7
+SECONDS = ("grace_s", "interval_s", "stall_window_s", "acceptance_window_s", "probe_interval_s",
+           "probe_timeout_s", "restart_window_s")
+COUNTS = ("min_draft_tokens", "probe_failures", "max_restarts")
+PATHS = ("lock", "state")
+KEYS = frozenset({"model", "acceptance_floor", *SECONDS, *COUNTS, *PATHS})
+
+
+@dataclass(frozen=True)
+class Config:
+    model: str
+    grace_s: float
+    interval_s: float
+    stall_window_s: float
+    acceptance_window_s: float
+    acceptance_floor: float | None
+    min_draft_tokens: int
+    probe_interval_s: float
+    probe_timeout_s: float
+    probe_failures: int
+    max_restarts: int
+    restart_window_s: float
+    lock: str
+    state: str
+
+
+def problems(doc: Any) -> list[str]:
+    """One line per bad or missing field of a watchdog config (empty when it is fine)."""
+    if not isinstance(doc, dict):
+        return ["is not a JSON object; the role writes {\"model\": ..., \"grace_s\": ..., ...}"]
+    out = [f"{k!r}: unknown key (a typo?); remove it" for k in sorted(set(doc) - KEYS)]
+    out += [f"{k!r}: missing; give it" for k in sorted(KEYS - set(doc))]
+
+    def number(k: str) -> bool:
+        v = doc.get(k)
+        return not isinstance(v, bool) and isinstance(v, int | float) and math.isfinite(v)
+
+    model = doc.get("model")
+    if "model" in doc and (not isinstance(model, str) or not model or not model.isprintable()):
+        out.append(f"'model': {model!r:.60} is not a served model name; give the name vLLM serves")
+    for k in SECONDS:
+        if k in doc and not (number(k) and 0 < doc[k] <= MAX_SECONDS):
+            out.append(f"{k!r}: {doc[k]!r:.40} is not a finite number of seconds > 0 (at most "
+                       f"{MAX_SECONDS:g})")
+    for k in COUNTS:
+        v = doc.get(k)
+        if k in doc and (isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 1 << 40):
+            out.append(f"{k!r}: {v!r:.40} is not a whole number >= 1")
+    floor = doc.get("acceptance_floor")
+    if floor is not None and not (number("acceptance_floor") and 0 <= floor <= 100):
+        out.append(f"'acceptance_floor': {floor!r:.40} is not a percentage from 0 to 100, or null (no "
+                   "floor)")
+    for k in PATHS:
+        v = doc.get(k)
+        if k in doc and (not isinstance(v, str) or not os.path.isabs(v) or "\0" in v or not v.isprintable()):
+            out.append(f"{k!r}: {v!r:.80} is not an absolute path")
+    if number("grace_s") and number("restart_window_s") and doc["restart_window_s"] <= doc["grace_s"]:
+        out.append(f"'restart_window_s': {doc['restart_window_s']:g} must be > 'grace_s' {doc['grace_s']:g} "
+                   "(a cap window no longer than the grace period never counts two restarts)")
+    return out
+
+
+def load_config(path: str) -> tuple[Config | None, list[str]]:
+    """The config, or None and one line per problem (each naming the file)."""
+    doc = read_json(path, "no watchdog config; deploy the watchdog (its role writes it)",
+                    "the role writes it; redeploy the watchdog")
+    found = problems(doc)
+    if found:
+        return None, [f"{path}: {line}" for line in found]
+    floor = doc["acceptance_floor"]
+    seconds = {k: float(doc[k]) for k in SECONDS}
+    return Config(model=doc["model"], acceptance_floor=None if floor is None else float(floor),
+                  lock=doc["lock"], state=doc["state"], min_draft_tokens=int(doc["min_draft_tokens"]),
+                  probe_failures=int(doc["probe_failures"]), max_restarts=int(doc["max_restarts"]),
+                  **seconds), []
+
+
+@dataclass(frozen=True)
+class UnitState:
+    """What ``systemctl show U -p ActiveState,ActiveEnterTimestampMonotonic,InvocationID`` says."""
+
+    active: str
+    entered: float  # CLOCK_MONOTONIC seconds (time.monotonic()'s clock) of the last entry into active
+    invocation: str
+
+
+def parse_show(text: str) -> UnitState:
+    fields = dict(line.partition("=")[::2] for line in text.splitlines() if "=" in line)
+    raw = fields.get("ActiveEnterTimestampMonotonic", "0").strip()
+    return UnitState(fields.get("ActiveState", "unknown").strip() or "unknown",
+                     int(raw) / 1e6 if raw.isdigit() else 0.0, fields.get("InvocationID", "").strip())
+
+
+@dataclass(frozen=True)
+class Counters:
+    """One /metrics read, as the watchdog needs it."""
+
+    generation: float
+    running: float
+    draft: float
+    accepted: float
+
+
+@dataclass
+class Watch:
+    """The windows over successive reads. Each ``feed_*`` returns the reason to restart, or None."""
+
+    cfg: Config
+    invocation: str = ""
+    last_generation: float | None = None
+    still_since: float = 0.0
+    acceptance: deque[tuple[float, float, float]] = field(default_factory=deque)
+    probe_fails: int = 0
+    next_probe: float = 0.0
+    restarted_at: float = -math.inf   # the watchdog's own last restart (monotonic): a grace starts there
+
+    def reset(self) -> None:
+        self.last_generation = None
+        self.acceptance.clear()
+        self.probe_fails = 0
+        self.next_probe = 0.0
+
+    def gate(self, now: float, unit: UnitState) -> str | None:
+        """Why the checks skip this round (not active, within grace), else None. A new invocation or a
+        state other than active resets the windows."""
+        if unit.invocation != self.invocation:
+            self.invocation = unit.invocation
+            self.reset()
+        if unit.active != "active":
+            self.reset()
+            return f"not active ({unit.active})"
+        since = now - max(unit.entered, self.restarted_at)
+        if since < self.cfg.grace_s:
+            self.reset()
+            return f"within the grace period ({since:.0f} of {self.cfg.grace_s:g} s since the start)"
+        return None
+
+    def feed_stall(self, now: float, c: Counters) -> str | None:
+        if self.last_generation is None or c.generation != self.last_generation or c.running <= 0:
+            self.last_generation, self.still_since = c.generation, now
+            return None
+        still = now - self.still_since
+        if still >= self.cfg.stall_window_s:
+            return (f"engine stalled: {c.running:g} request(s) running but generation tokens stuck at "
+                    f"{c.generation:.0f} for {still:.0f} s (window {self.cfg.stall_window_s:g} s)")
+        return None
+
+    def feed_acceptance(self, now: float, c: Counters) -> str | None:
+        floor = self.cfg.acceptance_floor
+        if floor is None:
+            return None
+        window = self.acceptance
+        if window and (c.draft < window[-1][1] or c.accepted < window[-1][2]):
+            window.clear()   # the counters went back: a new engine
+        window.append((now, c.draft, c.accepted))
+        start = now - self.cfg.acceptance_window_s
+        while len(window) >= 2 and window[1][0] <= start:
+            window.popleft()
+        t0, d0, a0 = window[0]
+        if t0 > start:
+            return None   # the reads do not cover a whole window yet
+        drafts, accepted = c.draft - d0, c.accepted - a0
+        if drafts < self.cfg.min_draft_tokens:
+            return None
+        rate = 100.0 * accepted / drafts
+        if rate < floor:
+            return (f"acceptance collapsed: {rate:.1f} % of {drafts:.0f} draft tokens accepted over the last "
+                    f"{now - t0:.0f} s, below the floor {floor:g} %")
+        return None
+
+    def probe_due(self, now: float) -> bool:
+        return now >= self.next_probe
+
+    def feed_probe(self, now: float, health_ok: bool, error: str | None) -> str | None:
+        """A probe's outcome: /health's answer, and the completion's error (None: it answered)."""
+        self.next_probe = now + self.cfg.probe_interval_s
+        if not health_ok or error is None:
+            self.probe_fails = 0
+            return None
+        self.probe_fails += 1
+        if self.probe_fails >= self.cfg.probe_failures:
+            return (f"/health answers 200 but completions time out: {self.probe_fails} probes in a row "
+                    f"failed (last: {error}; timeout {self.cfg.probe_timeout_s:g} s)")
+        return None
+
+
+@dataclass
+class Restarts:
+    """Restart times (wall clock) and the cap: at most ``max_restarts`` within ``restart_window_s``."""
+
+    cfg: Config
+    times: list[float] = field(default_factory=list)
+
+    def recent(self, now: float) -> list[float]:
+        return [t for t in self.times if now - self.cfg.restart_window_s < t <= now + 60]
+
+    def capped(self, now: float) -> bool:
+        return len(self.recent(now)) >= self.cfg.max_restarts
+
+    def record(self, now: float) -> None:
+        self.times = [*self.recent(now), now]

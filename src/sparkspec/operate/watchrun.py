@@ -1,0 +1,218 @@
+"""The watchdog's loop (``sparkspec watchdog``): every ``interval_s`` it takes the deploy lock without
+waiting, reads the unit's state, /metrics and, every ``probe_interval_s``, /health and a one-token completion,
+feeds :class:`sparkspec.operate.watchdog.Watch`, and restarts the unit (holding the lock) when it says so.
+
+A lock held by someone else is a deploy in progress: the windows reset and nothing is checked. The restart
+times live in the state file (wall clock, written atomically), so the cap survives the watchdog's own restart.
+Every decision is one line on stdout (the journal), flushed."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx2 as httpx
+
+from sparkspec import outputs
+from sparkspec.bench import metrics
+from sparkspec.errors import UserError
+from sparkspec.jsonfile import loads_bounded
+from sparkspec.operate import scrape
+from sparkspec.operate.watchdog import Config, Counters, Restarts, Watch, parse_show
+from sparkspec.validate import read_regular
+
+PREFIX = "sparkspec watchdog:"
+KEY_ENV = "VLLM_API_KEY"
+SHOW = "ActiveState,ActiveEnterTimestampMonotonic,InvocationID"
+
+
+def say(text: str) -> None:
+    print(f"{PREFIX} {text}", flush=True)
+
+
+class Runner:
+    """One watchdog: :meth:`step` is one round (tests call it with their own times), :meth:`run` the loop."""
+
+    def __init__(self, cfg: Config, unit: str, url: str, api_key: str | None = None,
+                 systemctl: scrape.Systemctl = scrape.systemctl) -> None:
+        self.cfg, self.unit, self.url, self.api_key, self.systemctl = cfg, unit, url.rstrip("/"), api_key, \
+            systemctl
+        self.watch = Watch(cfg)
+        self.restarts = Restarts(cfg, self._load_state())
+        self.http = scrape.client(min(cfg.probe_timeout_s, 30.0))
+        self.note_last: str | None = None
+        self._open_lock().close()   # a lock that cannot be made is one line now, not at the first restart
+
+    # --- the files ----------------------------------------------------------------------------------------
+    def _open_lock(self) -> _Lock:
+        try:
+            Path(self.cfg.lock).parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+            fd = os.open(self.cfg.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        except OSError as exc:
+            raise UserError(f"{self.cfg.lock}: cannot open the deploy lock ({exc.strerror}); fix 'lock' in "
+                            "the config") from None
+        return _Lock(fd)
+
+    def _load_state(self) -> list[float]:
+        path = self.cfg.state
+        if not os.path.lexists(path):
+            return []
+        try:
+            doc = loads_bounded(read_regular(path, "watchdog state", 1 << 20))
+            times = doc["restarts"] if isinstance(doc, dict) else None
+            if not isinstance(times, list) or not all(isinstance(t, int | float) and not isinstance(t, bool)
+                                                      for t in times):
+                raise ValueError("'restarts' is not a list of times")
+            return [float(t) for t in times]
+        except (UserError, ValueError, KeyError) as exc:
+            say(f"{path}: unreadable state ({exc}); counting restarts from none")
+            return []
+
+    def _save_state(self) -> None:
+        body = json.dumps({"unit": self.unit, "restarts": self.restarts.times}, indent=2) + "\n"
+        try:
+            Path(self.cfg.state).parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+            outputs.write_atomic(self.cfg.state, body.encode(), mode=0o644, flag="'state' in the config")
+        except (OSError, UserError) as exc:
+            say(f"{self.cfg.state}: cannot record the restart ({exc}); the cap counts from memory only")
+
+    def note(self, text: str | None) -> None:
+        """Say a state once (not every round); None forgets it so the next one is said again."""
+        if text is not None and text != self.note_last:
+            say(text)
+        self.note_last = text
+
+    # --- one round ----------------------------------------------------------------------------------------
+    def step(self, now: float, wall: float) -> int | None:
+        """One round at ``now`` (time.monotonic()) and ``wall`` (time.time()): the exit code when the watchdog
+        stops (the cap), else None."""
+        lock = self._open_lock()
+        try:
+            if not lock.take():
+                self.watch.reset()
+                self.note(f"deploy in progress ({self.cfg.lock} is held): not checking {self.unit}")
+                return None
+            unit = parse_show(self.systemctl(["show", self.unit, "-p", SHOW]))
+            skip = self.watch.gate(now, unit)
+            if skip is not None:
+                self.note(f"{self.unit} {skip}: not checking")
+                return None
+            reason = self._check(now)
+            if reason is None:
+                return None
+            return self._restart(reason, now, wall)
+        finally:
+            lock.close()
+
+    def _check(self, now: float) -> str | None:
+        try:
+            sample, _ = scrape.read_metrics(self.http, self.url, self.api_key)
+        except UserError as exc:
+            self.note(f"cannot read {self.url}/metrics ({exc}); stall and acceptance checks wait for it")
+            reason = None
+        else:
+            self.note(f"watching {self.unit}")
+            counters = Counters(sample.generation_tokens, sample.running, sample.draft_tokens,
+                                sample.accepted_tokens)
+            reason = self.watch.feed_stall(now, counters) or self.watch.feed_acceptance(now, counters)
+        if reason is None and self.watch.probe_due(now):
+            health = scrape.healthy(self.http, self.url)
+            error = self.probe() if health else None
+            reason = self.watch.feed_probe(now, health, error)
+        return reason
+
+    def probe(self) -> str | None:
+        """A one-token completion: None when it answered, else why not (a 4xx, the probe's own fault, is said
+        and not counted)."""
+        body = {"model": self.cfg.model, "prompt": "ping", "max_tokens": 1, "temperature": 0}
+        try:
+            with self.http.stream("POST", self.url + "/v1/completions", json=body,
+                                  headers=metrics.auth(self.api_key),
+                                  timeout=httpx.Timeout(self.cfg.probe_timeout_s)) as response:
+                read = 0
+                for piece in response.iter_bytes():
+                    read += len(piece)
+                    if read > scrape.SMALL_BODY:
+                        break
+                status = response.status_code
+        except httpx.TimeoutException:
+            return f"no answer within {self.cfg.probe_timeout_s:g} s"
+        except httpx.HTTPError as exc:
+            return f"{exc.__class__.__name__}: {metrics.clean(str(exc), self.api_key)}"
+        if 400 <= status < 500:
+            self.note(f"the probe completion answers HTTP {status}: check 'model' in the config and "
+                      f"${KEY_ENV}; probes are not counted until it answers")
+            return None
+        return None if status < 400 else f"HTTP {status}"
+
+    def _restart(self, reason: str, now: float, wall: float) -> int | None:
+        cfg = self.cfg
+        if self.restarts.capped(wall):
+            say(f"{reason}; but {self.unit} was restarted {len(self.restarts.recent(wall))} times in "
+                f"{cfg.restart_window_s:g} s (cap {cfg.max_restarts}): leaving {self.unit} as it is and "
+                f"stopping; fix the cause and `systemctl restart {self.unit}-watchdog`")
+            return 0
+        self.restarts.record(wall)
+        self._save_state()
+        say(f"restarting {self.unit}: {reason} (restart {len(self.restarts.recent(wall))} of at most "
+            f"{cfg.max_restarts} in {cfg.restart_window_s:g} s)")
+        try:
+            self.systemctl(["restart", self.unit])
+        except UserError as exc:
+            say(f"restarting {self.unit} failed: {exc}")
+        self.watch.reset()
+        self.watch.restarted_at = now
+        self.note_last = None
+        return None
+
+    # --- the loop -----------------------------------------------------------------------------------------
+    def run(self, clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> int:
+        """Round after round until the cap stops it (0) or SIGTERM, SIGINT or SIGHUP do (0)."""
+        stop = threading.Event()
+        stopped: list[str] = []
+
+        def on_signal(signum: int, _frame: object) -> None:
+            stopped.append(signal.Signals(signum).name)
+            stop.set()
+
+        stops = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+        before = {sig: signal.signal(sig, on_signal) for sig in stops}
+        try:
+            say(f"watching {self.unit} at {self.url}: grace {self.cfg.grace_s:g} s, every "
+                f"{self.cfg.interval_s:g} s, cap {self.cfg.max_restarts} restarts in "
+                f"{self.cfg.restart_window_s:g} s, lock {self.cfg.lock}")
+            while not stop.is_set():
+                begin = clock()
+                code = self.step(begin, wall())
+                if code is not None:
+                    return code
+                stop.wait(max(0.0, begin + self.cfg.interval_s - clock()))
+            say(f"stopped by {stopped[0] if stopped else 'a signal'}")
+            return 0
+        finally:
+            for sig, handler in before.items():
+                signal.signal(sig, handler)
+            self.http.close()
+
+
+class _Lock:
+    """The deploy lock's descriptor: :meth:`take` without waiting; :meth:`close` releases it."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def take(self) -> bool:
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
+
+    def close(self) -> None:
+        os.close(self.fd)

@@ -54,6 +54,12 @@ class FakeVllm:
         self.models = "ok"
         self.metrics = "ok"
         self.key: str | None = None
+        self.tool = "ok"      # tool calls: ok, none, wrong_name, bad_args, no_city, refuse
+        # prefix cache: grow (a repeated prompt hits), flat (never hits), off (caching off)
+        self.prefix = "grow"
+        self.queried = self.hit = 0.0
+        self.prompts_seen: set[str] = set()
+        self.bodies: list[bytes] = []  # every chat request's body
         self.seen: list[tuple[str, str | None]] = []  # (path, Authorization header)
         self.generated = 0
         self.prompted = 0
@@ -79,9 +85,11 @@ class FakeVllm:
         return f"http://127.0.0.1:{self.httpd.server_address[1]}"
 
     def reset(self) -> None:
-        self.chat = self.models = self.metrics = "ok"
+        self.chat = self.models = self.metrics = self.tool = "ok"
+        self.prefix = "grow"
         self.key = None
         self.seen.clear()
+        self.bodies.clear()
 
     def handle(self, h: BaseHTTPRequestHandler) -> None:
         auth = h.headers.get("Authorization")
@@ -96,7 +104,14 @@ class FakeVllm:
         if h.path == "/metrics":
             return self.reply(h, 200, self.metrics_body(), "text/plain; version=0.0.4")
         if h.path == "/v1/chat/completions":
-            return self.stream(h, json.loads(body), auth)
+            with self.lock:
+                self.bodies.append(body)
+            req = json.loads(body)
+            if "tools" in req:
+                return self.tool_call(h, req)
+            if not req.get("stream"):
+                return self.complete(h, req)
+            return self.stream(h, req, auth)
         return self.reply(h, 404, b"{}")
 
     @staticmethod
@@ -124,7 +139,64 @@ class FakeVllm:
         return ('# TYPE vllm:generation_tokens_total '
                 f'counter\nvllm:generation_tokens_total{{model_name="m"}} {gen}\n'
                 f'# TYPE vllm:prompt_tokens_total counter\nvllm:prompt_tokens_total{{model_name="m"}} '
-                f"{float(self.prompted)}\n").encode()
+                f"{float(self.prompted)}\n"
+                f"# TYPE vllm:prefix_cache_queries_total counter\n"
+                f'vllm:prefix_cache_queries_total{{model_name="m"}} {self.queried}\n'
+                f"# TYPE vllm:prefix_cache_hits_total counter\n"
+                f'vllm:prefix_cache_hits_total{{model_name="m"}} {self.hit}\n'
+                f"# TYPE vllm:cache_config_info gauge\n"
+                f'vllm:cache_config_info{{enable_prefix_caching="{self.prefix != "off"}"}} 1.0\n').encode()
+
+    def complete(self, h: BaseHTTPRequestHandler, req: dict[str, Any]) -> None:
+        """A non-streamed answer of one token; the prompt counted as vLLM's prefix cache would: one token per
+        character, every whole block of 16 of a prompt seen before a hit (mode grow)."""
+        prompt = str(req["messages"][-1]["content"])
+        tokens = len(prompt)
+        with self.lock:
+            if self.prefix != "off":
+                self.queried += tokens
+                if self.prefix == "grow" and prompt in self.prompts_seen:
+                    self.hit += tokens // 16 * 16
+            self.prompts_seen.add(prompt)
+        doc = {"id": "c", "object": "chat.completion", "model": MODEL,
+               "choices": [{"index": 0, "message": {"role": "assistant", "content": "OK"},
+                            "finish_reason": "length"}],
+               "usage": {"prompt_tokens": tokens, "completion_tokens": 1, "total_tokens": tokens + 1}}
+        return self.reply(h, 200, json.dumps(doc).encode())
+
+    def tool_call(self, h: BaseHTTPRequestHandler, req: dict[str, Any]) -> None:
+        """A forced tool call as vLLM answers it (mode ``tool`` picks what is wrong); streamed, the arguments
+        come in fragments of 3 characters."""
+        if self.tool == "refuse":
+            return self.reply(h, 400, b'{"error": {"message": "tool_choice=function \\"get_weather\\" '
+                                      b'requires --tool-call-parser to be set", "code": 400}}')
+        name = "get_time" if self.tool == "wrong_name" else req["tool_choice"]["function"]["name"]
+        args = {"bad_args": '{"city": "Par', "no_city": '{"town": "Paris"}'}.get(self.tool,
+                                                                                 '{"city": "Paris"}')
+        calls = [] if self.tool == "none" else [{"id": "t", "type": "function",
+                                                 "function": {"name": name, "arguments": args}}]
+        if not req.get("stream"):
+            doc = {"id": "c", "object": "chat.completion", "model": MODEL,
+                   "choices": [{"index": 0, "message": {"role": "assistant", "content": "" if calls else "hi",
+                                                        "tool_calls": calls}, "finish_reason": "stop"}]}
+            return self.reply(h, 200, json.dumps(doc).encode())
+        h.send_response(200)
+        h.send_header("Content-Type", "text/event-stream")
+        h.end_headers()
+        deltas: list[dict[str, Any]] = [{"role": "assistant", "content": ""}]
+        if calls:
+            deltas.append({"tool_calls": [{"index": 0, "id": "t", "type": "function",
+                                           "function": {"name": name}}]})
+            deltas += [{"tool_calls": [{"index": 0, "function": {"arguments": args[i:i + 3]}}]}
+                       for i in range(0, len(args), 3)]
+        else:
+            deltas.append({"content": "hi"})
+        for delta in deltas:
+            h.wfile.write(event({"id": "c", "object": "chat.completion.chunk", "model": MODEL,
+                                 "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}))
+        h.wfile.write(b"data: [DONE]\n\n")
+        h.wfile.flush()
+        return None
 
     def stream(self, h: BaseHTTPRequestHandler, req: dict[str, Any], auth: str | None) -> None:
         mode = self.chat

@@ -396,10 +396,10 @@ def test_floors_merge_in_the_same_order_and_per_method():
     v["sparkspec_verify"] = {"min_acceptance_rate": 60}
     floors = registry.resolve(_contract(v), None, NOW)["floors"]
     # no floor of its own: the profile's
-    assert floors["eagle3"] == {"min_tok_s": 5, "min_acceptance_rate": 60}
+    assert floors["eagle3"] == {"min_tok_s": 5, "min_acceptance_rate": 60, "prefix_cache": None}
     assert floors["mtp"] == {"min_tok_s": registry.BUILTIN_METHODS["mtp"]["verify"]["min_tok_s"],
                              # the method's over the profile's
-                             "min_acceptance_rate": 60}
+                             "min_acceptance_rate": 60, "prefix_cache": None}
     with pytest.raises(UserError, match=r"^sparkspec_verify.min_acceptance_rate: 120 is not a number >= 0 "
                                         r"and <= 100"):
         registry.resolve(_contract({**v, "sparkspec_verify": {"min_acceptance_rate": 120}}), None, NOW)

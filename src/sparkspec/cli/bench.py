@@ -1,4 +1,5 @@
-"""Subcommands of the verify side: ``bench`` and ``check-output`` (``report`` moved to the controller).
+"""Subcommands of the verify side: ``bench``, ``check-output`` and ``check`` (``report`` moved to the
+controller).
 
 Every flag is checked by its argparse type (finite, in range, printable) and every output path before the run:
 an output may not be a symbolic link, a folder, an input, or an existing file that this command did not write
@@ -199,6 +200,34 @@ def _check_compare(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def _check_run(args: argparse.Namespace) -> int:
+    from sparkspec.bench import checks
+
+    fmt = checks.PREFIX_FORMAT if args.check_command == "prefix-cache" else checks.TOOL_FORMAT
+    out = None if args.output is None else Output(args.output, "--output", json_format(fmt),
+                                                  (("--api-key-file", args.api_key_file),))
+    check_outputs([out])
+    key = api_key(args.api_key_file)
+    if args.check_command == "prefix-cache":
+        report = checks.prefix_cache(args.url, args.model, args.expect == "on", key, args.method,
+                                     args.prompt_tokens, args.timeout)
+        ok, summary = checks.verdict_prefix(report)
+        figures = {"repeat_hits": report["repeat_hits"], "repeat_queries": report["repeat_queries"],
+                   "expected": report["expected"]}
+    else:
+        report = checks.tool_call(args.url, args.model, key, args.method, args.parser, args.max_tokens,
+                                  args.timeout)
+        ok, summary = checks.verdict_tool(report)
+        figures = {"parser": report["parser"]}
+    report |= {"passed": ok, "summary": summary}
+    if out is not None:
+        write_outputs([(out, json_bytes(report))])
+    print(summary, file=sys.stdout if ok else sys.stderr)
+    if args.json:
+        emit_json({"changed": False, "passed": ok, "summary": summary, **figures})
+    return 0 if ok else 1
+
+
 MOVED = ("sparkspec report moved to the controller: run invoke report with the same options in the project's "
          "checkout (tasks/report.py)")
 
@@ -259,6 +288,28 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                       "does not parse (off by default: a random tiny model never writes JSON)")
     cmp_.add_argument("--output", help="report JSON to write")
     cmp_.set_defaults(func=_check_compare)
+
+    checks = sub.add_parser("check", help="checks of silent regressions: prefix-cache hits, a tool-call "
+                            "round trip")
+    checks_sub = checks.add_subparsers(dest="check_command", metavar="CHECK", required=True)
+    pc = checks_sub.add_parser("prefix-cache", help="a long prompt sent twice: the repeat must hit the "
+                               "prefix cache where caching is expected on (vllm:prefix_cache_* counters)")
+    _add_server_args(pc)
+    pc.add_argument("--expect", choices=("on", "off"), required=True,
+                    help="on: fail unless the repeat hits; off: report the hits, check nothing")
+    pc.add_argument("--prompt-tokens", type=number(int, 64, MAX_TOKENS), default=4096,
+                    help="size of the prompt in tokens, at most the served context less 64 (default 4096)")
+    pc.add_argument("--output", help="report JSON to write")
+    pc.set_defaults(func=_check_run)
+    tc = checks_sub.add_parser("tool-call", help="a forced tool call, streaming and not: exactly one call "
+                               "to the tool with arguments that parse and hold its required keys")
+    _add_server_args(tc)
+    tc.add_argument("--parser", type=arg_type(check_label, "--parser"),
+                    help="the unit's --tool-call-parser (recorded in the report)")
+    tc.add_argument("--max-tokens", type=tokens, default=256, help="max output tokens per request (default "
+                                                                   "256)")
+    tc.add_argument("--output", help="report JSON to write")
+    tc.set_defaults(func=_check_run)
 
     # the table and the plot are written on the controller now (`invoke report`): one line saying so, whatever
     # the flags (a script or a role of an older checkout)

@@ -74,8 +74,10 @@ SERVE_KINDS: MappingProxyType[str, str] = MappingProxyType({k: v[2] for k, v in 
 KNOBS: tuple[str, ...] = tuple(SERVE)
 
 # The verify floors and their contract defaults (none): the same order as serve.
-VERIFY_DEFAULTS: MappingProxyType[str,
-                                  Any] = MappingProxyType({"min_tok_s": None, "min_acceptance_rate": None})
+# prefix_cache: whether verify's repeated-prompt check expects prefix-cache hits to grow (true), says it is
+# off (false), or follows the unit (null: on where the unit serves with prefix caching).
+VERIFY_DEFAULTS: MappingProxyType[str, Any] = MappingProxyType(
+    {"min_tok_s": None, "min_acceptance_rate": None, "prefix_cache": None})
 VERIFY_KEYS: tuple[str, ...] = tuple(VERIFY_DEFAULTS)
 
 # The speculative methods whose drafts come from a head checkpoint (a profile's `heads`), each checked by

@@ -88,10 +88,16 @@ def check_serve(serve: Any, where: str) -> dict[str, Any]:
 
 
 def check_verify(verify: Any, where: str) -> dict[str, Any]:
-    """A `verify` block (floors): min_tok_s and min_acceptance_rate, each a number >= 0 or null (no floor)."""
+    """A `verify` block: the floors min_tok_s and min_acceptance_rate, each a number >= 0 or null (no floor),
+    and prefix_cache, true, false or null (the prefix-cache check's expectation; null follows the unit)."""
     block = _mapping({} if verify is None else verify, where, "give {min_tok_s: N, min_acceptance_rate: N}")
     _unknown_keys(block, VERIFY_KEYS, where)
     for field, value in block.items():
+        if field == "prefix_cache":
+            if value is not None and not isinstance(value, bool):
+                raise _fail(f"{where}.{field}", f"{show(value)} is not true, false or null (null: expect "
+                                                "hits where the unit serves with prefix caching); fix it")
+            continue
         bad = isinstance(value, bool) or not isinstance(value, int | float) or (
             isinstance(value, float) and not math.isfinite(value))
         if value is not None and (bad or value < 0 or (field == "min_acceptance_rate" and value > 100)):

@@ -45,12 +45,14 @@ class HostStatus:
     memory_current: int | None = None  # bytes the unit uses: systemd's MemoryCurrent, else its processes' RSS
     memory_source: str = ""            # MemoryCurrent or rss
     mem_available: int | None = None   # bytes the host has available
+    memfit: dict[str, Any] | None = None  # the memory guard's record for what is served (docs/operate.md)
+    watchdog: str | None = None        # the watchdog unit's ActiveState; None: no watchdog
     notes: list[str] = field(default_factory=list)
 
 
 def host_status(inventory: str | Path, name: str, *, ask_become_pass: bool = False) -> HostStatus:
     host = connect(inventory, name, ask_become_pass=ask_become_pass,
-                   extra_vars=("sparkspec_unit_name", "sparkspec_method"))
+                   extra_vars=("sparkspec_unit_name", "sparkspec_method", "sparkspec_home"))
     try:
         return _probe(host)
     finally:
@@ -60,7 +62,8 @@ def host_status(inventory: str | Path, name: str, *, ask_become_pass: bool = Fal
 def _probe(host: Host) -> HostStatus:
     unit = str(host.vars["sparkspec_unit_name"])
     code = HOST_CODE.read_text(encoding="utf-8")
-    argv = [host.python, "-c", code, "status", unit, ",".join(UNIT_PROPERTIES)]
+    state = f"{host.vars.get('sparkspec_home') or '/opt/sparkspec'}/state"
+    argv = [host.python, "-c", code, "status", unit, ",".join(UNIT_PROPERTIES), state]
     result = host.as_root(" ".join(shlex.quote(a) for a in argv))
     if result.exited != 0:
         raise UserError(f"host {host.name}: the status probe failed ({_last(result.stderr)}); "
@@ -86,7 +89,9 @@ def _status(name: str, unit: str, data: dict[str, Any]) -> HostStatus:
                         since=show.get("ActiveEnterTimestamp", ""),
                         memory_current=_int(show.get("MemoryCurrent")),
                         mem_available=data.get("mem_available"), health=data.get("health"),
-                        health_error=data.get("health_error") or "")
+                        health_error=data.get("health_error") or "",
+                        memfit=data.get("memfit") if isinstance(data.get("memfit"), dict) else None,
+                        watchdog=data.get("watchdog") if isinstance(data.get("watchdog"), str) else None)
     if status.memory_current is not None:
         status.memory_source = "MemoryCurrent"
     elif data.get("rss") is not None:
@@ -144,7 +149,8 @@ def table(statuses: list[HostStatus]) -> Any:
     from rich.text import Text
 
     grid = Table(title=f"sparkspec status ({', '.join(sorted({s.unit for s in statuses}))})")
-    columns = ("host", "unit", "method", "k (from)", "profile", "model", "/health", "memory", "available")
+    columns = ("host", "unit", "method", "k (from)", "profile", "model", "/health", "memory", "available",
+               "start needs", "watchdog")
     for column in columns:
         grid.add_column(column, no_wrap=column in ("host", "unit", "/health", "memory", "available"))
     for s in statuses:
@@ -152,9 +158,16 @@ def table(statuses: list[HostStatus]) -> Any:
         health = str(s.health) if s.health is not None else (s.health_error or "-")
         k = "-" if s.k is None else f"{s.k} ({s.k_source or 'unknown'})"
         grid.add_row(s.host, state, s.method or "none", k, s.profile or "-", s.model or "-", health,
-                     _gib(s.memory_current), _gib(s.mem_available))
+                     _gib(s.memory_current), _gib(s.mem_available), _need(s.memfit), s.watchdog or "off")
     notes = [Text(f"{s.host}: {note}", style="yellow") for s in statuses for note in s.notes]
     return Group(grid, *notes)
+
+
+def _need(memfit: dict[str, Any] | None) -> str:
+    """What the memory guard's record says a start of what is served takes (MemAvailable's drop during load
+    and warm-up), or 'unmeasured'."""
+    need = memfit.get("needed_bytes") if memfit else None
+    return _gib(need) if isinstance(need, int) and not isinstance(need, bool) else "unmeasured"
 
 
 def _gib(value: int | None) -> str:

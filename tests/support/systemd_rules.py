@@ -326,7 +326,8 @@ def render_unit(served_name: str, extra_args: list[str],
     return render_resolved(resolved)
 
 
-def render_resolved(resolved: dict[str, Any], template: str = "vllm.service.j2") -> tuple[str, list[str]]:
+def render_resolved(resolved: dict[str, Any], template: str = "vllm.service.j2",
+                    extra: dict[str, Any] | None = None) -> tuple[str, list[str]]:
     """The unit template rendered for a resolved host (:func:`render_unit`), and the argv vLLM's unit must run
     (``template``: another of the deploy role's templates, e.g. a Ray cluster's ray.service.j2)."""
     from ansible.parsing.dataloader import DataLoader
@@ -363,7 +364,7 @@ def render_resolved(resolved: dict[str, Any], template: str = "vllm.service.j2")
         "deploy_unit_extra": [] if cluster else ["LimitMEMLOCK=infinity"],
         "sparkspec_tools_venv": "/opt/venvs/tools", "_deploy_serve_entry": entry,
         "_deploy_ray_unit": "sparkspec-vllm-ray", "deploy_env": {}, "deploy_render_root": "",
-        "deploy_render_show_secrets": False}
+        "deploy_render_show_secrets": False, "deploy_memory_guard": False, **(extra or {})}
     templates = ROOT / "roles/deploy/templates"
     loader = DataLoader()
     loader.set_basedir(str(templates))     # where {% include %} finds sandbox.j2

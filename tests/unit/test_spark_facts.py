@@ -85,6 +85,10 @@ def test_preflight_defaults(facts: dict[str, Any]) -> None:
 def test_deploy_defaults(facts: dict[str, Any]) -> None:
     d = _yaml("roles/deploy/defaults/main.yml")
     assert d["deploy_health_timeout"] == facts["health_timeout_s"] >= 2 * 60 * facts["first_start_minutes"]
+    # the watchdog never judges a start still loading, and its cap window holds more than one grace period
+    assert d["deploy_watchdog_grace_s"] == facts["watchdog_grace_s"] >= 60 * facts["first_start_minutes"]
+    assert d["deploy_watchdog_restart_window_s"] > d["deploy_watchdog_grace_s"]
+    assert d["deploy_memory_margin_gib"] == facts["memory_margin_gib"]
 
 
 def test_registry_values_are_cited_not_copied() -> None:

@@ -11,13 +11,14 @@ checks them all in the deploy role's validate.yml, before anything renders).
 
 from __future__ import annotations
 
+import argparse
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
 
-from sparkspec import systemd
+from sparkspec import argtypes, systemd
 from sparkspec.errors import UserError
 from sparkspec.registry import SECRET_OPTIONS
 
@@ -135,6 +136,27 @@ def sd_problems(checks: Any) -> list[str]:
     return []
 
 
+def number_problems(checks: Any) -> list[str]:
+    """Numbers that land in a unit's command line or a service's config: each check is [variable, value, kind
+    ('int' or 'float'), low, low_open, nullable]; a bool, a non-number, NaN/inf or a value out of range is one
+    line naming the variable (argtypes.number's rule, the one every sparkspec command uses)."""
+    out = []
+    for var, value, kind, low, low_open, nullable in checks:
+        if value is None and nullable:
+            continue
+        parse = argtypes.number(int if kind == "int" else float, low, 1e12, low_open=bool(low_open))
+        try:
+            if isinstance(value, bool) or not isinstance(value, int | float | str):
+                raise argparse.ArgumentTypeError(f"{value!r} is not a number")
+            parse(str(value))
+        except argparse.ArgumentTypeError as exc:
+            what = "a whole number" if kind == "int" else "a number"
+            bound = f" {'>' if low_open else '>='} {low:g}" if low is not None else ""
+            null = " or null" if nullable else ""
+            out.append(f"{var}: {exc}; give {what}{bound}{null}")
+    return out
+
+
 def is_secret_name(name: Any) -> bool:
     """True for variable names that hold secrets by convention (*KEY*, *TOKEN*, *SECRET*, *PASSWORD*...)."""
     return bool(SECRET_NAME.search(str(name)))
@@ -174,6 +196,7 @@ class FilterModule:
             "sparkspec_sd_line": _filter(systemd.unit_line),
             "sparkspec_sd_env_name": _filter(systemd.env_name),
             "sparkspec_sd_problems": sd_problems,
+            "sparkspec_number_problems": number_problems,
             "sparkspec_is_secret_name": is_secret_name,
             "sparkspec_redact_env": redact_env,
             "sparkspec_pip_config": pip_config,

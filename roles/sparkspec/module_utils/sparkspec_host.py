@@ -23,10 +23,12 @@ ways in:
   ``unmet`` (requirements of the installed sparkspec with the extras that nothing installed meets;
   ["sparkspec"] when it is not installed; null: not checked), ``command`` (``sparkspec --version`` runs).
 
-  ``status UNIT PROPERTIES`` (``invoke status``, as root): ``show`` (the unit's systemd properties),
+  ``status UNIT PROPERTIES [STATE]`` (``invoke status``, as root): ``show`` (the unit's systemd properties),
   ``record`` and ``desired`` (/etc/sparkspec/UNIT.json and UNIT.desired.json; {error} when unreadable),
   ``health`` (/health's status code, asked on the host) and ``health_error``, ``mem_available`` and ``rss``
-  (bytes: the host's available memory, the RSS of the unit's processes).
+  (bytes: the host's available memory, the RSS of the unit's processes), ``memfit`` (the memory guard's newest
+  record under STATE/memfit for the unit's profile, method and k, or null) and ``watchdog`` (the
+  ActiveState of UNIT-watchdog.service, null when there is none).
 
   ``toolchain CUDA_HOME PATH...`` (vllm_build's guards): ``cuda`` (nvcc's release), ``nvcc``, ``ptxas``,
   ``cuobjdump`` (they exist), ``mem_available_gb``, ``free_disk_gb`` (at the nearest existing folder of each
@@ -271,9 +273,33 @@ def probe_status(args):
         health_error = f"worker: see {cluster['head'].get('host')}"
     group = show.get("ControlGroup", "")
     desired = read_json(f"/etc/sparkspec/{unit}.desired.json", report=True)
+    state = args[2] if len(args) > 2 else ""
+    watchdog = systemd_show(unit + "-watchdog.service", ["ActiveState", "LoadState"])
     return {"show": show, "record": record, "desired": desired,
             "health": health, "health_error": health_error, "mem_available": mem_available(),
-            "rss": _unit_rss(group) if group else None}
+            "rss": _unit_rss(group) if group else None,
+            "memfit": _memfit(os.path.join(state, "memfit"), record) if state else None,
+            "watchdog": None if watchdog.get("LoadState") != "loaded" else watchdog.get("ActiveState")}
+
+
+def _memfit(folder, record):
+    """The memory guard's newest record for what the unit serves (its profile, method and k), or None."""
+    if not isinstance(record, dict) or not os.path.isdir(folder):
+        return None
+    want = (record.get("profile"), record.get("method"), record.get("num_speculative_tokens"))
+    best = None
+    for name in sorted(os.listdir(folder))[:1000]:
+        doc = read_json(os.path.join(folder, name)) if name.endswith(".json") else None
+        if not isinstance(doc, dict) or not isinstance(doc.get("key"), dict):
+            continue
+        key = doc["key"]
+        if (key.get("profile"), key.get("method"), key.get("num_speculative_tokens")) != want:
+            continue
+        if best is None or str(doc.get("measured_at", "")) > str(best.get("measured_at", "")):
+            best = {**doc, "file": name}
+    if best is not None:
+        best.pop("samples", None)
+    return best
 
 
 def probe_toolchain(args):

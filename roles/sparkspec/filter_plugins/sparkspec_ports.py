@@ -1,0 +1,73 @@
+"""Ansible filter for the monitoring role's port preflight: which of its listen ports another process holds.
+
+The role reads ``ss -Hltnpe`` (the host's listening TCP sockets, their processes and, with cgroup v2, the
+cgroup, i.e. the systemd unit, of each socket) and ``ps -o pid=,unit= -e`` (each process's unit, for sockets
+without a cgroup) before it installs anything. A port held by the unit meant for it (a second run) is fine; a
+port held by anything else, or by a socket whose unit cannot be told (a process in another PID namespace: a
+container or a host sharing the network), is reported as one line naming the port, the variable and the fix.
+ss cannot always name the process (a hardened service, a container without CAP_SYS_PTRACE): the socket's
+cgroup still names its unit.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+_PID = re.compile(r'\("([^"]*)",pid=(\d+)')
+_PORT = re.compile(r":(\d+)$")
+_UNSEEN = "a process outside this host's view (another container or namespace)"
+_CGROUP_UNIT = re.compile(r"\bcgroup:\S*/([^/\s]+\.(?:service|scope))(?:\s|$)")
+
+
+def listeners(ss_lines: Iterable[str]) -> dict[int, list[tuple[list[tuple[str, int]], str | None]]]:
+    """Port -> one ([(process name, pid)], unit from the socket's cgroup or None) per listening socket in
+    ``ss -Hltnpe``'s lines."""
+    out: dict[int, list[tuple[list[tuple[str, int]], str | None]]] = {}
+    for line in ss_lines:
+        cols = line.split()
+        match = _PORT.search(cols[3]) if len(cols) >= 4 else None
+        if match is None:
+            continue
+        unit = _CGROUP_UNIT.search(line)
+        procs = [(name, int(pid)) for name, pid in _PID.findall(line)]
+        out.setdefault(int(match.group(1)), []).append((procs, unit.group(1) if unit else None))
+    return out
+
+
+def units(ps_lines: Iterable[str]) -> dict[int, str]:
+    """Pid -> systemd unit from ``ps -o pid=,unit= -e``'s lines."""
+    out: dict[int, str] = {}
+    for line in ps_lines:
+        cols = line.split()
+        if len(cols) >= 2 and cols[0].isdigit():
+            out[int(cols[0])] = cols[1]
+    return out
+
+
+def port_conflicts(ss_lines: Iterable[str], ps_lines: Iterable[str],
+                              ports: Iterable[Mapping[str, Any]]) -> list[str]:
+    """One line per port of ``ports`` ({port, var, unit}) that a process other than ``unit`` listens on."""
+    held, unit_of = listeners(ss_lines), units(ps_lines)
+    problems: list[str] = []
+    for want in ports:
+        port = int(want["port"])
+        others: list[str] = []
+        for procs, unit in held.get(port, []):
+            units_seen = {unit} if unit else {unit_of.get(pid) for _, pid in procs}
+            if units_seen == {want["unit"]}:
+                continue
+            named = [f"{name} (pid {pid}, unit {unit or unit_of.get(pid, 'none')})" for name, pid in procs]
+            others += named or [f"unit {unit}" if unit else _UNSEEN]
+        if others:
+            problems.append(f"port {port} ({want['var']}) is already in use by {', '.join(others)}, not "
+                            f"{want['unit']}; stop that process or set {want['var']} to a free port")
+    return problems
+
+
+class FilterModule:
+    """The port preflight's filter."""
+
+    def filters(self) -> dict[str, Any]:
+        return {"sparkspec_port_conflicts": port_conflicts}

@@ -1,0 +1,62 @@
+"""The memory guard's ExecStartPre, rendered by the real unit template (in-process, Ansible's templating with
+the contract role's filters) and read back by systemd's own rules (tests/support/systemd_rules): every value
+reaches `sparkspec memfit guard` as exactly one word, whatever its characters, and the guard comes after the
+page cache is dropped; the worker of a cluster gets no --measure (it serves no HTTP)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from sparkspec import registry
+from tests.support import systemd_rules as rules
+
+GUARD = {"deploy_memory_guard": True, "deploy_memory_margin_gib": 4, "deploy_memory_floor_gib": None,
+         "_deploy_memfit_dir": "/opt/sparkspec/state/memfit",
+         "_deploy_live_files": ["/etc/systemd/system/u.service", "/etc/sparkspec/u.env",
+                                "/etc/sparkspec/u.json"],
+         "_deploy_clustered": False, "_deploy_cluster": None, "_deploy_record": {"url": "http://127.0.0.1:8000"}}
+
+
+def _pre(extra: dict[str, Any], venv: str = "/opt/venvs/vllm") -> list[rules.ExecCommand]:
+    resolved = registry.resolve(rules.small_contract())
+    resolved["venv"] = venv
+    unit, _ = rules.render_resolved(resolved, extra={**GUARD, **extra})
+    return [rules.exec_command(value) for section, key, value in rules.unit_entries(unit)
+            if section == "Service" and key == "ExecStartPre"]
+
+
+def test_the_guard_runs_after_the_page_cache_is_dropped_with_full_privileges() -> None:
+    drop, guard = _pre({})
+    assert "drop_caches" in " ".join(drop.argv) and guard.prefixes == "+" == drop.prefixes
+    assert guard.argv == ["/opt/venvs/tools/bin/sparkspec", "memfit", "guard", "--unit", "sparkspec-vllm",
+                          "--unit-record", "/etc/sparkspec/u.json", "--venv", "/opt/venvs/vllm",
+                          "--record-dir", "/opt/sparkspec/state/memfit", "--margin-gib", "4.0",
+                          "--measure", "http://127.0.0.1:8000"]
+
+
+def test_a_floor_is_passed_as_a_number_and_replaces_nothing_else() -> None:
+    guard = _pre({"deploy_memory_floor_gib": "96.5", "deploy_memory_margin_gib": "0"})[-1]
+    assert guard.argv[guard.argv.index("--floor-gib") + 1] == "96.5"
+    assert guard.argv[guard.argv.index("--margin-gib") + 1] == "0.0"
+
+
+def test_a_venv_path_with_a_space_reaches_the_guard_as_one_word() -> None:
+    guard = _pre({}, venv="/opt/a b/v")[-1]
+    assert guard.argv[guard.argv.index("--venv") + 1] == "/opt/a b/v"
+
+
+@pytest.mark.parametrize("folder", ["/opt/a b/memfit", "/opt/%i/$HOME/x", "/opt/q'\"\\;/m", "/opt/;/m"])
+def test_hostile_record_folders_reach_the_guard_as_one_word(folder: str) -> None:
+    guard = _pre({"_deploy_memfit_dir": folder})[-1]
+    assert rules.env_expand(guard.argv[guard.argv.index("--record-dir") + 1]) == folder
+
+
+def test_a_cluster_worker_is_guarded_without_measuring() -> None:
+    guard = _pre({"_deploy_clustered": True, "_deploy_cluster": {"rank": 1}})[-1]
+    assert "--measure" not in guard.argv and guard.argv[1:3] == ["memfit", "guard"]
+
+
+def test_off_means_no_guard() -> None:
+    assert len(_pre({"deploy_memory_guard": False})) == 1

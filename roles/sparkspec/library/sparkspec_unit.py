@@ -136,6 +136,8 @@ differs: {description: a live file is missing or differs from the new one, type:
 differed: {description: the paths that differ, type: list, returned: always}
 has_live: {description: the unit file is installed, type: bool, returned: always}
 live_present: {description: the live files that exist, type: list, returned: always}
+start_error: {description: why systemctl could not start the unit (empty when it could); the health wait then
+  rolls back, type: str, returned: live}
 restarted: {description: the unit was (or, in check mode, would be) restarted or started, type: bool,
             returned: live}
 security: {description: systemd-analyze security of the staged unit (rc, stdout, stderr), type: dict,
@@ -321,12 +323,18 @@ def _live(module: AnsibleModule, files: list[dict], check: bool) -> dict:
         if not check:
             _systemctl(module, "enable", unit)
     restarted = bool(differed) or p["restart"] or not _active(module, unit)
+    start_error = ""
     if restarted:
         changed = True
         if not check:
-            _systemctl(module, "restart" if differed or p["restart"] else "start", unit)
+            # A start job that fails (an ExecStartPre such as the memory guard refusing) is not this module's
+            # failure: the new files are live, and the health wait that follows sees the failed unit and rolls
+            # back to the previous ones. Failing here would leave the new, unstartable unit in place.
+            action = "restart" if differed or p["restart"] else "start"
+            rc, out = _systemctl(module, action, unit, check_rc=False)
+            start_error = "" if rc == 0 else out or f"systemctl exited {rc}"
     result: dict = {"changed": changed, "differs": bool(differed), "differed": differed, "has_live": has_live,
-                    "live_present": present, "restarted": restarted}
+                    "live_present": present, "restarted": restarted, "start_error": start_error}
     if module._diff:
         result["diff"] = [{"before_header": f["path"], "after_header": f["path"],
                            "before": (before[f["path"]] or b"").decode(errors="replace"),

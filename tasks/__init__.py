@@ -23,6 +23,7 @@ sim.add_task(dev.sim_pair_down, "pair-down")
 sim.add_task(dev.sim_ssh, "ssh")
 
 ns = Collection(host.provision, host.deploy, host.render, host.teardown, observe.status, host.verify,
+                host.monitoring,
                 observe.logs, compare.compare, tune.tune, report.report, dev.lint, dev.test,
                 molecule_tasks.molecule,
                 sim, bench)

@@ -141,3 +141,14 @@ def verify(c, host=None, inventory=None):
     """Check what a host serves now (the verify role): lossless against baseline, benchmark, Results Summary
     table and plot under reports/<host>/."""
     run_play(c, "verify.yml", host, inventory)
+
+
+@task(positional=[], auto_shortflags=False, help={
+    "host": "inventory host", "inventory": INVENTORY_HELP,
+    "grafana": "also install sparkspec's Grafana dashboards (the host must run Grafana)",
+    "check": "dry run (Ansible check mode with diff)"})
+def monitoring(c, host=None, inventory=None, grafana=False, check=False):
+    """Install Prometheus, the node exporter and Alertmanager (the distribution's packages) on a host,
+    scraping its vLLM, with sparkspec's recording and alert rules (docs/monitoring.md); bound to 127.0.0.1
+    unless monitoring_listen_address says otherwise."""
+    run_play(c, "monitoring.yml", host, inventory, {"grafana_dashboards_enabled": bool(grafana)}, check=check)

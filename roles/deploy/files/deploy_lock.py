@@ -34,6 +34,7 @@ def main(argv: list[str]) -> int:
         print("usage: deploy_lock.py LOCK WAIT_SECONDS", file=sys.stderr)
         return 2
     path, wait = argv[1], float(argv[2])
+    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)   # /run/sparkspec: root's, on a tmpfs
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     deadline = time.monotonic() + wait
     while True:

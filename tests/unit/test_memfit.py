@@ -1,9 +1,11 @@
 """``sparkspec memfit``: the guard through the real command line (an injected meminfo file, a fake venv with a
-vllm dist-info, a recording systemd-run on PATH), the measurement against a fake vLLM on loopback with a
-scripted MemAvailable sequence, and show/forget."""
+vllm dist-info, a recording systemd-run set as memfit.SYSTEMD_RUN), the measurement against a fake vLLM on
+loopback with a scripted MemAvailable sequence, and show/forget."""
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
 import json
 import os
 import subprocess
@@ -47,22 +49,25 @@ class Host:
                                 f"MemAvailable:   {n // 1024} kB\nBuffers:  0 kB\n")
 
     def fake_run(self, rc: int) -> None:
+        """``memfit.SYSTEMD_RUN`` (an absolute path) is set to this script in :meth:`cli`."""
         script = self.bin / "systemd-run"
         script.write_text(f"#!/bin/sh\nfor a in \"$@\"; do echo \"$a\"; done > {self.calls}\n"
                           f"echo 'Unit vllm-memfit.service was already loaded' >&2\nexit {rc}\n")
         script.chmod(0o755)
 
-    def env(self) -> dict[str, str]:
-        return {**os.environ, "SPARKSPEC_MEMINFO": str(self.meminfo),
-                "PATH": f"{self.bin}:{os.environ['PATH']}"}
+    def env(self) -> dict[str, str]:   # the fake is not on PATH: it is given by its absolute path
+        return {**os.environ, "SPARKSPEC_MEMINFO": str(self.meminfo)}
 
     def guard(self, *extra: str) -> subprocess.CompletedProcess[str]:
         return self.cli("guard", "--unit", "vllm", "--unit-record", str(self.unit_record), "--venv",
                         str(self.venv), "--record-dir", str(self.records), *extra)
 
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "sparkspec.cli", "memfit", *args], capture_output=True,
-                              text=True, cwd=REPO, env=self.env(), timeout=120, check=False)
+        wrap = ("import sys; from sparkspec.operate import memfit; memfit.SYSTEMD_RUN = sys.argv[1]; "
+                "from sparkspec.cli import main; sys.exit(main(sys.argv[2:]))")
+        return subprocess.run([sys.executable, "-c", wrap, str(self.bin / "systemd-run"), "memfit", *args],
+                              capture_output=True, text=True, cwd=REPO, env=self.env(), timeout=120,
+                              check=False)
 
     def key(self) -> dict[str, Any]:
         return memfit.start_key(str(self.unit_record), str(self.venv))
@@ -97,16 +102,19 @@ def test_no_record_allows_and_says_so(host: Host) -> None:
 
 def test_no_record_with_measure_starts_the_transient_unit(host: Host) -> None:
     host.set_available(97 * GIB + 512 * 1024)
-    proc = host.guard("--measure", "http://127.0.0.1:8000")
+    proc = host.guard("--measure", "http://127.0.0.1:8000", "--api-key-file", "/etc/sparkspec/vllm.key")
     assert proc.returncode == 0 and "this start is measured (vllm-memfit.service)" in one_line(proc)
     argv = host.calls.read_text().splitlines()
     assert argv[:5] == ["--unit=vllm-memfit", "--collect", "--no-block", "--quiet", "--property=Type=exec"]
-    assert argv[5:10] == [sys.executable, "-m", "sparkspec.cli", "memfit", "measure"]
-    flags = dict(zip(argv[10::2], argv[11::2], strict=True))
+    assert argv[5:11] == [sys.executable, "-I", "-m", "sparkspec.cli", "memfit", "measure"]
+    flags = dict(zip(argv[11::2], argv[12::2], strict=True))
     assert flags == {"--unit": "vllm", "--url": "http://127.0.0.1:8000",
                      "--unit-record": str(host.unit_record), "--venv": str(host.venv),
                      "--record-dir": str(host.records),
-                     "--start-available": str(97 * GIB + 512 * 1024)}
+                     "--start-available": str(97 * GIB + 512 * 1024),
+                     "--api-key-file": "/etc/sparkspec/vllm.key"}
+    assert memfit.SYSTEMD_RUN == "/usr/bin/systemd-run" and memfit.measure_argv(
+        "vllm", "u", "r", "v", "d", 1)[0] == "/usr/bin/systemd-run"
 
 
 def test_a_failed_spawn_never_blocks_the_start(host: Host) -> None:
@@ -169,17 +177,39 @@ def test_another_vllm_build_is_another_key(host: Host) -> None:
     ({"key": {}, "needed_bytes": "lots"}, "('needed_bytes' is 'lots'"),
     ({"key": {"profile": "other"}, "needed_bytes": 200 << 30, "start_available_bytes": 0,
       "low_water_bytes": 0},
-     "(its key is not this start's)")])
-def test_a_malformed_record_is_said_and_treated_as_none(host: Host, doc: dict[str, Any], why: str) -> None:
+     "(its key is not this start's)"),
+    (None, "")])
+def test_a_record_that_is_there_but_unusable_refuses_the_start(host: Host, doc: dict[str, Any] | None,
+                                                              why: str) -> None:
     path = memfit.record_path(str(host.records), memfit.key_hash(host.key()))
     path.parent.mkdir()
-    path.write_text(json.dumps(doc))
+    if doc is None:
+        path.symlink_to(host.meminfo)   # there, but not a regular file
+    else:
+        path.write_text(json.dumps(doc))
     proc = host.guard()
-    lines = proc.stdout.strip().splitlines()
-    assert proc.returncode == 0 and len(lines) == 2
-    assert f"malformed memory record {why}" in lines[0]
-    assert "treated as no record" in lines[0]
-    assert "no memory record for" in lines[1]
+    line = one_line(proc)
+    assert proc.returncode == 1 and line.startswith(f"sparkspec memfit: refusing to start vllm: {path}: ")
+    assert why in line and not host.calls.exists()
+    assert line.endswith(f"remove it with `sparkspec memfit forget --record-dir {host.records} --key-hash "
+                         f"{path.stem}` (the next start measures again)")
+
+
+def test_the_key_holds_the_sha256_of_the_vllm_command_line(host: Host) -> None:
+    assert host.key()["args_sha256"] == "none"
+    record = json.loads(host.unit_record.read_text())
+    hashes = set()
+    for args in (["--max-model-len", "8192"], ["--max-model-len", "65536"]):
+        host.unit_record.write_text(json.dumps(record | {"args": args}))
+        key = host.key()
+        digest = hashlib.sha256(json.dumps(args, separators=(",", ":")).encode()).hexdigest()
+        assert key["args_sha256"] == digest
+        assert {"profile", "method", "num_speculative_tokens"} <= set(key)
+        hashes.add(memfit.key_hash(key))
+    assert len(hashes) == 2
+    host.unit_record.write_text(json.dumps(record | {"args": "--max-model-len 8192"}))
+    proc = host.guard()
+    assert proc.returncode == 2 and "'args' is not a list" in proc.stderr
 
 
 @pytest.mark.parametrize("extra", [("--floor-gib", "abc"), ("--floor-gib", "-1"), ("--margin-gib", "inf"),
@@ -223,6 +253,8 @@ class Script:
         self.healthy_at, self.generate_at = healthy_at, generate_at
         self.t, self.i = 0.0, 0
         self.states: list[str] = []
+        self.invocations: list[str] = []
+        self.at_sleep: dict[int, Any] = {}   # the i-th sleep also calls this
         server.health = 503
         host.set_available(int(gib_values[0] * GIB))
 
@@ -237,10 +269,15 @@ class Script:
             self.server.health = 200
         if self.generate_at is not None and self.i >= self.generate_at:
             self.server.generation += 3
+        if self.i in self.at_sleep:
+            self.at_sleep[self.i]()
 
     def systemctl(self, args: Any) -> str:
-        assert list(args) == ["is-active", "vllm"]
-        return (self.states.pop(0) if self.states else "activating") + "\n"
+        state = self.states.pop(0) if self.states else "activating"
+        if list(args) == ["is-active", "vllm"]:
+            return state + "\n"
+        assert list(args) == ["show", "vllm", "-p", "ActiveState,InvocationID"]
+        return f"ActiveState={state}\nInvocationID={self.invocations.pop(0) if self.invocations else 'i1'}\n"
 
 
 def run_measure(host: Host, server: OpsVllm, script: Script, **kw: Any) -> Any:
@@ -282,6 +319,44 @@ def test_measure_stops_without_writing_when_the_unit_is_gone(host: Host, server:
     timed = Script(host, server, [80], healthy_at=100, generate_at=None)
     result = run_measure(host, server, timed, timeout=5)
     assert not result.written and "within --timeout 5 s" in result.line and not host.records.exists()
+
+
+def test_measure_is_tied_to_the_start_it_measures(host: Host, server: OpsVllm) -> None:
+    script = Script(host, server, [80, 70], healthy_at=100, generate_at=None)
+    script.invocations = ["i1", "i1", "i1", "i2"]   # the unit was restarted in between: another start
+    result = run_measure(host, server, script)
+    assert not result.written and "vllm was started again (invocation i2, not i1)" in result.line
+    assert not host.records.exists()
+    rewritten = Script(host, server, [80, 70, 75], healthy_at=3, generate_at=None)
+    record = json.loads(host.unit_record.read_text())
+    rewritten.at_sleep[5] = lambda: host.unit_record.write_text(json.dumps(record | {"args": ["--x"]}))
+    result = run_measure(host, server, rewritten, warmup_s=10)
+    assert not result.written and "the start key of vllm changed during its measurement" in result.line
+    assert not host.records.exists()
+
+
+def test_measure_keeps_only_the_kv_cache_labels(host: Host, server: OpsVllm) -> None:
+    server.cache |= {"model_name": "m" * 300, "evil": "x", "kv_cache_size_tokens": "9" * 65,
+                     "gpu_memory_utilization": "0.9"}
+    result = run_measure(host, server, Script(host, server, [80, 70, 75], healthy_at=3, generate_at=None),
+                         warmup_s=10)
+    assert result.written and result.record["kv_cache"] == {
+        "block_size": "16", "cache_dtype": "auto", "gpu_memory_utilization": "0.9", "num_gpu_blocks": "4096"}
+    with pytest.raises(ValueError, match="'kv_cache' has 'evil'"):
+        memfit.check_record(result.record | {"kv_cache": {"evil": "x"}})
+
+
+def test_the_status_probe_skips_a_record_over_1_mib(host: Host) -> None:
+    spec = importlib.util.spec_from_file_location(
+        "sparkspec_host_probe", REPO / "roles/sparkspec/module_utils/sparkspec_host.py")
+    assert spec is not None and spec.loader is not None
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    unit = json.loads(host.unit_record.read_text())
+    path = host.record(50 * GIB)
+    assert probe._memfit(str(host.records), unit)["needed_bytes"] == 50 * GIB
+    path.write_text(path.read_text() + " " * (1 << 20))   # still valid JSON, but past the bound
+    assert probe._memfit(str(host.records), unit) is None
 
 
 def test_low_water_settles_after_generation_advances() -> None:

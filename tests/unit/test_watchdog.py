@@ -19,9 +19,11 @@ from typing import Any
 
 import pytest
 
+from sparkspec.errors import UserError
+from sparkspec.operate import memfit, scrape, watchdog
 from sparkspec.operate.watchdog import Config, Counters, Restarts, UnitState, Watch, load_config, parse_show
 from sparkspec.operate.watchrun import Runner
-from tests.bench.fakevllm import QuietServer
+from tests.bench.fakevllm import serve
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -35,25 +37,16 @@ class OpsVllm:
         self.completions = "ok"   # ok | hang | 500 | 404
         self.generation = 0.0
         self.running = 0.0
+        self.prompt = self.waiting = 0.0
+        self.kv_usage: float | None = None
+        self.metrics_mode = "ok"   # ok | trickle (a byte every 0.1 s) | huge (9 MiB)
+        self.on_metrics: Any = None   # called at each /metrics request (the lock test)
         self.draft: float | None = None
         self.accepted = 0.0
         self.cache = {"num_gpu_blocks": "4096", "block_size": "16", "cache_dtype": "auto"}
         self.seen: list[tuple[str, str | None]] = []
         self.lock = threading.Lock()
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                fake.handle(self)
-
-            def do_POST(self) -> None:
-                fake.handle(self)
-
-        self.httpd = QuietServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.httpd = serve(self.handle)
 
     @property
     def url(self) -> str:
@@ -69,7 +62,11 @@ class OpsVllm:
                  f'vllm:generation_tokens_total{{model_name="m"}} {self.generation}',
                  "# TYPE vllm:num_requests_running gauge",
                  f'vllm:num_requests_running{{model_name="m"}} {self.running}',
+                 f'vllm:prompt_tokens_total{{model_name="m"}} {self.prompt}',
+                 f'vllm:num_requests_waiting{{model_name="m"}} {self.waiting}',
                  "# TYPE vllm:cache_config_info gauge", f"vllm:cache_config_info{{{labels}}} 1.0"]
+        if self.kv_usage is not None:
+            lines += [f'vllm:kv_cache_usage_perc{{model_name="m"}} {self.kv_usage}']
         if self.draft is not None:
             lines += ["# TYPE vllm:spec_decode_num_drafts_total counter",
                       f'vllm:spec_decode_num_drafts_total{{model_name="m"}} {self.draft / 2}',
@@ -87,7 +84,21 @@ class OpsVllm:
         if h.path == "/health":
             return self.reply(h, self.health, b"")
         if h.path == "/metrics":
-            return self.reply(h, 200, self.metrics_text().encode(), "text/plain; version=0.0.4")
+            if self.on_metrics is not None:
+                self.on_metrics()
+            text = self.metrics_text().encode()
+            if self.metrics_mode == "huge":
+                text += b"# " + b"x" * (9 << 20) + b"\n"
+            if self.metrics_mode != "trickle":
+                return self.reply(h, 200, text, "text/plain; version=0.0.4")
+            h.send_response(200)
+            h.send_header("Content-Length", "60")
+            h.end_headers()
+            for _ in range(60):
+                h.wfile.write(b"#")
+                h.wfile.flush()
+                time.sleep(0.1)
+            return None
         if h.path == "/v1/completions":
             req = json.loads(body)
             assert req["prompt"] == "ping" and req["max_tokens"] == 1 and req["temperature"] == 0
@@ -233,6 +244,33 @@ def test_probe_failures_must_be_consecutive_with_health_green(tmp_path: Path) ->
     assert reason is not None and "3 probes in a row" in reason and "completions time out" in reason
 
 
+def test_a_failed_probe_does_not_count_while_the_server_is_busy(tmp_path: Path) -> None:
+    w = Watch(config(tmp_path, probe_failures=2, probe_interval_s=10))
+    assert w.feed_probe(0, True, "timeout", Counters(100, 4, 0, 0)) is None and w.probe_fails == 1
+    assert w.feed_probe(10, True, "timeout", Counters(150, 4, 0, 0)) is None and w.probe_fails == 0
+    assert "generation tokens advanced 50 since the previous probe" == w.excused
+    assert w.feed_probe(20, True, "timeout", Counters(150, 4, 0, 0, waiting=3)) is None
+    assert w.excused == "3 request(s) waiting" and w.probe_fails == 0
+    assert w.feed_probe(30, True, "timeout", Counters(150, 4, 0, 0)) is None
+    assert w.feed_probe(40, True, "timeout", Counters(150, 4, 0, 0)) is not None
+
+
+def test_prefill_and_kv_cache_usage_are_progress(tmp_path: Path) -> None:
+    cfg = config(tmp_path, stall_window_s=30)
+    prefill, filling, stuck = Watch(cfg), Watch(cfg), Watch(cfg)
+    for t in range(0, 100, 10):
+        assert prefill.feed_stall(t, Counters(500, 1, 0, 0, prompt=1000.0 + t)) is None
+        assert filling.feed_stall(t, Counters(500, 1, 0, 0, prompt=9, kv_usage=0.1 + t / 1000)) is None
+    assert stuck.feed_stall(0, Counters(500, 1, 0, 0, prompt=9, kv_usage=0.5)) is None
+    assert stuck.feed_stall(30, Counters(500, 1, 0, 0, prompt=9, kv_usage=0.5)) is not None
+
+
+def test_the_bounds_are_constants(tmp_path: Path) -> None:
+    assert (watchdog.MAX_SECONDS, watchdog.MAX_COUNT, memfit.MAX_MARGIN_GIB) == (1e7, 1 << 40, 1 << 20)
+    assert watchdog.problems(config_doc(tmp_path, grace_s=1e7, restart_window_s=1e7 + 1)) == \
+        ["'restart_window_s': 10000001.0 is not a finite number of seconds > 0 (at most 1e+07)"]
+
+
 def test_gate_grace_inactive_and_a_new_invocation_reset(tmp_path: Path) -> None:
     w = Watch(config(tmp_path, grace_s=100))
     assert "grace" in str(w.gate(150, UnitState("active", 100, "a")))
@@ -307,6 +345,71 @@ def test_health_green_but_completions_time_out(tmp_path: Path, server: OpsVllm,
     assert {auth for path, auth in server.seen if path == "/v1/completions"} == {"Bearer k3y"}
 
 
+def test_a_busy_server_queueing_the_probe_is_not_restarted(tmp_path: Path, server: OpsVllm,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = config(tmp_path, probe_interval_s=5, probe_timeout_s=0.3, probe_failures=2)
+    ctl = FakeSystemctl()
+    runner = Runner(cfg, "vllm", server.url, systemctl=ctl)
+    server.completions, server.running = "hang", 4
+    for i, t in enumerate((200, 205, 210)):
+        server.generation = 100.0 * i
+        assert runner.step(t, 1e9) is None
+    server.waiting = 2
+    assert runner.step(215, 1e9) is None and runner.step(220, 1e9) is None and ctl.restarts() == 0
+    assert "is busy (2 request(s) waiting): not counted" in capsys.readouterr().out
+    server.waiting = 0   # nothing moves now: two failed probes in a row restart it
+    assert runner.step(225, 1e9) is None and ctl.restarts() == 0
+    assert runner.step(230, 1e9) is None and ctl.restarts() == 1
+
+
+def test_the_lock_is_not_held_across_reads_and_the_state_is_read_again(
+        tmp_path: Path, server: OpsVllm, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = config(tmp_path, stall_window_s=30, probe_interval_s=1000)
+    ctl = FakeSystemctl()
+    runner = Runner(cfg, "vllm", server.url, systemctl=ctl)
+    free: list[bool] = []
+
+    def try_lock() -> None:
+        with open(cfg.lock) as other:
+            try:
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                free.append(True)
+            except BlockingIOError:
+                free.append(False)
+
+    server.running, server.generation, server.on_metrics = 1, 700, try_lock
+    assert runner.step(200, 1e9) is None and free == [True]
+    server.on_metrics = lambda: setattr(ctl, "invocation", "b2")   # restarted while it was read
+    assert runner.step(230, 1e9) is None and ctl.restarts() == 0
+    assert "vllm changed while it was checked (now active, invocation b2): not restarting" in \
+        capsys.readouterr().out
+
+
+def test_reads_have_a_wall_clock_deadline_and_metrics_a_size_bound(
+        tmp_path: Path, server: OpsVllm, capsys: pytest.CaptureFixture[str]) -> None:
+    server.metrics_mode = "trickle"   # each byte within any read timeout, the whole far past the deadline
+    begin = time.monotonic()
+    with scrape.client(5.0) as http, pytest.raises(UserError, match="/metrics: no answer within 0.5 s"):
+        scrape.read_metrics(http, server.url, deadline_s=0.5)
+    assert time.monotonic() - begin < 2.0
+    server.metrics_mode = "huge"
+    runner = Runner(config(tmp_path, probe_interval_s=1000), "vllm", server.url, systemctl=FakeSystemctl())
+    assert runner.step(200, 1e9) is None
+    assert "/metrics: answers more than 8388608 bytes" in capsys.readouterr().out
+
+
+def test_the_api_key_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    key = tmp_path / "key"
+    key.write_text("s3cret\n")
+    monkeypatch.setenv("VLLM_API_KEY", "from-env")
+    assert scrape.read_key(str(key)) == "s3cret" and scrape.read_key(None) == "from-env"
+    for body in ("s3cret\nmore\n", "", "s3 cret\n", "x" * 5000):
+        key.write_text(body)
+        with pytest.raises(UserError) as err:
+            scrape.read_key(str(key))
+        assert str(key) in str(err.value) and "s3cret" not in str(err.value) and "\n" not in str(err.value)
+
+
 def test_a_probe_answering_404_is_said_and_not_counted(tmp_path: Path, server: OpsVllm,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
     cfg = config(tmp_path, probe_interval_s=1, probe_failures=1)
@@ -368,15 +471,20 @@ def test_cap_reached_leaves_the_unit_and_exits_0(tmp_path: Path, server: OpsVllm
 
 
 # --- the command -------------------------------------------------------------------------------------------
-def fake_systemctl(tmp: Path, active: str) -> dict[str, str]:
-    bin_dir = tmp / "bin"
-    bin_dir.mkdir()
-    script = bin_dir / "systemctl"
+# systemctl is /usr/bin/systemctl (scrape.SYSTEMCTL): the command runs with that constant set to a fake
+WRAP = ("import sys; from sparkspec.operate import scrape; scrape.SYSTEMCTL = sys.argv[1]; "
+        "from sparkspec.cli import main; sys.exit(main(sys.argv[2:]))")
+
+
+def fake_systemctl(tmp: Path, active: str) -> tuple[list[str], dict[str, str]]:
+    """The command line that runs ``sparkspec`` with a recording systemctl, and its environment."""
+    script = tmp / "systemctl"
     script.write_text(f"#!/bin/sh\necho \"$@\" >> {tmp}/calls\n"
                       f"[ \"$1\" = show ] && printf 'ActiveState={active}\\n"
                       "ActiveEnterTimestampMonotonic=1\\nInvocationID=a\\n'\nexit 0\n")
     script.chmod(0o755)
-    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "VLLM_API_KEY": "from-env"}
+    (tmp / "key").write_text("from-file\n")
+    return [sys.executable, "-c", WRAP, str(script)], {**os.environ, "VLLM_API_KEY": "from-env"}
 
 
 def test_command_stops_at_the_cap(tmp_path: Path, server: OpsVllm) -> None:
@@ -386,10 +494,12 @@ def test_command_stops_at_the_cap(tmp_path: Path, server: OpsVllm) -> None:
     Path(doc["state"]).write_text(json.dumps({"restarts": [time.time() - 10, time.time() - 5]}))
     (tmp_path / "w.json").write_text(json.dumps(doc))
     server.running = 1
-    proc = subprocess.run([sys.executable, "-m", "sparkspec.cli", "watchdog", "--unit", "vllm", "--url",
-                           server.url, "--config", str(tmp_path / "w.json")], capture_output=True, text=True,
-                          cwd=REPO, env=fake_systemctl(tmp_path, "active"), timeout=60, check=False)
+    argv, env = fake_systemctl(tmp_path, "active")
+    proc = subprocess.run([*argv, "watchdog", "--unit", "vllm", "--url", server.url, "--config",
+                           str(tmp_path / "w.json"), "--api-key-file", str(tmp_path / "key")],
+                          capture_output=True, text=True, cwd=REPO, env=env, timeout=60, check=False)
     assert proc.returncode == 0, proc.stderr
+    assert {auth for path, auth in server.seen if path == "/metrics"} == {"Bearer from-file"}
     assert "cap 2" in proc.stdout.strip().splitlines()[-1]
     assert "restart vllm" not in (tmp_path / "calls").read_text()
     assert "from-env" not in proc.stdout
@@ -397,10 +507,10 @@ def test_command_stops_at_the_cap(tmp_path: Path, server: OpsVllm) -> None:
 
 def test_command_sigterm_ends_it_with_0(tmp_path: Path, server: OpsVllm) -> None:
     (tmp_path / "w.json").write_text(json.dumps(config_doc(tmp_path, interval_s=0.1)))
-    proc = subprocess.Popen([sys.executable, "-m", "sparkspec.cli", "watchdog", "--unit", "vllm", "--url",
-                             server.url, "--config", str(tmp_path / "w.json")], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=REPO,
-                            env=fake_systemctl(tmp_path, "inactive"))
+    argv, env = fake_systemctl(tmp_path, "inactive")
+    proc = subprocess.Popen([*argv, "watchdog", "--unit", "vllm", "--url", server.url, "--config",
+                             str(tmp_path / "w.json")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=REPO, env=env)
     try:
         deadline = time.monotonic() + 30
         while not (tmp_path / "calls").exists() and time.monotonic() < deadline:

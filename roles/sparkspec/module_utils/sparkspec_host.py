@@ -284,12 +284,20 @@ def probe_status(args):
 
 def _memfit(folder, record):
     """The memory guard's newest record for what the unit serves (its profile, method and k), or None."""
+    import stat
     if not isinstance(record, dict) or not os.path.isdir(folder):
         return None
     want = (record.get("profile"), record.get("method"), record.get("num_speculative_tokens"))
     best = None
     for name in sorted(os.listdir(folder))[:1000]:
-        doc = read_json(os.path.join(folder, name)) if name.endswith(".json") else None
+        path = os.path.join(folder, name)
+        try:   # a regular file of at most 1 MiB (the guard's own bound), checked before it is parsed
+            st = os.stat(path, follow_symlinks=False)
+        except OSError:
+            continue
+        if not name.endswith(".json") or not stat.S_ISREG(st.st_mode) or st.st_size > 1 << 20:
+            continue
+        doc = read_json(path)
         if not isinstance(doc, dict) or not isinstance(doc.get("key"), dict):
             continue
         key = doc["key"]

@@ -2,14 +2,14 @@
 
 Only argparse registration happens at import; each handler imports its :mod:`sparkspec.operate` module. The
 guard runs as the vLLM unit's ExecStartPre (exit 0 allows the start, 1 refuses it, 2 is bad input, which
-refuses it too); the watchdog is a service of its own. The API key comes from ``$VLLM_API_KEY``, never argv.
+refuses it too); the watchdog is a service of its own. The API key comes from the file ``--api-key-file PATH``
+(one line), else ``$VLLM_API_KEY``; never argv.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import sys
 from typing import Any
@@ -18,7 +18,7 @@ from sparkspec import argtypes
 from sparkspec.cli.bench import check_url
 from sparkspec.errors import UserError
 
-gib = argtypes.number(float, 0.0, 1 << 20)
+gib = argtypes.number(float, 0.0, float(1 << 20))   # memfit.MAX_MARGIN_GIB (not imported at registration)
 seconds = argtypes.positive_float
 start_bytes = argtypes.number(int, 0, 1 << 62)
 _UNIT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9:_.@\\-]{0,200}")
@@ -32,8 +32,15 @@ def unit_name(text: str) -> str:
     return name
 
 
-def _key() -> str | None:
-    return os.environ.get("VLLM_API_KEY") or None
+def _key(args: argparse.Namespace) -> str | None:
+    from sparkspec.operate import scrape
+
+    return scrape.read_key(args.api_key_file)
+
+
+def _key_file(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--api-key-file", metavar="PATH",
+                   help="a file holding the server's API key on one line (else $VLLM_API_KEY)")
 
 
 def _paths(p: argparse.ArgumentParser) -> None:
@@ -54,6 +61,8 @@ def register(sub: Any) -> None:
     g.add_argument("--margin-gib", type=gib, default=4.0, help="GiB added to a record's need (default 4)")
     g.add_argument("--floor-gib", type=gib, help="GiB needed, whatever a record says")
     g.add_argument("--measure", metavar="URL", help="without a record: measure this start, URL the server")
+    g.add_argument("--api-key-file", metavar="PATH",
+                   help="passed on to the measurement as --api-key-file PATH (the path, never the key)")
     g.set_defaults(func=_guard)
     m = msub.add_parser("measure", help="record a start's MemAvailable low water (run by the guard in a "
                                         "transient unit)")
@@ -64,6 +73,7 @@ def register(sub: Any) -> None:
     m.add_argument("--interval", type=seconds, default=0.5, help="seconds between samples (default 0.5)")
     m.add_argument("--warmup-s", type=seconds, default=60.0, help="warm-up after /health (default 60)")
     m.add_argument("--timeout", type=seconds, default=3600.0, help="give up after (default 3600 s)")
+    _key_file(m)
     m.set_defaults(func=_measure)
     s = msub.add_parser("show", help="every memory record")
     s.add_argument("--record-dir", required=True, metavar="DIR")
@@ -80,6 +90,7 @@ def register(sub: Any) -> None:
     w.add_argument("--unit", required=True, type=unit_name, help="the vLLM unit")
     w.add_argument("--url", required=True, help="the server, e.g. http://127.0.0.1:8000")
     w.add_argument("--config", required=True, metavar="FILE", help="the watchdog's JSON config")
+    _key_file(w)
     w.set_defaults(func=_watchdog)
 
 
@@ -91,7 +102,7 @@ def _guard(args: argparse.Namespace) -> int:
     except UserError as exc:   # its message names --url
         raise UserError(str(exc).replace("--url", "--measure", 1)) from None
     return memfit.guard(args.unit, args.unit_record, args.venv, args.record_dir, margin_gib=args.margin_gib,
-                        floor_gib=args.floor_gib, measure_url=url)
+                        floor_gib=args.floor_gib, measure_url=url, api_key_file=args.api_key_file)
 
 
 def _measure(args: argparse.Namespace) -> int:
@@ -100,7 +111,7 @@ def _measure(args: argparse.Namespace) -> int:
 
     result = measure(args.unit, check_url(args.url), args.unit_record, args.venv, args.record_dir,
                      args.start_available, interval=args.interval, warmup_s=args.warmup_s,
-                     timeout=args.timeout, api_key=_key())
+                     timeout=args.timeout, api_key=_key(args))
     memfit.say(result.line)
     return 0 if result.written else 1
 
@@ -152,4 +163,4 @@ def _watchdog(args: argparse.Namespace) -> int:
         for line in problems:
             print(f"sparkspec: error: watchdog: {line}", file=sys.stderr)
         return 2
-    return Runner(cfg, args.unit, url, _key()).run()
+    return Runner(cfg, args.unit, url, _key(args)).run()

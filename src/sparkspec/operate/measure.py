@@ -2,7 +2,9 @@
 the load through /health's first 200 and a warm-up window, written as the start key's memory record.
 
 :class:`LowWater` is the decision (fed samples and times, no sleeping); :func:`measure` the loop around it.
-It stops without writing when the vLLM unit is no longer active or activating, or at the time-out."""
+It is tied to the start it measures: the unit's InvocationID is read first, and it stops without writing when
+that changes or the unit is no longer active or activating, at the time-out, or when the start key read again
+before writing is not the one it began with. The record keeps only memfit.KV_LABELS of the KV cache config."""
 
 from __future__ import annotations
 
@@ -13,8 +15,11 @@ from typing import Any
 
 from sparkspec.errors import UserError
 from sparkspec.operate import memfit, scrape
+from sparkspec.operate.watchdog import UnitState, parse_show
 
 SETTLE_S = 5.0  # seconds after generation first advanced that still count as warm-up
+SHOW = "ActiveState,InvocationID"
+AGAIN = "no record written; its next start is measured again"
 
 
 @dataclass
@@ -64,31 +69,49 @@ class Measured:
     record: dict[str, Any] | None = None
 
 
+def _state(systemctl: scrape.Systemctl, unit: str) -> UnitState:
+    return parse_show(systemctl(["show", unit, "-p", SHOW]))
+
+
+def _gone(unit: str, invocation: str, systemctl: scrape.Systemctl, samples: int) -> str | None:
+    """Why the measured start is over (the unit not active or activating, or another invocation), or None."""
+    now = _state(systemctl, unit)
+    if now.active not in scrape.ACTIVE:
+        return f"{unit} is {now.active} before its measurement ended (after {samples} samples): {AGAIN}"
+    if now.invocation != invocation:
+        return (f"{unit} was started again (invocation {now.invocation[:12] or '-'}, not {invocation[:12]}) "
+                f"before its measurement ended (after {samples} samples): {AGAIN}")
+    return None
+
+
 def measure(unit: str, url: str, unit_record: str, venv: str, record_dir: str, start_available: int,
             interval: float = 0.5, warmup_s: float = 60.0, timeout: float = 3600.0,
             systemctl: scrape.Systemctl = scrape.systemctl, clock: Callable[[], float] = time.monotonic,
             sleep: Callable[[float], None] = time.sleep, api_key: str | None = None) -> Measured:
     """Sample until warmed up, then read the KV cache config and write the record."""
     key = memfit.start_key(unit_record, venv)   # read first: a bad record is one line before anything runs
+    invocation = _state(systemctl, unit).invocation
+    if not invocation:
+        return Measured(False, f"{unit} has no InvocationID (not started, or systemd < 232): {AGAIN}")
     water = LowWater(start_available, warmup_s)
     begin = clock()
-    with scrape.client(min(5.0, max(interval, 1.0))) as http:
+    deadline = min(5.0, max(interval, 1.0))
+    with scrape.client(deadline) as http:
         while True:
             water.sample(memfit.mem_available())
             now = clock()
-            state = systemctl(["is-active", unit]).strip() or "unknown"
-            if state not in scrape.ACTIVE:
-                return Measured(False, f"{unit} is {state} before its measurement ended (after "
-                                       f"{water.samples} samples): no record written; its next start is "
-                                       "measured again")
+            gone = _gone(unit, invocation, systemctl, water.samples)
+            if gone is not None:
+                return Measured(False, gone)
             if now - begin >= timeout:
                 return Measured(False, f"{unit} was not healthy and warmed up within --timeout {timeout:g} "
-                                       "s: no record written; its next start is measured again")
-            health = scrape.healthy(http, url)
+                                       f"s: {AGAIN}")
+            health = scrape.healthy(http, url, deadline)
             generation = None
             if health:
                 try:
-                    generation = scrape.read_metrics(http, url, api_key)[0].generation_tokens
+                    sample = scrape.read_metrics(http, url, api_key, deadline_s=deadline)[0]
+                    generation = sample.generation_tokens
                 except UserError:
                     generation = None
             if water.step(now, health, generation):
@@ -96,9 +119,20 @@ def measure(unit: str, url: str, unit_record: str, venv: str, record_dir: str, s
             sleep(interval)
         water.sample(memfit.mem_available())
         try:
-            kv_cache = scrape.info_labels(scrape.read_metrics(http, url, api_key)[1])
+            kv_cache = memfit.kv_labels(scrape.info_labels(scrape.read_metrics(http, url, api_key,
+                                                                               deadline_s=deadline)[1]))
         except UserError:
             kv_cache = {}
+    gone = _gone(unit, invocation, systemctl, water.samples)
+    if gone is not None:
+        return Measured(False, gone)
+    try:
+        same = memfit.start_key(unit_record, venv) == key
+    except UserError:
+        same = False
+    if not same:
+        return Measured(False, f"the start key of {unit} changed during its measurement ({unit_record} or "
+                               f"the vLLM build in {venv} was rewritten): {AGAIN}")
     doc = {"key": key, "unit": unit, "start_available_bytes": start_available, "low_water_bytes": water.low,
            "needed_bytes": water.needed, "kv_cache": kv_cache, "measured_at": memfit.now_iso(),
            "samples": water.samples}

@@ -34,6 +34,12 @@ PREFIX = "sparkspec memfit:"
 MAX_RECORD = 1 << 20
 HASH = re.compile(r"[0-9a-f]{32}")
 MAX_NAME = 200  # characters of a profile or method name in a key
+MAX_ARGS = 4096  # items of the unit record's "args" (the vLLM command line)
+MAX_MARGIN_GIB = float(1 << 20)  # the bound of --margin-gib and --floor-gib, [0, MAX_MARGIN_GIB]
+SYSTEMD_RUN = "/usr/bin/systemd-run"  # absolute: never found on PATH; tests set this constant
+KV_LABELS = ("num_gpu_blocks", "block_size", "cache_dtype", "kv_cache_memory_bytes", "kv_cache_size_tokens",
+             "gpu_memory_utilization", "enable_prefix_caching", "kv_cache_max_concurrency")
+MAX_LABEL = 64  # characters of a kv_cache label value in a record
 
 
 def say(text: str) -> None:
@@ -99,8 +105,20 @@ def _name(doc: dict[str, Any], field: str, where: str) -> str:
     return value
 
 
+def args_sha256(doc: dict[str, Any], where: str) -> str:
+    """The sha256 of the record's "args" (the vLLM command line) as compact ASCII JSON, "none" without."""
+    args = doc.get("args")
+    if args is None:
+        return "none"
+    if not isinstance(args, list) or len(args) > MAX_ARGS or not all(isinstance(a, str) for a in args):
+        raise UserError(f"{where}: 'args' is not a list of at most {MAX_ARGS} strings; redeploy the unit "
+                        "(invoke deploy) to rewrite its record")
+    return hashlib.sha256(json.dumps(args, separators=(",", ":"), ensure_ascii=True).encode()).hexdigest()
+
+
 def start_key(unit_record: str, venv: str) -> dict[str, Any]:
-    """The key of a start: profile, method and k from the unit's record, and the vLLM build in ``venv``."""
+    """The key of a start: profile, method, k and the sha256 of the vLLM command line from the unit's
+    record, and the vLLM build in ``venv``."""
     fix = "redeploy the unit (invoke deploy) to rewrite its record"
     doc = read_json(unit_record, "no unit record; deploy the unit first (invoke deploy)", fix)
     if not isinstance(doc, dict):
@@ -109,7 +127,7 @@ def start_key(unit_record: str, venv: str) -> dict[str, Any]:
     if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
         raise UserError(f"{unit_record}: 'num_speculative_tokens' is {k!r:.60}, not a count or null; {fix}")
     return {"profile": _name(doc, "profile", unit_record), "method": _name(doc, "method", unit_record),
-            "num_speculative_tokens": k, **vllm_build(venv)}
+            "num_speculative_tokens": k, "args_sha256": args_sha256(doc, unit_record), **vllm_build(venv)}
 
 
 def key_hash(key: dict[str, Any]) -> str:
@@ -138,9 +156,19 @@ def check_record(doc: Any) -> dict[str, Any]:
         value = doc.get(field)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ValueError(f"{field!r} is {value!r:.40}, not a byte count")
-    if not isinstance(doc.get("kv_cache", {}), dict):
+    kv = doc.get("kv_cache", {})
+    if not isinstance(kv, dict):
         raise ValueError("'kv_cache' is not an object")
+    for name, value in kv.items():
+        if name not in KV_LABELS or not isinstance(value, str) or len(value) > MAX_LABEL:
+            raise ValueError(f"'kv_cache' has {name!r:.40}: {value!r:.40}, not one of its labels with a "
+                             f"value of at most {MAX_LABEL} characters")
     return doc
+
+
+def kv_labels(labels: dict[str, str]) -> dict[str, str]:
+    """The KV cache labels a record keeps: KV_LABELS only, each value at most MAX_LABEL characters."""
+    return {k: v for k, v in sorted(labels.items()) if k in KV_LABELS and len(v) <= MAX_LABEL}
 
 
 def load_record(path: Path) -> dict[str, Any] | None:
@@ -166,21 +194,26 @@ def write_record(record_dir: str, doc: dict[str, Any]) -> Path:
 
 # --- the guard --------------------------------------------------------------------------------------------
 def measure_argv(unit: str, url: str, unit_record: str, venv: str, record_dir: str,
-                 start_available: int) -> list[str]:
-    """The transient unit that measures this start, beside (not inside) the vLLM unit."""
-    return ["systemd-run", f"--unit={unit}-memfit", "--collect", "--no-block", "--quiet",
-            "--property=Type=exec", sys.executable, "-m", "sparkspec.cli", "memfit", "measure",
+                 start_available: int, api_key_file: str | None = None) -> list[str]:
+    """The transient unit that measures this start, beside (not inside) the vLLM unit: isolated Python (-I:
+    no PYTHON* variables, no working directory on sys.path); the key travels as a path, never on argv."""
+    key = [] if api_key_file is None else ["--api-key-file", os.path.abspath(api_key_file)]
+    return [SYSTEMD_RUN, f"--unit={unit}-memfit", "--collect", "--no-block", "--quiet",
+            "--property=Type=exec", sys.executable, "-I", "-m", "sparkspec.cli", "memfit", "measure",
             "--unit", unit, "--url", url,
             "--unit-record", unit_record, "--venv", venv, "--record-dir", record_dir,
-            "--start-available", str(start_available)]
+            "--start-available", str(start_available), *key]
 
 
 def guard(unit: str, unit_record: str, venv: str, record_dir: str, margin_gib: float = 4.0,
-          floor_gib: float | None = None, measure_url: str | None = None) -> int:
-    """Exit 0 (allow) or 1 (refuse), each with one line; bad input is a UserError (exit 2)."""
+          floor_gib: float | None = None, measure_url: str | None = None,
+          api_key_file: str | None = None) -> int:
+    """Exit 0 (allow) or 1 (refuse), each with one line; bad input is a UserError (exit 2). A record file
+    that is there but cannot be read or is not this start's refuses the start (exit 1)."""
     for flag, value in (("--margin-gib", margin_gib), ("--floor-gib", floor_gib)):
-        if value is not None and not (math.isfinite(value) and value >= 0):
-            raise UserError(f"{flag} {value}: must be a finite number >= 0; fix {flag}")
+        if value is not None and not (math.isfinite(value) and 0 <= value <= MAX_MARGIN_GIB):
+            raise UserError(f"{flag} {value}: must be a finite number from 0 to {MAX_MARGIN_GIB:g}; fix "
+                            f"{flag}")
     available = mem_available()
     key = start_key(unit_record, venv)
     digest = key_hash(key)
@@ -190,23 +223,23 @@ def guard(unit: str, unit_record: str, venv: str, record_dir: str, margin_gib: f
         why = f"the explicit floor --floor-gib {floor_gib:g}"
         fix = f"{fix_mem} or lower --floor-gib"
     else:
+        forget_it = f"`sparkspec memfit forget --record-dir {record_dir} --key-hash {digest}`"
         try:
             record = load_record(record_path(record_dir, digest))
             if record is not None and record["key"] != key:
                 raise UserError(f"{record_path(record_dir, digest)}: malformed memory record (its key is not "
                                 "this start's)")
         except UserError as exc:
-            say(f"{exc}: treated as no record (`sparkspec memfit forget --record-dir {record_dir} "
-                f"--key-hash {digest}` removes it)")
-            record = None
+            say(f"refusing to start {unit}: {exc}; remove it with {forget_it} (the next start measures "
+                "again)")
+            return 1
         if record is None:
-            return _unrecorded(unit, key, available, measure_url, unit_record, venv, record_dir)
+            return _unrecorded(unit, key, available, measure_url, unit_record, venv, record_dir, api_key_file)
         needed = int(record["needed_bytes"] + margin_gib * GIB)
         when = str(record.get("measured_at", "?"))[:10]
         why = (f"{gib(record['needed_bytes'])} measured at the first start of {describe(key)} on {when}, "
                f"+ {margin_gib:.1f} GiB margin")
-        fix = (f"{fix_mem}, or drop the record with `sparkspec memfit forget --record-dir {record_dir} "
-               f"--key-hash {digest}` (the next start measures again)")
+        fix = f"{fix_mem}, or drop the record with {forget_it} (the next start measures again)"
     if available < needed:
         say(f"refusing to start {unit}: MemAvailable {gib(available)} < {gib(needed)} needed ({why}); {fix}")
         return 1
@@ -215,12 +248,12 @@ def guard(unit: str, unit_record: str, venv: str, record_dir: str, margin_gib: f
 
 
 def _unrecorded(unit: str, key: dict[str, Any], available: int, measure_url: str | None, unit_record: str,
-                venv: str, record_dir: str) -> int:
+                venv: str, record_dir: str, api_key_file: str | None) -> int:
     head = f"no memory record for {describe(key)} yet (MemAvailable {gib(available)})"
     if measure_url is None:
         say(f"{head}: starting {unit} unmeasured (the guard was not given --measure URL)")
         return 0
-    argv = measure_argv(unit, measure_url, unit_record, venv, record_dir, available)
+    argv = measure_argv(unit, measure_url, unit_record, venv, record_dir, available, api_key_file)
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
         problem = None if proc.returncode == 0 else \

@@ -17,7 +17,11 @@ from typing import Any
 
 from sparkspec.jsonfile import read_json
 
+# The bounds of the config (the role mirrors them): seconds in (0, MAX_SECONDS], counts in [1, MAX_COUNT],
+# the acceptance floor in [0, MAX_FLOOR_PCT] or null.
 MAX_SECONDS = 1e7
+MAX_COUNT = 1 << 40
+MAX_FLOOR_PCT = 100.0
 SECONDS = ("grace_s", "interval_s", "stall_window_s", "acceptance_window_s", "probe_interval_s",
            "probe_timeout_s", "restart_window_s")
 COUNTS = ("min_draft_tokens", "probe_failures", "max_restarts")
@@ -63,10 +67,10 @@ def problems(doc: Any) -> list[str]:
                        f"{MAX_SECONDS:g})")
     for k in COUNTS:
         v = doc.get(k)
-        if k in doc and (isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 1 << 40):
-            out.append(f"{k!r}: {v!r:.40} is not a whole number >= 1")
+        if k in doc and (isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_COUNT):
+            out.append(f"{k!r}: {v!r:.40} is not a whole number from 1 to {MAX_COUNT}")
     floor = doc.get("acceptance_floor")
-    if floor is not None and not (number("acceptance_floor") and 0 <= floor <= 100):
+    if floor is not None and not (number("acceptance_floor") and 0 <= floor <= MAX_FLOOR_PCT):
         out.append(f"'acceptance_floor': {floor!r:.40} is not a percentage from 0 to 100, or null (no "
                    "floor)")
     for k in PATHS:
@@ -118,6 +122,21 @@ class Counters:
     running: float
     draft: float
     accepted: float
+    prompt: float = 0.0
+    waiting: float = 0.0
+    kv_usage: float | None = None   # the KV cache usage gauge, None when the build has none
+
+
+def busy(c: Counters | None, before: float | None) -> str | None:
+    """Why a failed probe does not count: generation advanced since ``before`` (the previous probe's reading)
+    or requests wait in the queue (a busy server queues the probe too); None when neither."""
+    if c is None:
+        return None
+    if before is not None and c.generation > before:
+        return f"generation tokens advanced {c.generation - before:.0f} since the previous probe"
+    if c.waiting > 0:
+        return f"{c.waiting:g} request(s) waiting"
+    return None
 
 
 @dataclass
@@ -127,14 +146,17 @@ class Watch:
     cfg: Config
     invocation: str = ""
     last_generation: float | None = None
+    last_progress: tuple[float, float, float | None] | None = None   # generation, prompt, KV cache usage
     still_since: float = 0.0
     acceptance: deque[tuple[float, float, float]] = field(default_factory=deque)
     probe_fails: int = 0
+    probe_generation: float | None = None   # generation tokens at the previous probe
+    excused: str | None = None   # why the last failed probe was not counted
     next_probe: float = 0.0
     restarted_at: float = -math.inf   # the watchdog's own last restart (monotonic): a grace starts there
 
     def reset(self) -> None:
-        self.last_generation = None
+        self.last_generation = self.last_progress = self.probe_generation = None
         self.acceptance.clear()
         self.probe_fails = 0
         self.next_probe = 0.0
@@ -155,8 +177,11 @@ class Watch:
         return None
 
     def feed_stall(self, now: float, c: Counters) -> str | None:
-        if self.last_generation is None or c.generation != self.last_generation or c.running <= 0:
-            self.last_generation, self.still_since = c.generation, now
+        """Progress is any change of generation tokens, prompt tokens (a long chunked prefill generates none
+        for a while) or the KV cache usage gauge; a stall is none of them while requests run."""
+        progress = (c.generation, c.prompt, c.kv_usage)
+        if self.last_progress is None or progress != self.last_progress or c.running <= 0:
+            self.last_progress, self.last_generation, self.still_since = progress, c.generation, now
             return None
         still = now - self.still_since
         if still >= self.cfg.stall_window_s:
@@ -190,10 +215,15 @@ class Watch:
     def probe_due(self, now: float) -> bool:
         return now >= self.next_probe
 
-    def feed_probe(self, now: float, health_ok: bool, error: str | None) -> str | None:
-        """A probe's outcome: /health's answer, and the completion's error (None: it answered)."""
+    def feed_probe(self, now: float, health_ok: bool, error: str | None,
+                   c: Counters | None = None) -> str | None:
+        """A probe's outcome: /health's answer, the completion's error (None: it answered), and the counters
+        read after it (None: not read). A failure does not count while the server is :func:`busy`."""
         self.next_probe = now + self.cfg.probe_interval_s
-        if not health_ok or error is None:
+        self.excused = busy(c, self.probe_generation)
+        if c is not None:
+            self.probe_generation = c.generation
+        if not health_ok or error is None or self.excused is not None:
             self.probe_fails = 0
             return None
         self.probe_fails += 1

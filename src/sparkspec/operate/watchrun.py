@@ -1,10 +1,13 @@
-"""The watchdog's loop (``sparkspec watchdog``): every ``interval_s`` it takes the deploy lock without
-waiting, reads the unit's state, /metrics and, every ``probe_interval_s``, /health and a one-token completion,
-feeds :class:`sparkspec.operate.watchdog.Watch`, and restarts the unit (holding the lock) when it says so.
+"""The watchdog's loop (``sparkspec watchdog``): every ``interval_s`` it checks that no deploy holds the lock,
+reads the unit's state, /metrics and, every ``probe_interval_s``, /health and a one-token completion, feeds
+:class:`sparkspec.operate.watchdog.Watch`, and restarts the unit when it says so.
 
-A lock held by someone else is a deploy in progress: the windows reset and nothing is checked. The restart
-times live in the state file (wall clock, written atomically), so the cap survives the watchdog's own restart.
-Every decision is one line on stdout (the journal), flushed."""
+The deploy lock is held only around the restart: taken without waiting, the unit's state read again (the same
+invocation, still active), then the restart; never across a network read. A lock held by someone else is a
+deploy in progress: the windows reset and nothing is checked. Every HTTP request has an overall deadline and
+/metrics is read up to MAX_METRICS bytes. The restart times live in the state file (wall clock, written
+atomically), so the cap survives the watchdog's own restart. Every decision is one line on stdout (the
+journal), flushed."""
 
 from __future__ import annotations
 
@@ -17,18 +20,16 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import httpx2 as httpx
-
 from sparkspec import outputs
-from sparkspec.bench import metrics
 from sparkspec.errors import UserError
 from sparkspec.jsonfile import loads_bounded
 from sparkspec.operate import scrape
-from sparkspec.operate.watchdog import Config, Counters, Restarts, Watch, parse_show
+from sparkspec.operate.watchdog import Config, Counters, Restarts, UnitState, Watch, parse_show
 from sparkspec.validate import read_regular
 
 PREFIX = "sparkspec watchdog:"
-KEY_ENV = "VLLM_API_KEY"
+KEY_ENV = scrape.KEY_ENV
+MAX_METRICS = scrape.MAX_METRICS  # bytes of one /metrics read
 SHOW = "ActiveState,ActiveEnterTimestampMonotonic,InvocationID"
 
 
@@ -45,7 +46,8 @@ class Runner:
             systemctl
         self.watch = Watch(cfg)
         self.restarts = Restarts(cfg, self._load_state())
-        self.http = scrape.client(min(cfg.probe_timeout_s, 30.0))
+        self.deadline = min(cfg.probe_timeout_s, scrape.DEADLINE_S)   # of a /health or /metrics read
+        self.http = scrape.client(self.deadline)
         self.note_last: str | None = None
         self._open_lock().close()   # a lock that cannot be made is one line now, not at the first restart
 
@@ -94,64 +96,86 @@ class Runner:
         stops (the cap), else None."""
         lock = self._open_lock()
         try:
-            if not lock.take():
-                self.watch.reset()
-                self.note(f"deploy in progress ({self.cfg.lock} is held): not checking {self.unit}")
-                return None
-            unit = parse_show(self.systemctl(["show", self.unit, "-p", SHOW]))
-            skip = self.watch.gate(now, unit)
-            if skip is not None:
-                self.note(f"{self.unit} {skip}: not checking")
-                return None
-            reason = self._check(now)
-            if reason is None:
-                return None
-            return self._restart(reason, now, wall)
+            free = lock.take()   # a deploy in progress? released at once: no read happens under the lock
         finally:
             lock.close()
+        if not free:
+            self._deploying()
+            return None
+        unit = parse_show(self.systemctl(["show", self.unit, "-p", SHOW]))
+        skip = self.watch.gate(now, unit)
+        if skip is not None:
+            self.note(f"{self.unit} {skip}: not checking")
+            return None
+        reason = self._check(now)
+        if reason is None:
+            return None
+        return self._restart(reason, unit, now, wall)
 
-    def _check(self, now: float) -> str | None:
+    def _deploying(self) -> None:
+        self.watch.reset()
+        self.note(f"deploy in progress ({self.cfg.lock} is held): not checking {self.unit}")
+
+    def _counters(self) -> Counters | None:
         try:
-            sample, _ = scrape.read_metrics(self.http, self.url, self.api_key)
+            sample, _ = scrape.read_metrics(self.http, self.url, self.api_key, MAX_METRICS, self.deadline)
         except UserError as exc:
             self.note(f"cannot read {self.url}/metrics ({exc}); stall and acceptance checks wait for it")
-            reason = None
-        else:
+            return None
+        return Counters(sample.generation_tokens, sample.running, sample.draft_tokens, sample.accepted_tokens,
+                        sample.prompt_tokens, sample.waiting, sample.kv_usage)
+
+    def _check(self, now: float) -> str | None:
+        counters = self._counters()
+        reason = None
+        if counters is not None:
             self.note(f"watching {self.unit}")
-            counters = Counters(sample.generation_tokens, sample.running, sample.draft_tokens,
-                                sample.accepted_tokens)
             reason = self.watch.feed_stall(now, counters) or self.watch.feed_acceptance(now, counters)
         if reason is None and self.watch.probe_due(now):
-            health = scrape.healthy(self.http, self.url)
+            health = scrape.healthy(self.http, self.url, self.deadline)
             error = self.probe() if health else None
-            reason = self.watch.feed_probe(now, health, error)
+            if error is not None:   # read again: what the server did while the probe waited
+                counters = self._counters()
+            reason = self.watch.feed_probe(now, health, error, counters)
+            if error is not None and self.watch.excused is not None:
+                self.note(f"a probe failed ({error}) but {self.unit} is busy ({self.watch.excused}): not "
+                          "counted")
         return reason
 
     def probe(self) -> str | None:
-        """A one-token completion: None when it answered, else why not (a 4xx, the probe's own fault, is said
-        and not counted)."""
+        """A one-token completion within ``probe_timeout_s`` overall: None when it answered, else why not (a
+        4xx, the probe's own fault, is said and not counted)."""
         body = {"model": self.cfg.model, "prompt": "ping", "max_tokens": 1, "temperature": 0}
+        url = self.url + "/v1/completions"
         try:
-            with self.http.stream("POST", self.url + "/v1/completions", json=body,
-                                  headers=metrics.auth(self.api_key),
-                                  timeout=httpx.Timeout(self.cfg.probe_timeout_s)) as response:
-                read = 0
-                for piece in response.iter_bytes():
-                    read += len(piece)
-                    if read > scrape.SMALL_BODY:
-                        break
-                status = response.status_code
-        except httpx.TimeoutException:
-            return f"no answer within {self.cfg.probe_timeout_s:g} s"
-        except httpx.HTTPError as exc:
-            return f"{exc.__class__.__name__}: {metrics.clean(str(exc), self.api_key)}"
+            status, _ = scrape.fetch(self.http, "POST", url, self.api_key, scrape.SMALL_BODY,
+                                     self.cfg.probe_timeout_s, body)
+        except UserError as exc:
+            return str(exc).removeprefix(f"{url}: ")
         if 400 <= status < 500:
-            self.note(f"the probe completion answers HTTP {status}: check 'model' in the config and "
-                      f"${KEY_ENV}; probes are not counted until it answers")
+            self.note(f"the probe completion answers HTTP {status}: check 'model' in the config and the API "
+                      f"key (--api-key-file or ${KEY_ENV}); probes are not counted until it answers")
             return None
         return None if status < 400 else f"HTTP {status}"
 
-    def _restart(self, reason: str, now: float, wall: float) -> int | None:
+    def _restart(self, reason: str, seen: UnitState, now: float, wall: float) -> int | None:
+        """Under the deploy lock: the unit's state read again, then the restart (or the cap's stop)."""
+        lock = self._open_lock()
+        try:
+            if not lock.take():
+                self._deploying()
+                return None
+            unit = parse_show(self.systemctl(["show", self.unit, "-p", SHOW]))
+            if unit.invocation != seen.invocation or unit.active != "active":
+                self.watch.reset()
+                self.note(f"{self.unit} changed while it was checked (now {unit.active}, invocation "
+                          f"{unit.invocation[:12] or '-'}): not restarting; checking again")
+                return None
+            return self._restart_locked(reason, now, wall)
+        finally:
+            lock.close()
+
+    def _restart_locked(self, reason: str, now: float, wall: float) -> int | None:
         cfg = self.cfg
         if self.restarts.capped(wall):
             say(f"{reason}; but {self.unit} was restarted {len(self.restarts.recent(wall))} times in "

@@ -164,8 +164,8 @@ def table(statuses: list[HostStatus]) -> Any:
 
 
 def _need(memfit: dict[str, Any] | None) -> str:
-    """What the memory guard's record says a start of what is served takes (MemAvailable's drop during load
-    and warm-up), or 'unmeasured'."""
+    """What the memory guard's record says a start of what is served takes (the drop of the host's available
+    memory during load and warm-up), or 'unmeasured'."""
     need = memfit.get("needed_bytes") if memfit else None
     return _gib(need) if isinstance(need, int) and not isinstance(need, bool) else "unmeasured"
 

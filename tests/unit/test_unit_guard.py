@@ -30,7 +30,8 @@ def _pre(extra: dict[str, Any], venv: str = "/opt/venvs/vllm") -> list[rules.Exe
 def test_the_guard_runs_after_the_page_cache_is_dropped_with_full_privileges() -> None:
     drop, guard = _pre({})
     assert "drop_caches" in " ".join(drop.argv) and guard.prefixes == "+" == drop.prefixes
-    assert guard.argv == ["/opt/venvs/tools/bin/sparkspec", "memfit", "guard", "--unit", "sparkspec-vllm",
+    assert guard.argv == ["/opt/venvs/tools/bin/python", "-I", "-m", "sparkspec.cli", "memfit", "guard",
+                          "--unit", "sparkspec-vllm",
                           "--unit-record", "/etc/sparkspec/u.json", "--venv", "/opt/venvs/vllm",
                           "--record-dir", "/opt/sparkspec/state/memfit", "--margin-gib", "4.0",
                           "--measure", "http://127.0.0.1:8000"]
@@ -55,8 +56,36 @@ def test_hostile_record_folders_reach_the_guard_as_one_word(folder: str) -> None
 
 def test_a_cluster_worker_is_guarded_without_measuring() -> None:
     guard = _pre({"_deploy_clustered": True, "_deploy_cluster": {"rank": 1}})[-1]
-    assert "--measure" not in guard.argv and guard.argv[1:3] == ["memfit", "guard"]
+    assert "--measure" not in guard.argv and guard.argv[4:6] == ["memfit", "guard"]
 
 
 def test_off_means_no_guard() -> None:
     assert len(_pre({"deploy_memory_guard": False})) == 1
+
+
+def _number_problems() -> Any:
+    import sys
+    sys.path.insert(0, str(rules.ROOT / "roles/sparkspec/filter_plugins"))
+    import sparkspec_validate
+    return sparkspec_validate.number_problems
+
+
+def test_the_deploy_checks_every_guard_and_watchdog_number_with_the_commands_bounds() -> None:
+    """validate.yml checks each numeric deploy_memory_*/deploy_watchdog_* default, and a value the deploy lets
+    through is one `sparkspec memfit` and `sparkspec watchdog` accept: their own limits, not a copy."""
+    import yaml
+
+    from sparkspec.operate import memfit, watchdog
+    validate = (rules.ROOT / "roles/deploy/tasks/validate.yml").read_text()
+    defaults = yaml.safe_load((rules.ROOT / "roles/deploy/defaults/main.yml").read_text())
+    numeric = [k for k, v in defaults.items() if k.startswith(("deploy_memory_", "deploy_watchdog_"))
+               and not isinstance(v, bool)]
+    assert len(numeric) == 12 and all(f"- [{k}, " in validate for k in numeric)
+    problems = _number_problems()
+    assert problems([["s", watchdog.MAX_SECONDS, "seconds", False],
+                     ["g", memfit.MAX_MARGIN_GIB, "gib", False],
+                     ["c", 1, "count", False], ["f", None, "gib", True]]) == []
+    refused = problems([["s", watchdog.MAX_SECONDS * 1.01, "seconds", False], ["s0", 0, "seconds", False],
+                        ["g", memfit.MAX_MARGIN_GIB + 1, "gib", False], ["c", 0, "count", False],
+                        ["b", True, "count", False], ["n", "nan", "gib", False]])
+    assert [line.split(":")[0] for line in refused] == ["s", "s0", "g", "c", "b", "n"]

@@ -136,24 +136,35 @@ def sd_problems(checks: Any) -> list[str]:
     return []
 
 
+def _bounds() -> dict[str, tuple[type[int | float], float, float, bool]]:
+    """The number kinds the memory guard and the watchdog take: (type, low, high, low_open), from the
+    commands' own limits (sparkspec.operate), so a value the deploy lets through is one they accept."""
+    from sparkspec.operate import memfit, watchdog
+    return {"seconds": (float, 0.0, watchdog.MAX_SECONDS, True),
+            "count": (int, 1, watchdog.MAX_COUNT, False),
+            "gib": (float, 0.0, memfit.MAX_MARGIN_GIB, False)}
+
+
 def number_problems(checks: Any) -> list[str]:
     """Numbers that land in a unit's command line or a service's config: each check is [variable, value, kind
-    ('int' or 'float'), low, low_open, nullable]; a bool, a non-number, NaN/inf or a value out of range is one
-    line naming the variable (argtypes.number's rule, the one every sparkspec command uses)."""
+    ('seconds', 'count' or 'gib'), nullable]; a bool, a non-number, NaN/inf or a value outside the kind's
+    bounds is one line naming the variable (argtypes.number's rule, the one every sparkspec command uses, with
+    the bounds of the command the value reaches)."""
+    bounds = _bounds()
     out = []
-    for var, value, kind, low, low_open, nullable in checks:
+    for var, value, kind, nullable in checks:
         if value is None and nullable:
             continue
-        parse = argtypes.number(int if kind == "int" else float, low, 1e12, low_open=bool(low_open))
+        typ, low, high, low_open = bounds[kind]
         try:
             if isinstance(value, bool) or not isinstance(value, int | float | str):
                 raise argparse.ArgumentTypeError(f"{value!r} is not a number")
-            parse(str(value))
+            argtypes.number(typ, low, high, low_open=low_open)(str(value))
         except argparse.ArgumentTypeError as exc:
-            what = "a whole number" if kind == "int" else "a number"
-            bound = f" {'>' if low_open else '>='} {low:g}" if low is not None else ""
+            what = "a whole number" if typ is int else "a number"
             null = " or null" if nullable else ""
-            out.append(f"{var}: {exc}; give {what}{bound}{null}")
+            bound = f"{'>' if low_open else '>='} {low:g} and <= {high:.10g}"
+            out.append(f"{var}: {exc}; give {what} {bound}{null}")
     return out
 
 

@@ -46,6 +46,25 @@ class QuietServer(ThreadingHTTPServer):
         pass
 
 
+def serve(handle: Any) -> QuietServer:
+    """A QuietServer on a free loopback port whose GET and POST go to ``handle(request_handler)``, serving in
+    a daemon thread (the fakes' one server)."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            handle(self)
+
+        def do_POST(self) -> None:
+            handle(self)
+
+    httpd = QuietServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return httpd
+
+
 class FakeVllm:
     """A fake vLLM OpenAI server; ``chat``, ``models`` and ``metrics`` pick how it (mis)behaves."""
 
@@ -54,7 +73,11 @@ class FakeVllm:
         self.models = "ok"
         self.metrics = "ok"
         self.key: str | None = None
-        self.tool = "ok"      # tool calls: ok, none, wrong_name, bad_args, no_city, refuse
+        # tool calls: ok, none, wrong_name, bad_args, no_city, refuse; deep_args (arguments nested 100000
+        # deep); streamed only: delta_str ({"delta": "x"}), choices_int ({"choices": 5}), pieces_str
+        # ({"tool_calls": "x"}), piece_int ({"tool_calls": [5]})
+        self.tool = "ok"
+        self.prefix_scrapes: int | None = None  # /metrics answers with the prefix-cache counters, then none
         # prefix cache: grow (a repeated prompt hits), flat (never hits), off (caching off)
         self.prefix = "grow"
         self.queried = self.hit = 0.0
@@ -64,21 +87,7 @@ class FakeVllm:
         self.generated = 0
         self.prompted = 0
         self.lock = threading.Lock()
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                fake.handle(self)
-
-            def do_POST(self) -> None:
-                fake.handle(self)
-
-        self.httpd = QuietServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
+        self.httpd = serve(self.handle)
 
     @property
     def url(self) -> str:
@@ -87,6 +96,7 @@ class FakeVllm:
     def reset(self) -> None:
         self.chat = self.models = self.metrics = self.tool = "ok"
         self.prefix = "grow"
+        self.prefix_scrapes = None
         self.key = None
         self.seen.clear()
         self.bodies.clear()
@@ -136,14 +146,18 @@ class FakeVllm:
         gen = "NaN" if self.metrics == "nan" else f"{float(self.generated)}"
         if self.metrics == "garbage":
             return b"\x00\xff{{{ not prometheus\n"
+        with self.lock:
+            counted = self.prefix_scrapes is None or self.prefix_scrapes > 0
+            if self.prefix_scrapes:
+                self.prefix_scrapes -= 1
+        prefix = (f"# TYPE vllm:prefix_cache_queries_total counter\n"
+                  f'vllm:prefix_cache_queries_total{{model_name="m"}} {self.queried}\n'
+                  f"# TYPE vllm:prefix_cache_hits_total counter\n"
+                  f'vllm:prefix_cache_hits_total{{model_name="m"}} {self.hit}\n') if counted else ""
         return ('# TYPE vllm:generation_tokens_total '
                 f'counter\nvllm:generation_tokens_total{{model_name="m"}} {gen}\n'
                 f'# TYPE vllm:prompt_tokens_total counter\nvllm:prompt_tokens_total{{model_name="m"}} '
-                f"{float(self.prompted)}\n"
-                f"# TYPE vllm:prefix_cache_queries_total counter\n"
-                f'vllm:prefix_cache_queries_total{{model_name="m"}} {self.queried}\n'
-                f"# TYPE vllm:prefix_cache_hits_total counter\n"
-                f'vllm:prefix_cache_hits_total{{model_name="m"}} {self.hit}\n'
+                f"{float(self.prompted)}\n{prefix}"
                 f"# TYPE vllm:cache_config_info gauge\n"
                 f'vllm:cache_config_info{{enable_prefix_caching="{self.prefix != "off"}"}} 1.0\n').encode()
 
@@ -171,8 +185,8 @@ class FakeVllm:
             return self.reply(h, 400, b'{"error": {"message": "tool_choice=function \\"get_weather\\" '
                                       b'requires --tool-call-parser to be set", "code": 400}}')
         name = "get_time" if self.tool == "wrong_name" else req["tool_choice"]["function"]["name"]
-        args = {"bad_args": '{"city": "Par', "no_city": '{"town": "Paris"}'}.get(self.tool,
-                                                                                 '{"city": "Paris"}')
+        args = {"bad_args": '{"city": "Par', "no_city": '{"town": "Paris"}',
+                "deep_args": "[" * 100_000 + "]" * 100_000}.get(self.tool, '{"city": "Paris"}')
         calls = [] if self.tool == "none" else [{"id": "t", "type": "function",
                                                  "function": {"name": name, "arguments": args}}]
         if not req.get("stream"):
@@ -187,13 +201,21 @@ class FakeVllm:
         if calls:
             deltas.append({"tool_calls": [{"index": 0, "id": "t", "type": "function",
                                            "function": {"name": name}}]})
-            deltas += [{"tool_calls": [{"index": 0, "function": {"arguments": args[i:i + 3]}}]}
-                       for i in range(0, len(args), 3)]
+            step = 3 if len(args) < 100 else 4096
+            deltas += [{"tool_calls": [{"index": 0, "function": {"arguments": args[i:i + step]}}]}
+                       for i in range(0, len(args), step)]
         else:
             deltas.append({"content": "hi"})
-        for delta in deltas:
-            h.wfile.write(event({"id": "c", "object": "chat.completion.chunk", "model": MODEL,
-                                 "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}))
+        chunks: list[dict[str, Any]] = [{"id": "c", "object": "chat.completion.chunk", "model": MODEL,
+                                         "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
+                                        for delta in deltas]
+        hostile = {"delta_str": {"choices": [{"index": 0, "delta": "x"}]}, "choices_int": {"choices": 5},
+                   "pieces_str": {"choices": [{"index": 0, "delta": {"tool_calls": "x"}}]},
+                   "piece_int": {"choices": [{"index": 0, "delta": {"tool_calls": [5]}}]}}
+        if self.tool in hostile:
+            chunks.insert(1, hostile[self.tool])
+        for chunk in chunks:
+            h.wfile.write(event(chunk))
         h.wfile.write(b"data: [DONE]\n\n")
         h.wfile.flush()
         return None

@@ -118,3 +118,62 @@ def test_the_registry_takes_prefix_cache_as_a_bool_or_null_only(value):
                                         r"\(null: expect hits where the unit serves with prefix "
                                         r"caching\); fix it$"):
         check_verify({"prefix_cache": value}, "sparkspec_verify")
+
+
+def _one_error_line(result) -> str:
+    """The CLI's single stderr line of a failure named by the check itself (no traceback, not the CLI's
+    catch-all for unexpected input)."""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr and "unexpected input" not in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.mark.parametrize(("mode", "problem"), [
+    ("delta_str", "a chunk's choices[] entry has the wrong shape"),
+    ("choices_int", "a chunk's choices is a int, not a list"),
+    ("pieces_str", "a delta.tool_calls is not a list"),
+    ("piece_int", "a delta.tool_calls piece has the wrong shape"),
+])
+def test_tool_call_hostile_stream_fails_in_one_line(cli, keyed, work, mode, problem):
+    keyed.tool = mode
+    result, _ = _run(cli, keyed, work, "tool-call")
+    assert result.returncode == 1
+    assert _one_error_line(result) == f"sparkspec: error: {problem}" + {
+        "delta_str": "; expected {delta: {...}} of an OpenAI chat.completion.chunk",
+        "choices_int": "; expected an OpenAI chat.completion.chunk",
+        "pieces_str": "; expected [{index, function}]",
+        "piece_int": "; expected {index, function}"}[mode]
+
+
+def test_tool_call_deeply_nested_arguments_fail_in_one_line(cli, keyed, work):
+    keyed.tool = "deep_args"
+    result, report = _run(cli, keyed, work, "tool-call")
+    assert result.returncode == 1 and report["passed"] is False
+    line = _one_error_line(result)
+    assert line.startswith("FAIL (forced get_weather call, parser none): ")
+    for name in ("non-streaming", "streaming"):
+        assert report["modes"][name]["problem"].startswith(
+            "its arguments do not parse as JSON (nests deeper than 64 levels)")
+
+
+def test_judge_call_refuses_deep_arguments_without_recursing():
+    from sparkspec.bench.checks import judge_call
+
+    deep = "[" * 100_000 + "]" * 100_000
+    assert judge_call([{"name": "get_weather", "arguments": deep}]).startswith(
+        "its arguments do not parse as JSON (nests deeper than 64 levels): '[[[")
+    assert judge_call([{"name": "get_weather", "arguments": '{"city": "Paris"}'}]) is None
+
+
+@pytest.mark.parametrize("scrapes", [1, 2, 3])
+def test_prefix_cache_counters_vanishing_later_fail_in_one_line(cli, keyed, work, scrapes):
+    """The counters are there at the first scrape (else the check refuses up front) and gone at a later one
+    (a server restarted or replaced mid-check): one line naming them, not a TypeError."""
+    keyed.prefix_scrapes = scrapes
+    result, report = _run(cli, keyed, work, "prefix-cache", "--expect", "on")
+    assert result.returncode == 1 and report is None
+    assert _one_error_line(result) == (
+        f"sparkspec: error: {keyed.url}/metrics: has no vllm:prefix_cache_queries_total or "
+        "vllm:prefix_cache_hits_total; a vLLM that does not count its prefix cache cannot be checked "
+        "(vLLM >= 0.10 does)")

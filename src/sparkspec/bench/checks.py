@@ -16,7 +16,6 @@ Whatever the server answers is untrusted: bodies are read up to a bound, quoted 
 
 from __future__ import annotations
 
-import json
 import math
 import time
 import uuid
@@ -26,7 +25,7 @@ import httpx2 as httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from sparkspec.bench import metrics
-from sparkspec.bench.client import MAX_LINE, chat_url, preflight, sync_client
+from sparkspec.bench.client import StreamError, chat_url, chunk_object, preflight, sync_client
 from sparkspec.bench.metrics import clean
 from sparkspec.errors import RunFailure, UserError
 from sparkspec.jsonfile import loads_bounded
@@ -133,6 +132,15 @@ def _settled(client: httpx.Client, base_url: str, api_key: str | None, before: d
     return now
 
 
+def _counted(now: dict[str, Any], url: str) -> dict[str, Any]:
+    """``now`` when it holds both prefix-cache counters, else RunFailure in one line (a server restarted or
+    replaced between two scrapes stops counting)."""
+    if now["queries"] is None or now["hits"] is None:
+        raise RunFailure(f"{url.rstrip('/')}/metrics: has no {QUERIES} or {HITS}; a vLLM that does not count "
+                         "its prefix cache cannot be checked (vLLM >= 0.10 does)")
+    return now
+
+
 def _send_prompt(client: httpx.Client, url: str, model: str, prompt: str, api_key: str | None) -> int:
     """One greedy completion of one token; its prompt tokens (usage)."""
     body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": 1,
@@ -158,19 +166,16 @@ def prefix_cache(url: str, model: str, expect: bool, api_key: str | None = None,
     than one block never hits."""
     with sync_client(timeout) as client:
         served = preflight(client, url, model, api_key)
-        before = _scrape(client, url, api_key)
-        if before["queries"] is None or before["hits"] is None:
-            raise RunFailure(f"{url}/metrics: has no {QUERIES} or {HITS}; a vLLM that does not count its "
-                             "prefix cache cannot be checked (vLLM >= 0.10 does)")
+        before = _counted(_scrape(client, url, api_key), url)
         probe = _send_prompt(client, url, model, long_prompt(PROBE_LINES, uuid.uuid4().hex[:12]), api_key)
         budget = min(target_tokens, (served["max_model_len"] or target_tokens + 64) - 64)
         lines = max(1, min(MAX_LINES, budget * PROBE_LINES // max(1, probe)))
         prompt = long_prompt(lines, uuid.uuid4().hex[:12])  # a fresh nonce first: the first send cannot hit
-        before = _settled(client, url, api_key, before, probe)
+        before = _counted(_settled(client, url, api_key, before, probe), url)
         tokens = _send_prompt(client, url, model, prompt, api_key)
-        middle = _settled(client, url, api_key, before, tokens)
+        middle = _counted(_settled(client, url, api_key, before, tokens), url)
         tokens2 = _send_prompt(client, url, model, prompt, api_key)
-        after = _settled(client, url, api_key, middle, tokens2)
+        after = _counted(_settled(client, url, api_key, middle, tokens2), url)
     first_hits = middle["hits"] - before["hits"]
     repeat_hits, repeat_queries = after["hits"] - middle["hits"], after["queries"] - middle["queries"]
     return {"format": PREFIX_FORMAT, "check": "prefix-cache", "method": method, "model": model, "url": url,
@@ -224,10 +229,10 @@ def judge_call(calls: Any, parameters: dict[str, Any] = TOOL_PARAMETERS, name: s
     if call.get("name") != name:
         return f"the call is to {clean(str(call.get('name')))!r}, not {name!r}"
     args = call.get("arguments")
-    try:
-        parsed = json.loads(args) if isinstance(args, str) else None
-    except ValueError as exc:
-        return f"its arguments do not parse as JSON ({exc}): {clean(str(args))!r}"
+    try:  # bounded: the arguments are a string inside the answer, their nesting not yet checked
+        parsed = loads_bounded(args, max_bytes=MAX_ANSWER) if isinstance(args, str) else None
+    except (ValueError, RecursionError) as exc:
+        return f"its arguments do not parse as JSON ({clean(str(exc))}): {clean(str(args))!r}"
     if not isinstance(parsed, dict):
         return f"its arguments are not a JSON object: {clean(str(args))!r}"
     props = parameters.get("properties", {})
@@ -261,17 +266,23 @@ def fold_stream(payloads: list[bytes]) -> list[dict[str, Any]]:
         if data == b"[DONE]":
             break
         try:
-            chunk = loads_bounded(data, max_bytes=MAX_LINE)
-        except ValueError as exc:
-            raise RunFailure(f"a data line is not JSON ({clean(str(exc))})") from None
-        if not isinstance(chunk, dict):
-            raise RunFailure("a chunk is not a JSON object; expected an OpenAI chat.completion.chunk")
-        if "error" in chunk:
-            raise RunFailure(f"server error: {clean(json.dumps(chunk['error']))}")
-        for choice in chunk.get("choices") or []:
-            pieces = (choice.get("delta") or {}).get("tool_calls") if isinstance(choice, dict) else None
-            for piece in pieces if isinstance(pieces, list) else []:
-                fn = piece.get("function") or {} if isinstance(piece, dict) else None
+            chunk = chunk_object(data)
+        except StreamError as exc:
+            raise RunFailure(str(exc)) from None
+        choices = chunk.get("choices")
+        if not isinstance(choices, (list, type(None))):
+            raise RunFailure(f"a chunk's choices is a {type(choices).__name__}, not a list; expected an "
+                             "OpenAI chat.completion.chunk")
+        for choice in choices or []:
+            delta = choice.get("delta") if isinstance(choice, dict) else None
+            if not isinstance(choice, dict) or not isinstance(delta, (dict, type(None))):
+                raise RunFailure("a chunk's choices[] entry has the wrong shape; expected {delta: {...}} of "
+                                 "an OpenAI chat.completion.chunk")
+            pieces = (delta or {}).get("tool_calls")
+            if not isinstance(pieces, (list, type(None))):
+                raise RunFailure("a delta.tool_calls is not a list; expected [{index, function}]")
+            for piece in pieces or []:
+                fn = (piece.get("function") or {}) if isinstance(piece, dict) else None
                 index = piece.get("index", 0) if isinstance(piece, dict) else None
                 if not isinstance(fn, dict) or isinstance(index, bool) or not isinstance(index, int):
                     raise RunFailure("a delta.tool_calls piece has the wrong shape; expected {index, "

@@ -96,6 +96,20 @@ def _shape(what: str, value: object) -> StreamError:
                        "expected an OpenAI chat.completion.chunk")
 
 
+def chunk_object(data: bytes, secret: str | None = None) -> dict[str, Any]:
+    """One streamed ``data:`` payload as a chunk object: JSON, bounded, an object, not an ``error``; else a
+    StreamError in one line (the server's text cleaned of the key)."""
+    try:
+        chunk = loads_bounded(data, max_bytes=MAX_LINE)
+    except ValueError as exc:
+        raise StreamError(f"a data line is not JSON ({clean(str(exc), secret)})") from None
+    if not isinstance(chunk, dict):
+        raise _shape("the chunk", chunk)
+    if "error" in chunk:
+        raise StreamError(f"server error: {clean(json.dumps(chunk['error']), secret)}")
+    return chunk
+
+
 class ChunkParser:
     """The state of one streamed response: each ``data:`` payload is checked and folded in."""
 
@@ -109,14 +123,7 @@ class ChunkParser:
         if data == b"[DONE]":
             self.done = True
             return
-        try:
-            chunk = loads_bounded(data, max_bytes=MAX_LINE)
-        except ValueError as exc:
-            raise StreamError(f"a data line is not JSON ({clean(str(exc), self.secret)})") from None
-        if not isinstance(chunk, dict):
-            raise _shape("the chunk", chunk)
-        if "error" in chunk:
-            raise StreamError(f"server error: {clean(json.dumps(chunk['error']), self.secret)}")
+        chunk = chunk_object(data, self.secret)
         choices = chunk.get("choices")
         if not isinstance(choices, (list, type(None))):
             raise _shape("choices", choices)

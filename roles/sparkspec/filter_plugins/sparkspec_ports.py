@@ -18,7 +18,27 @@ from typing import Any
 _PID = re.compile(r'\("([^"]*)",pid=(\d+)')
 _PORT = re.compile(r":(\d+)$")
 _UNSEEN = "a process outside this host's view (another container or namespace)"
-_CGROUP_UNIT = re.compile(r"\bcgroup:\S*/([^/\s]+\.(?:service|scope))(?:\s|$)")
+_CGROUP = re.compile(r"\bcgroup:(\S+)")
+# A system service's cgroup: /system.slice/<unit>.service exactly, below no .service and no user.slice (a
+# container's cgroup may come first: /libpod_parent/libpod-17d1/system.slice/... on the simulated Spark). A
+# user's `systemd-run --user --unit=prometheus` is .../user@1000.service/app.slice/prometheus.service: not it.
+_SYSTEM_UNIT = re.compile(r"((?:/[^/]+)*?)/system\.slice/([^/]+\.service)")
+_UNIT = re.compile(r"[^/]+\.(?:service|scope)")
+
+
+def cgroup_unit(line: str) -> str | None:
+    """The system unit of an ``ss -e`` line's cgroup (``prometheus.service``); for any other unit's cgroup a
+    name that no system unit has (``prometheus.service (cgroup /user.slice/...)``); None without a unit."""
+    match = _CGROUP.search(line)
+    if match is None:
+        return None
+    path = match.group(1)
+    system = _SYSTEM_UNIT.fullmatch(path)
+    if system and not any(part.endswith(".service") or part == "user.slice"
+                          for part in system.group(1).split("/")):
+        return system.group(2)
+    last = path.rsplit("/", 1)[-1]
+    return f"{last} (cgroup {path})" if _UNIT.fullmatch(last) else None
 
 
 def listeners(ss_lines: Iterable[str]) -> dict[int, list[tuple[list[tuple[str, int]], str | None]]]:
@@ -30,9 +50,8 @@ def listeners(ss_lines: Iterable[str]) -> dict[int, list[tuple[list[tuple[str, i
         match = _PORT.search(cols[3]) if len(cols) >= 4 else None
         if match is None:
             continue
-        unit = _CGROUP_UNIT.search(line)
         procs = [(name, int(pid)) for name, pid in _PID.findall(line)]
-        out.setdefault(int(match.group(1)), []).append((procs, unit.group(1) if unit else None))
+        out.setdefault(int(match.group(1)), []).append((procs, cgroup_unit(line)))
     return out
 
 

@@ -89,3 +89,23 @@ def test_the_deploy_checks_every_guard_and_watchdog_number_with_the_commands_bou
                         ["g", memfit.MAX_MARGIN_GIB + 1, "gib", False], ["c", 0, "count", False],
                         ["b", True, "count", False], ["n", "nan", "gib", False]])
     assert [line.split(":")[0] for line in refused] == ["s", "s0", "g", "c", "b", "n"]
+
+
+@pytest.mark.parametrize("key", ["", "k3y"])
+def test_the_watchdog_unit_runs_the_watchdog_with_exactly_its_arguments(key: str) -> None:
+    """The watchdog's unit, rendered by the real template: one ExecStart of isolated Python, the key's file
+    (never the key) only when a key is set, no environment file (vLLM's environment is not root's)."""
+    resolved = registry.resolve(rules.small_contract())
+    unit, _ = rules.render_resolved(resolved, template="watchdog.service.j2", extra={
+        **GUARD, "sparkspec_api_key": key, "sparkspec_home": "/opt/sparkspec",
+        "_deploy_lock": "/run/sparkspec/sparkspec-vllm.lock",
+        "_deploy_watchdog_unit": "sparkspec-vllm-watchdog",
+        "_deploy_watchdog_config": "/etc/sparkspec/u-watchdog.json",
+        "_deploy_watchdog_key": "/etc/sparkspec/u-watchdog.key"})
+    service = [(k, v) for section, k, v in rules.unit_entries(unit) if section == "Service"]
+    starts = [rules.exec_command(v) for k, v in service if k == "ExecStart"]
+    assert len(starts) == 1 and not [k for k, _ in service if k == "EnvironmentFile"]
+    assert starts[0].argv == ["/opt/venvs/tools/bin/python", "-I", "-m", "sparkspec.cli", "watchdog",
+                              "--unit", "sparkspec-vllm", "--url", "http://127.0.0.1:8000", "--config",
+                              "/etc/sparkspec/u-watchdog.json",
+                              *(["--api-key-file", "/etc/sparkspec/u-watchdog.key"] if key else [])]

@@ -46,7 +46,8 @@ class Runner:
             systemctl
         self.watch = Watch(cfg)
         self.restarts = Restarts(cfg, self._load_state())
-        self.deadline = min(cfg.probe_timeout_s, scrape.DEADLINE_S)   # of a /health or /metrics read
+        # of a /health or /metrics read: the probe's timeout, but never under 5 s (a loaded host answers late)
+        self.deadline = min(max(cfg.probe_timeout_s, 5.0), scrape.DEADLINE_S)
         self.http = scrape.client(self.deadline)
         self.note_last: str | None = None
         self._open_lock().close()   # a lock that cannot be made is one line now, not at the first restart

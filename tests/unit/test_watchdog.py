@@ -23,7 +23,7 @@ from sparkspec.errors import UserError
 from sparkspec.operate import memfit, scrape, watchdog
 from sparkspec.operate.watchdog import Config, Counters, Restarts, UnitState, Watch, load_config, parse_show
 from sparkspec.operate.watchrun import Runner
-from tests.bench.fakevllm import serve
+from tests.bench.fakevllm import FakeVllm, serve
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -111,13 +111,7 @@ class OpsVllm:
             return self.reply(h, 200, json.dumps(answer).encode())
         return self.reply(h, 404, b"{}")
 
-    @staticmethod
-    def reply(h: BaseHTTPRequestHandler, status: int, body: bytes, ctype: str = "application/json") -> None:
-        h.send_response(status)
-        h.send_header("Content-Type", ctype)
-        h.send_header("Content-Length", str(len(body)))
-        h.end_headers()
-        h.wfile.write(body)
+    reply = staticmethod(FakeVllm.reply)
 
 
 @pytest.fixture

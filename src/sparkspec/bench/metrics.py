@@ -54,18 +54,36 @@ def auth(api_key: str | None) -> dict[str, str]:
 def get_bounded(client: httpx.Client, url: str, api_key: str | None,
                 limit: int = MAX_BODY) -> tuple[int, bytes]:
     """GET ``url``: its status and at most ``limit`` bytes of body, else one line naming the URL."""
+    return request_bounded(client, "GET", url, api_key, limit)
+
+
+def request_bounded(client: httpx.Client, method: str, url: str, api_key: str | None, limit: int,
+                    deadline_s: float | None = None, body: object = None) -> tuple[int, bytes]:
+    """``method url`` (``body`` as JSON): its status and at most ``limit`` bytes of answer, else one line
+    (UserError) naming the URL; with ``deadline_s``, within that much wall-clock time over the whole request
+    (checked at every chunk, each read bounded by the same time: a time-out says "no answer within")."""
+    end = None if deadline_s is None else time.monotonic() + deadline_s
+    late = f"{url}: no answer within {deadline_s:g} s" if deadline_s is not None else ""
+    timeout = httpx.USE_CLIENT_DEFAULT if deadline_s is None else httpx.Timeout(deadline_s)
     try:
-        with client.stream("GET", url, headers=auth(api_key)) as response:
-            body = bytearray()
+        with client.stream(method, url, headers=auth(api_key), json=body, timeout=timeout) as response:
+            data = bytearray()
             for piece in response.iter_bytes():
-                body += piece
-                if len(body) > limit:
+                data += piece
+                if len(data) > limit:
                     raise UserError(f"{url}: answers more than {limit} bytes; --url must point at a vLLM "
                                     "server")
-            return response.status_code, bytes(body)
+                if end is not None and time.monotonic() > end:
+                    raise UserError(late)
+            return response.status_code, bytes(data)
+    except httpx.TimeoutException as exc:
+        if end is None:
+            raise UserError(f"{url}: unreachable or a broken answer ({exc.__class__.__name__}: "
+                            f"{clean(str(exc), api_key)}); check --url and that the server is up") from None
+        raise UserError(late) from None
     except httpx.HTTPError as exc:
-        raise UserError(f"{url}: unreachable or a broken answer ({exc.__class__.__name__}: {exc}); check "
-                        "--url and that the server is up") from None
+        raise UserError(f"{url}: unreachable or a broken answer ({exc.__class__.__name__}: "
+                        f"{clean(str(exc), api_key)}); check --url and that the server is up") from None
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 import os
 import subprocess
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -73,26 +72,7 @@ def fetch(http: httpx.Client, method: str, url: str, api_key: str | None = None,
     """``method url``: its status and at most ``limit`` bytes of body within ``deadline_s`` of wall-clock time
     over the whole request (checked at every chunk, each read bounded by the same time), else one line
     (UserError) naming the URL; a time-out says "no answer within"."""
-    end = time.monotonic() + deadline_s
-    late = f"{url}: no answer within {deadline_s:g} s"
-    try:
-        with http.stream(method, url, headers=metrics.auth(api_key), json=body,
-                         timeout=httpx.Timeout(deadline_s)) as response:
-            data = bytearray()
-            for piece in response.iter_bytes():
-                data += piece
-                if len(data) > limit:
-                    raise UserError(f"{url}: answers more than {limit} bytes; --url must point at a vLLM "
-                                    "server")
-                if time.monotonic() > end:
-                    raise UserError(late)
-            return response.status_code, bytes(data)
-    except httpx.TimeoutException:
-        raise UserError(late) from None
-    except httpx.HTTPError as exc:
-        why = metrics.clean(str(exc), api_key)
-        raise UserError(f"{url}: unreachable or a broken answer ({exc.__class__.__name__}: {why}); check "
-                        "--url and that the server is up") from None
+    return metrics.request_bounded(http, method, url, api_key, limit, deadline_s, body)
 
 
 def healthy(http: httpx.Client, url: str, deadline_s: float = DEADLINE_S) -> bool:

@@ -11,6 +11,7 @@ import time
 import urllib.request
 
 import pytest
+import yaml
 
 from tasks.play import PlayResult, failure_summary, run_playbook
 from tests.conftest import BIN, ROOT, run_cli
@@ -37,10 +38,11 @@ def deploy(method: str, expect_ok: bool = True, **extra_vars: object) -> PlayRes
     return result
 
 
-def _baseline_with(extra_args: list[str]) -> dict:
-    """The built-in baseline replaced by one whose own `serve` adds vLLM flags (the sim's sparkspec_serve
-    stands)."""
-    return {"baseline": {"speculative_config": None, "serve": {"extra_args": extra_args}}}
+def _serve_with(extra_args: list[str]) -> dict:
+    """The sim's sparkspec_serve with more vLLM flags after its own extra_args (the host's serve block wins
+    over a method's, and the sim's sets extra_args: its structured-outputs config)."""
+    serve = yaml.safe_load((ROOT / "inventories/sim/group_vars/all.yml").read_text())["sparkspec_serve"]
+    return {**serve, "extra_args": [*serve["extra_args"], *extra_args]}
 
 
 def record(sim) -> dict:
@@ -121,7 +123,7 @@ def test_status_names_the_method(provisioned):
 
 def test_wrong_flag_is_refused_before_restart(provisioned):
     pid = main_pid(provisioned)
-    result = deploy("baseline", expect_ok=False, sparkspec_methods=_baseline_with(["--no-such-flag"]))
+    result = deploy("baseline", expect_ok=False, sparkspec_serve=_serve_with(["--no-such-flag"]))
     message = failure_summary(result, "sim01")
     assert result.rc != 0 and result.failed == {"sim01": 1}, result
     assert "vLLM refused the command line" in message and "--no-such-flag" in message, message
@@ -134,7 +136,7 @@ def test_unhealthy_unit_is_rolled_back(provisioned):
     # The parser accepts the flag; vLLM crashes at start. The wait must stop at the crash, long before 600 s.
     desired = ssh(provisioned, f"cat /etc/sparkspec/{UNIT}.desired.json 2>/dev/null || echo absent")
     result = deploy("baseline", expect_ok=False,
-                    sparkspec_methods=_baseline_with(["--tokenizer", "/nonexistent/tokenizer"]),
+                    sparkspec_serve=_serve_with(["--tokenizer", "/nonexistent/tokenizer"]),
                     deploy_health_timeout=600)
     message = failure_summary(result, "sim01")
     assert result.rc != 0, result

@@ -31,6 +31,9 @@ ALLOWED = {
     f"{HOME}/api-key": ({"api_key"}, ("0o600", "sparkspec", "sparkspec")),
     f"{HOME}/hf-token": ({"hub_token"}, ("0o600", "sparkspec", "sparkspec")),
     f"{HOME}/pip.conf": ({"pip_secret"}, ("0o600", "root", "root")),
+    # the watchdog's probe (deploy_watchdog) and Prometheus's scrape of vLLM (the monitoring role)
+    "/etc/sparkspec/sparkspec-vllm-watchdog.key": ({"api_key"}, ("0o600", "root", "root")),
+    "/etc/prometheus/sparkspec-vllm.key": ({"api_key"}, ("0o400", "prometheus", "prometheus")),
 }
 # Folders the scan skips: installed software and model weights (no secret is written there by anything
 # that runs with one) and the probe's own folder.

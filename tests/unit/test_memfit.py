@@ -55,8 +55,8 @@ class Host:
                           f"echo 'Unit vllm-memfit.service was already loaded' >&2\nexit {rc}\n")
         script.chmod(0o755)
 
-    def env(self) -> dict[str, str]:   # the fake is not on PATH: it is given by its absolute path
-        return {**os.environ, "SPARKSPEC_MEMINFO": str(self.meminfo)}
+    def env(self) -> dict[str, str]:   # a meminfo path here must be ignored: the guard reads MEMINFO only
+        return {**os.environ, "SPARKSPEC_MEMINFO": "/nonexistent"}
 
     def guard(self, *extra: str) -> subprocess.CompletedProcess[str]:
         return self.cli("guard", "--unit", "vllm", "--unit-record", str(self.unit_record), "--venv",
@@ -64,8 +64,9 @@ class Host:
 
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
         wrap = ("import sys; from sparkspec.operate import memfit; memfit.SYSTEMD_RUN = sys.argv[1]; "
-                "from sparkspec.cli import main; sys.exit(main(sys.argv[2:]))")
-        return subprocess.run([sys.executable, "-c", wrap, str(self.bin / "systemd-run"), "memfit", *args],
+                "memfit.MEMINFO = sys.argv[2]; from sparkspec.cli import main; sys.exit(main(sys.argv[3:]))")
+        return subprocess.run([sys.executable, "-c", wrap, str(self.bin / "systemd-run"), str(self.meminfo),
+                               "memfit", *args],
                               capture_output=True, text=True, cwd=REPO, env=self.env(), timeout=120,
                               check=False)
 
@@ -82,7 +83,7 @@ class Host:
 @pytest.fixture
 def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Host:
     h = Host(tmp_path)
-    monkeypatch.setenv("SPARKSPEC_MEMINFO", str(h.meminfo))
+    monkeypatch.setattr(memfit, "MEMINFO", str(h.meminfo))
     return h
 
 

@@ -29,7 +29,7 @@ from sparkspec.jsonfile import loads_bounded, read_json
 from sparkspec.validate import read_regular
 
 GIB = 1 << 30
-MEMINFO_ENV = "SPARKSPEC_MEMINFO"
+MEMINFO = "/proc/meminfo"  # a constant, not an environment variable: the guard runs in the unit's env
 PREFIX = "sparkspec memfit:"
 MAX_RECORD = 1 << 20
 HASH = re.compile(r"[0-9a-f]{32}")
@@ -51,13 +51,10 @@ def gib(n: float) -> str:
     return f"{n / GIB:.1f} GiB"
 
 
-def meminfo_path() -> str:
-    return os.environ.get(MEMINFO_ENV) or "/proc/meminfo"
-
-
 def mem_available(path: str | None = None) -> int:
-    """MemAvailable in bytes from /proc/meminfo (or ``$SPARKSPEC_MEMINFO``), else one line."""
-    path = path or meminfo_path()
+    """MemAvailable in bytes from /proc/meminfo (``MEMINFO``; tests set the constant), else one line. Never
+    from the environment: the guard runs with the vLLM unit's environment, which a deploy's env vars set."""
+    path = path or MEMINFO
     try:
         text = Path(path).read_text(encoding="ascii", errors="replace")
     except OSError as exc:

@@ -432,9 +432,12 @@ def test_grace_and_inactive_skip_the_checks(tmp_path: Path, server: OpsVllm) -> 
 def test_a_held_lock_is_a_deploy_in_progress(tmp_path: Path, server: OpsVllm,
                                              capsys: pytest.CaptureFixture[str]) -> None:
     cfg = config(tmp_path, stall_window_s=30, probe_interval_s=1000)
+    Path(cfg.lock).parent.mkdir(parents=True)
+    Path(cfg.lock).write_text("")
+    Path(cfg.lock).chmod(0o644)        # as an older sparkspec made it: readable, so lockable, by everyone
     ctl = FakeSystemctl()
     runner = Runner(cfg, "vllm", server.url, systemctl=ctl)
-    assert oct(Path(cfg.lock).stat().st_mode & 0o777) == "0o644"
+    assert oct(Path(cfg.lock).stat().st_mode & 0o777) == "0o600"
     server.running, server.generation = 1, 9
     assert runner.step(200, 1e9) is None
     with open(cfg.lock) as held:

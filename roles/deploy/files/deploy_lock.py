@@ -35,7 +35,9 @@ def main(argv: list[str]) -> int:
         return 2
     path, wait = argv[1], float(argv[2])
     os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)   # /run/sparkspec: root's, on a tmpfs
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    # root's alone: flock works on a read-only descriptor, so a file others can open is a lock they can hold
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    os.fchmod(fd, 0o600)
     deadline = time.monotonic() + wait
     while True:
         try:

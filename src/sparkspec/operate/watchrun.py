@@ -56,7 +56,10 @@ class Runner:
     def _open_lock(self) -> _Lock:
         try:
             Path(self.cfg.lock).parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-            fd = os.open(self.cfg.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+            # root's alone (as deploy_lock.py makes it): flock works on a read-only descriptor, so a lock
+            # others could open is one they could hold, and the watchdog would wait on them for ever
+            fd = os.open(self.cfg.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+            os.fchmod(fd, 0o600)
         except OSError as exc:
             raise UserError(f"{self.cfg.lock}: cannot open the deploy lock ({exc.strerror}); fix 'lock' in "
                             "the config") from None

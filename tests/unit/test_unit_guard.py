@@ -63,11 +63,18 @@ def test_off_means_no_guard() -> None:
     assert len(_pre({"deploy_memory_guard": False})) == 1
 
 
-def _number_problems() -> Any:
+def _validate() -> Any:
+    """The contract role's filter module (roles/sparkspec/filter_plugins/sparkspec_validate.py)."""
     import sys
-    sys.path.insert(0, str(rules.ROOT / "roles/sparkspec/filter_plugins"))
+    folder = str(rules.ROOT / "roles/sparkspec/filter_plugins")
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
     import sparkspec_validate
-    return sparkspec_validate.number_problems
+    return sparkspec_validate
+
+
+def _number_problems() -> Any:
+    return _validate().number_problems
 
 
 def test_the_deploy_checks_every_guard_and_watchdog_number_with_the_commands_bounds() -> None:
@@ -109,3 +116,19 @@ def test_the_watchdog_unit_runs_the_watchdog_with_exactly_its_arguments(key: str
                               "--unit", "sparkspec-vllm", "--url", "http://127.0.0.1:8000", "--config",
                               "/etc/sparkspec/u-watchdog.json",
                               *(["--api-key-file", "/etc/sparkspec/u-watchdog.key"] if key else [])]
+
+
+@pytest.mark.parametrize(("name", "line"), [
+    ("vllm.service", "sparkspec_unit_name 'vllm.service' ends in a unit type; give the name without it, e.g. "
+                     "'vllm'"),
+    ("vllm.timer", "sparkspec_unit_name 'vllm.timer' ends in a unit type; give the name without it, e.g. "
+                   "'vllm'"),
+    ("a/b", "sparkspec_unit_name 'a/b' is not a unit name (letters, digits, '_.@-'); fix it"),
+])
+def test_a_unit_name_the_guard_and_the_watchdog_would_read_as_another_unit_is_refused(name: str,
+                                                                                      line: str) -> None:
+    """The role appends .service, while `sparkspec memfit` and `sparkspec watchdog` take a name as systemctl
+    does (vllm.service is vllm): a name with a unit type would have them act on another unit."""
+    name_problems = _validate().name_problems
+    assert name_problems(name, "vllm") == [line]
+    assert name_problems("sparkspec-vllm", "vllm") == [] and name_problems("vllm.v2", "vllm") == []

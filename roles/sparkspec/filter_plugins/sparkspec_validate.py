@@ -24,6 +24,9 @@ from sparkspec.registry import SECRET_OPTIONS
 
 SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH", re.IGNORECASE)
 UNIT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,127}")
+# systemd's unit types (systemd.unit(5)): a name ending in one is another unit's name
+UNIT_TYPES = (".service", ".socket", ".device", ".mount", ".automount", ".swap", ".target", ".path", ".timer",
+              ".slice", ".scope")
 USER_NAME = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 REDACTED = "<redacted>"
 # vLLM flags whose value is a secret: on the command line it would show in every process list (their one
@@ -36,6 +39,11 @@ def name_problems(unit_name: Any, user: Any) -> list[str]:
     out = []
     if not (isinstance(unit_name, str) and UNIT_NAME.fullmatch(unit_name)):
         out.append(f"sparkspec_unit_name {unit_name!r} is not a unit name (letters, digits, '_.@-'); fix it")
+    elif unit_name.endswith(UNIT_TYPES):
+        # the role adds .service: vllm.service would be vllm.service.service, and the guard and the watchdog
+        # (which take the name as systemctl does) would act on another unit
+        out.append(f"sparkspec_unit_name {unit_name!r} ends in a unit type; give the name without it, e.g. "
+                   f"{unit_name.rsplit('.', 1)[0]!r}")
     if not (isinstance(user, str) and USER_NAME.fullmatch(user)):
         out.append(f"sparkspec_user {user!r} is not a system user name (lowercase letters, digits, '_-'); "
                    "fix it")

@@ -1,14 +1,16 @@
 """Operating the simulated Spark unattended (issue 26), in one sequence that shares its deploys:
 
 1. bad input (a floor that is not a number, a restart window no longer than the grace period) is refused by
-   `invoke render` in one line, before any file is written; a Prometheus port another process holds is refused
-   by the monitoring role in one line before it writes anything;
+   `invoke render` in one line, before any file is written; a Prometheus port another process holds, and a
+   webhook Debian 12's Alertmanager would show through its API, are refused by the monitoring role in one line
+   before it writes anything;
 2. monitoring installed (Prometheus, the node exporter, Alertmanager: Debian's packages) and n-gram deployed
    with the watchdog on (short windows) and the memory guard: the first start is measured into a record
    (MemAvailable's low water, the KV cache vLLM reports) that `invoke status` shows;
 3. the real Prometheus scrapes the sim's vLLM; every recording rule and every dashboard panel vLLM-CPU can
    feed returns data through Prometheus's HTTP API; headless Chromium renders the per-position acceptance
-   graph (the screenshot is kept as build/test-artifacts/prometheus-per-position.png);
+   graph (the screenshot is kept as build/test-artifacts/prometheus-per-position.png); Debian's own textfile
+   folder, under the prometheus user's /var/lib/prometheus, is refused;
 4. a deploy with a floor above what is free is refused by the guard in one journal line and rolled back, and
    the rollback's start (guarded, under the record) is allowed;
 5. the watchdog restarts a unit whose engine is frozen (SIGSTOP) within its window, and after its cap stops
@@ -160,6 +162,20 @@ def test_a_prometheus_port_in_use_is_refused_before_anything_changes(provisioned
 
 
 @pytest.mark.sim
+def test_a_webhook_this_hosts_alertmanager_would_show_is_refused(provisioned, inventory):
+    """Debian 12's Alertmanager (0.25) shows a webhook's URL, token included, through its API: refused in one
+    line that does not repeat the URL, before anything is written."""
+    result = monitoring.install(ROOT, {"monitoring_webhook_url": "https://hooks.example/T0KEN-9"},
+                                inventory=str(inventory.relative_to(ROOT)))
+    out = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "monitoring_webhook_url is set, but this host's prometheus-alertmanager is 0.25" in out, \
+        out[-3000:]
+    assert "T0KEN" not in out
+    assert ssh(provisioned, "grep -rsl T0KEN /etc/prometheus /etc/default").stdout == ""
+
+
+@pytest.mark.sim
 @pytest.mark.slow
 def test_first_start_is_measured_and_status_shows_it(provisioned, inventory, api_key):
     installed = monitoring.install(ROOT, {"monitoring_scrape_interval": "2s"},
@@ -208,6 +224,20 @@ def test_prometheus_serves_every_rule_and_panel(provisioned, api_key):
     series = monitoring.legend_series(dom)
     assert any('position="0"' in s and PER_POSITION in s for s in series), series
     assert png.stat().st_size > 10_000
+
+
+@pytest.mark.sim
+def test_a_textfile_folder_the_prometheus_user_could_redirect_is_refused(provisioned, inventory):
+    """Debian's own textfile folder: its parent /var/lib/prometheus belongs to the prometheus user (the
+    package's postinst), who could swap the folder for a link and have root's timer chmod its target."""
+    result = monitoring.install(ROOT, {"monitoring_textfile_dir": "/var/lib/prometheus/node-exporter"},
+                                inventory=str(inventory.relative_to(ROOT)))
+    out = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert ("monitoring_textfile_dir '/var/lib/prometheus/node-exporter': /var/lib/prometheus belongs to "
+            "prometheus") in out, out[-3000:]
+    args = ssh(provisioned, "cat /etc/default/prometheus-node-exporter").stdout
+    assert "--collector.textfile.directory=/var/lib/sparkspec/textfile" in args     # left as it was
 
 
 def _data(expr: str) -> bool:

@@ -271,6 +271,16 @@ def test_textfile_script_without_nvidia_smi_writes_no_gpu_line(tmp_path: Path) -
     assert samples["sparkspec_journal_disk_bytes{}"] >= 0
 
 
+def test_textfile_script_refuses_a_folder_that_is_a_link(tmp_path: Path) -> None:
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "link").symlink_to(real)
+    proc = subprocess.run([str(SCRIPT), str(tmp_path / "link")], capture_output=True, text=True, check=False,
+                          timeout=60)
+    assert proc.returncode == 1 and "is not a folder (a link is refused" in proc.stderr
+    assert list(real.iterdir()) == []
+
+
 # --- the port preflight -------------------------------------------------------------------------------------
 
 PORTS: list[dict[str, Any]] = [
@@ -358,7 +368,9 @@ def preflight_line(role: Path, tasks: str, **values: Any) -> str:
     from ansible.template import Templar, trust_as_template
 
     if not _PLUGINS:
+        from ansible.plugins.loader import filter_loader
         init_plugin_loader()
+        filter_loader.add_directory(str(REPO / "roles" / "sparkspec" / "filter_plugins"))  # the contract's
         _PLUGINS.append(True)
     loader = DataLoader()
     task = next(t for t in _trusted(loader.load_from_file(str(role / "tasks" / tasks)))
@@ -378,11 +390,15 @@ def preflight_line(role: Path, tasks: str, **values: Any) -> str:
 
 MONITORING_BAD = [
     ("monitoring_listen_address", "127.0.0.1\n"), ("monitoring_listen_address", "127.0.0.1 --x"),
+    ("monitoring_listen_address", "127.0.0.1:9090"), ("monitoring_listen_address", "1.2.3"),
+    ("monitoring_listen_address", "fe80::1%eth0"), ("monitoring_listen_address", "-host"),
+    ("monitoring_listen_address", ""), ("monitoring_listen_address", 127),
     ("monitoring_textfile_dir", "/x\n"), ("monitoring_textfile_dir", "/x y"),
     ("monitoring_textfile_dir", "/x'y"), ("monitoring_textfile_dir", "/x%i"),
     ("monitoring_textfile_dir", "/$x"),
     ("monitoring_retention", "15d\n"), ("monitoring_retention", "0d"), ("monitoring_retention", "15"),
-    ("monitoring_retention", "1m1h"), ("monitoring_scrape_interval", "15s\n"),
+    ("monitoring_retention", "1m1h"), ("monitoring_retention", "99999999999999999999y"),
+    ("monitoring_retention", "100y"), ("monitoring_scrape_interval", "15s\n"),
     ("monitoring_textfile_interval", "30s\n"), ("monitoring_memory_low_gib", "8\n"),
     ("monitoring_disk_used_percent", "90\n"), ("monitoring_journal_gib", "3.5\n"),
     ("monitoring_acceptance_floor_percent", "10\n"), ("monitoring_webhook_url", "http://x\n"),
@@ -399,6 +415,7 @@ def test_monitoring_preflight_refuses_a_newline_or_a_stray_character(var: str, v
 
 @pytest.mark.parametrize(("var", "value"), [
     ("monitoring_listen_address", "::1"), ("monitoring_listen_address", "0.0.0.0"),
+    ("monitoring_listen_address", "spark01.lan"), ("monitoring_listen_address", "localhost"),
     ("monitoring_textfile_dir", "/var/lib/node_exporter/text-file.d"), ("monitoring_retention", "1y2w"),
     ("monitoring_retention", "1h30m"), ("monitoring_scrape_interval", "500ms"),
     ("monitoring_memory_low_gib", 8), ("monitoring_prometheus_port", 65535),

@@ -11,6 +11,7 @@ cgroup still names its unit.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -85,8 +86,27 @@ def port_conflicts(ss_lines: Iterable[str], ps_lines: Iterable[str],
     return problems
 
 
+_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+
+
+def listen_address_problems(value: Any, var: str) -> list[str]:
+    """[] when ``value`` is an IP address (v4 or v6, no port, no zone) or a host name (RFC 1123 labels, the
+    last not all digits), else one line: the services get ``--web.listen-address=VALUE:PORT``."""
+    text = value if isinstance(value, str) and "%" not in value else ""   # no IPv6 zone
+    try:
+        ipaddress.ip_address(text)
+        return []
+    except ValueError:
+        labels = text.split(".")
+        if 0 < len(text) <= 253 and all(_LABEL.fullmatch(lb) for lb in labels) and not labels[-1].isdigit():
+            return []
+    return [f"{var} {value!r:.80} is not an address or a host name without a port; give one of the host's, "
+            "e.g. 127.0.0.1 (the default), ::1, or 0.0.0.0 for every interface"]
+
+
 class FilterModule:
-    """The port preflight's filter."""
+    """The monitoring preflight's filters."""
 
     def filters(self) -> dict[str, Any]:
-        return {"sparkspec_port_conflicts": port_conflicts}
+        return {"sparkspec_port_conflicts": port_conflicts, "sparkspec_listen_address_problems":
+                listen_address_problems}

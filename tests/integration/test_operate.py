@@ -237,7 +237,7 @@ def test_a_textfile_folder_the_prometheus_user_could_redirect_is_refused(provisi
     assert ("monitoring_textfile_dir '/var/lib/prometheus/node-exporter': /var/lib/prometheus belongs to "
             "prometheus") in out, out[-3000:]
     args = ssh(provisioned, "cat /etc/default/prometheus-node-exporter").stdout
-    assert "--collector.textfile.directory=/var/lib/sparkspec/textfile" in args     # left as it was
+    assert "--collector.textfile.directory=/var/lib/sparkspec-monitoring/textfile" in args   # as it was
 
 
 def _data(expr: str) -> bool:

@@ -43,7 +43,7 @@ def test_a_world_writable_parent_is_refused(tmp_path: Path) -> None:
     line = problem(tmp_path, "/tmp/sparkspec-textfile")          # /tmp: 1777
     assert line == (f"{VAR} '/tmp/sparkspec-textfile': /tmp is writable by others (mode 1777), who could "
                     "plant a link there; give a folder whose every parent is root's alone, e.g. under "
-                    "/var/lib/sparkspec")
+                    "/var/lib/sparkspec-monitoring")
 
 
 def test_a_file_in_the_way_is_refused(tmp_path: Path) -> None:

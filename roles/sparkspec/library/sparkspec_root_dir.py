@@ -47,7 +47,7 @@ def _owner(uid: int) -> str:
 
 def problem(path: str, var: str) -> str:
     """The first reason ``path`` is not a folder only root can redirect, else ""."""
-    fix = "give a folder whose every parent is root's alone, e.g. under /var/lib/sparkspec"
+    fix = "give a folder whose every parent is root's alone, e.g. under /var/lib/sparkspec-monitoring"
     if not path.startswith("/") or any(part in ("", ".", "..") for part in path[1:].rstrip("/").split("/")):
         return f"{var} {path!r} is not an absolute path without empty, . or .. parts; {fix}"
     current = "/"

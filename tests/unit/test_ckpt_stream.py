@@ -177,7 +177,7 @@ def test_direct_io_refused_by_the_filesystem_falls_back(tmp_path: Path,
     """A filesystem without O_DIRECT (EINVAL at open, as tmpfs before Linux 6.6) and a device that wants
     another alignment (EINVAL at write) both get the same bytes the ordinary way."""
     monkeypatch.setattr(ckpt_stream, "CHUNK_BYTES", SMALL_CHUNK)
-    data = _data(3 * SMALL_CHUNK + 999)
+    data = _data(4 * ckpt_stream.IN_FLIGHT * SMALL_CHUNK + 999)
     (tmp_path / "src").write_bytes(data)
     real_open, real_pwrite = os.open, os.pwrite
     calls = {"open": 0, "pwrite": 0}
@@ -201,7 +201,9 @@ def test_direct_io_refused_by_the_filesystem_falls_back(tmp_path: Path,
         m.setattr(os, "pwrite", no_direct_write)
         assert copy_file(tmp_path / "src", tmp_path / "d2") == {"size": len(data), HASH_NAME: _digest(data)}
     assert (tmp_path / "d1").read_bytes() == data == (tmp_path / "d2").read_bytes()
-    assert calls == {"open": 1, "pwrite": 1}  # refused once each, then not asked again
+    # refused once at open; at write, once by each writer thread that began a direct write before the first
+    # refusal cleared O_DIRECT (IN_FLIGHT threads: a race, seen as 2 in a CI run), then never asked again
+    assert calls["open"] == 1 and 1 <= calls["pwrite"] <= ckpt_stream.IN_FLIGHT, calls
 
 
 def test_source_truncated_mid_copy_is_a_clear_error(tmp_path: Path, small_chunks: str) -> None:

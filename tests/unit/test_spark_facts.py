@@ -226,3 +226,13 @@ def test_cluster_hand_off_defaults(facts: dict[str, Any]) -> None:
     assert d["checkpoint_fetch_handoff_wait"] == facts["handoff_wait_s"]
     hub_cli = (ROOT / "src/sparkspec/cli/hub.py").read_text()
     assert f'type=argtypes.port, default={facts["handoff_port"]},' in hub_cli
+
+
+def test_the_webhook_preflight_is_the_fact(facts: dict[str, Any]) -> None:
+    """The Alertmanager version the monitoring preflight requires for a webhook is the cited one."""
+    import sys
+    sys.path.insert(0, str(ROOT / "roles" / "sparkspec" / "filter_plugins"))
+    import sparkspec_apt
+
+    major, minor = (int(n) for n in str(facts["alertmanager_secret_webhook_since"]).split("."))
+    assert sparkspec_apt.SECRET_URL_SINCE == (major, minor)

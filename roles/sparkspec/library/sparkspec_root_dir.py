@@ -48,11 +48,11 @@ def _owner(uid: int) -> str:
 def problem(path: str, var: str) -> str:
     """The first reason ``path`` is not a folder only root can redirect, else ""."""
     fix = "give a folder whose every parent is root's alone, e.g. under /var/lib/sparkspec-monitoring"
-    if not path.startswith("/") or any(part in ("", ".", "..") for part in path[1:].rstrip("/").split("/")):
+    parts = path[1:].rstrip("/").split("/")
+    if not path.startswith("/") or any(part in ("", ".", "..") for part in parts):
         return f"{var} {path!r} is not an absolute path without empty, . or .. parts; {fix}"
-    current = "/"
-    for part in [""] + path[1:].rstrip("/").split("/"):
-        current = os.path.join(current, part) if part else current
+    # "/" first, then each longer prefix: /var, /var/lib, ...
+    for current in ["/"] + ["/" + "/".join(parts[:n]) for n in range(1, len(parts) + 1)]:
         try:
             info = os.lstat(current)
         except FileNotFoundError:

@@ -5,9 +5,18 @@ play, inventory, remote, status and compare_plan."""
 
 from __future__ import annotations
 
+import io
+import sys
+
 from invoke import Collection
 
 from tasks import compare, dev, host, molecule_tasks, observe, report, tune
+
+# Each line reaches a pipe or a log when it is printed (`invoke tune ... | tee tune.log` shows each step as it
+# starts, in order with the play's output, which the runner writes to the same stream), not in 8 KiB blocks.
+for _stream in (sys.stdout, sys.stderr):
+    if isinstance(_stream, io.TextIOWrapper):
+        _stream.reconfigure(line_buffering=True)
 
 bench = Collection("bench")
 bench.add_task(dev.bench_checkpoint, "checkpoint")

@@ -4,11 +4,13 @@ failed per host, the failing task's message, unreachable hosts) comes from the r
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -25,6 +27,13 @@ BECOME_PROMPT = r"^BECOME password.*:\s*?$"
 # play stops with "Host key verification failed" instead of waiting for ever (add the key to known_hosts
 # first)
 HOST_KEY_PROMPT = r"Are you sure you want to continue connecting \(yes/no[^)]*\)\?"
+# Ansible stops within seconds of a Ctrl-C passed on; a play still running this long after it is killed, as a
+# second Ctrl-C would kill it, so that the caller's cleanup (tune's and compare's restore) runs.
+INTERRUPT_GRACE_S = 60.0
+# One per command, passed to every play it runs: the deploy role marks its lock with it, so a lock this
+# command's interrupted play left held is released by its next play (tune's and compare's restore), never
+# anyone else's.
+LOCK_OWNER = secrets.token_hex(16)
 
 
 @dataclass
@@ -105,16 +114,17 @@ def run_playbook(playbook: Path, inventory: Path, limit: str, *,
         with _interruptible(lambda: events.pid) as interrupted:
             runner = ansible_runner.run(
                 private_data_dir=str(private), ident="play", project_dir=str(ROOT), playbook=str(playbook),
-                inventory=str(inventory), limit=limit, extravars=dict(extra_vars or {}),
+                inventory=str(inventory), limit=limit,
+                extravars={"deploy_lock_owner": LOCK_OWNER, **(extra_vars or {})},
                 tags=",".join(tags) or None, skip_tags=",".join(skip_tags) or None,
                 cmdline=" ".join(cmdline) or None, envvars=_env(),
                 passwords={HOST_KEY_PROMPT: "no",
                            **({BECOME_PROMPT: become_password} if become_password is not None else {})},
-                event_handler=events, cancel_callback=lambda: interrupted["cancel"],
+                event_handler=events, cancel_callback=interrupted.cancelled,
                 suppress_env_files=True, suppress_output_file=True, fact_cache_type="none", quiet=quiet)
         result = events.result
         result.rc, result.status = int(runner.rc), str(runner.status)
-        result.interrupted = interrupted["signal"]
+        result.interrupted = interrupted.signal
         return result
     finally:
         shutil.rmtree(private, ignore_errors=True)
@@ -146,27 +156,41 @@ def _env() -> dict[str, str]:
     return env
 
 
+@dataclass
+class _Interrupt:
+    """What the signals asked: `signal` once one came, `cancel` once the play must be killed."""
+    signal: bool = False
+    cancel: bool = False
+    since: float = 0.0
+
+    def cancelled(self) -> bool:
+        """The runner's cancel callback: a second signal, or a play still running INTERRUPT_GRACE_S after
+        the first was passed on (a single SIGTERM from systemd or a CI time-out gets no second one)."""
+        return self.cancel or (self.signal and time.monotonic() - self.since > INTERRUPT_GRACE_S)
+
+
 @contextmanager
-def _interruptible(pid: Callable[[], int | None]) -> Iterator[dict[str, bool]]:
+def _interruptible(pid: Callable[[], int | None]) -> Iterator[_Interrupt]:
     """Ctrl-C, SIGTERM or SIGHUP: pass SIGINT on to ansible-playbook (in the runner's own session, so the
-    terminal's does not reach it) and let it stop as it does on Ctrl-C; a second signal cancels the run (the
-    runner kills it)."""
-    state = {"signal": False, "cancel": False}
+    terminal's does not reach it) and let it stop as it does on Ctrl-C; a second signal, or INTERRUPT_GRACE_S
+    without an end, cancels the run (the runner kills its process group)."""
+    state = _Interrupt()
     if threading.current_thread() is not threading.main_thread():
         yield state
         return
 
     def handler(_signum: int, _frame: object) -> None:
-        state["cancel"] = state["signal"]
-        state["signal"] = True
+        state.cancel = state.signal
+        if not state.signal:
+            state.signal, state.since = True, time.monotonic()
         child = pid()
         if child:
             try:
                 os.killpg(os.getpgid(child), signal.SIGINT)
             except OSError:
-                state["cancel"] = True
+                state.cancel = True
         else:
-            state["cancel"] = True
+            state.cancel = True
 
     signums = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     previous = {s: signal.signal(s, handler) for s in signums}

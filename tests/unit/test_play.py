@@ -4,6 +4,7 @@ the changed counts come from the runner's events, never from the printed output.
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -173,3 +174,37 @@ def test_become_password_answers_the_prompt_and_is_not_shown(tmp_path, inventory
     assert "RC 0 {'local1': 0}" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "BECOME password" in proc.stdout and "s3cret-pw" not in proc.stdout + proc.stderr
     assert list(private_tmp.iterdir()) == []
+
+
+def test_a_tasks_lines_reach_a_pipe_as_they_are_printed() -> None:
+    """`invoke tune ... | tee log` (and a test reading the pipe) sees each step when it starts: the tasks'
+    streams are line-buffered, not flushed in 8 KiB blocks at exit."""
+    code = "import sys, time, tasks; print('step one'); print('warn', file=sys.stderr); time.sleep(60)"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        for stream, line in ((proc.stdout, "step one\n"), (proc.stderr, "warn\n")):
+            assert stream is not None
+            ready, _, _ = select.select([stream], [], [], 30)
+            assert ready, f"{line.strip()!r} was printed but did not reach the pipe within 30 s"
+            assert stream.readline() == line
+    finally:
+        proc.kill()
+        proc.communicate()
+
+
+def test_a_play_that_outlives_its_interrupt_is_cancelled(monkeypatch):
+    """One signal (systemd's SIGTERM, a CI time-out) gets no second one: a play still running
+    INTERRUPT_GRACE_S after the SIGINT was passed on is cancelled (the runner kills it), so the caller's
+    restore runs; before that, Ansible is left to stop on its own."""
+    from tasks import play
+
+    monkeypatch.setattr(play, "INTERRUPT_GRACE_S", 0.5)
+    state = play._Interrupt()
+    assert not state.cancelled()
+    state.signal, state.since = True, time.monotonic()
+    assert not state.cancelled()
+    time.sleep(0.6)
+    assert state.cancelled()
+    assert play._Interrupt(signal=True, cancel=True, since=time.monotonic()).cancelled()

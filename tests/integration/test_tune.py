@@ -113,7 +113,9 @@ def test_tune_ngram_predicts_from_one_run(provisioned, inventory_copy):
 @pytest.mark.sim
 @pytest.mark.slow
 def test_interrupted_tune_restores_what_served(provisioned):
-    """Ctrl-C while a k is being deployed: the sweep stops, the method that served before comes back."""
+    """Ctrl-C while a k is being deployed (the unit loading, the deploy's lock held): the sweep stops, the
+    restore releases the lock the interrupted play left (the same command's) and the method that served before
+    comes back; no lock holder is left on the host."""
     before = _record(provisioned)
     proc = subprocess.Popen([f"{BIN}/invoke", "tune", "--host", SIM, "--method", "ngram", "--k-max", "2",
                              *WORKLOAD, "--requests", "1"], cwd=ROOT, stdout=subprocess.PIPE,
@@ -122,17 +124,30 @@ def test_interrupted_tune_restores_what_served(provisioned):
     seen: list[str] = []
     assert proc.stdout is not None
     deadline = time.monotonic() + 900
+    switching = False
     for line in proc.stdout:
         seen.append(line)
-        if "tune: ngram k=2" in line:
-            time.sleep(5)   # into the deploy's play
+        switching = switching or "tune: ngram k=2" in line
+        if switching and "TASK [deploy : Wait for /health" in line:   # under the lock, the new unit loading
             os.killpg(proc.pid, signal.SIGINT)   # a terminal's Ctrl-C reaches the whole foreground group
             break
         assert time.monotonic() < deadline, "".join(seen[-50:])
-    out, _ = proc.communicate(timeout=900)
+    try:
+        out, _ = proc.communicate(timeout=900)
+    except subprocess.TimeoutExpired as exc:   # leave no tune behind for the tests after this one
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        tail = (exc.output or b"").decode(errors="replace")[-4000:] if isinstance(exc.output, bytes) \
+            else (exc.output or "")[-4000:]
+        pytest.fail(f"tune still running 900 s after Ctrl-C; its last output:\n{tail}")
     text = "".join(seen) + out
     assert proc.returncode != 0, text[-4000:]
     assert f"tune: restoring {before['method']}" in text, text[-4000:]
+    released = text.split("TASK [deploy : Release the deploy lock this command's interrupted play left]")
+    after = released[-1].split("\n", 1)[-1].split()[:2]
+    assert len(released) >= 2 and after == ["changed:", "[sim01]"], text[-4000:]   # the restore's
+    held = run_cli(*provisioned.ssh_argv("systemctl is-active sparkspec-deploy-lock-sparkspec-vllm")).stdout
+    assert held.strip() in ("inactive", "unknown"), held
     assert not (ROOT / "reports" / "tune" / SIM / "ngram-k2-c1.json").exists()
     status = _status()
     assert (status["method"], status["profile"], status["health"]) == (before["method"], before["profile"],

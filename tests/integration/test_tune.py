@@ -143,9 +143,12 @@ def test_interrupted_tune_restores_what_served(provisioned):
     text = "".join(seen) + out
     assert proc.returncode != 0, text[-4000:]
     assert f"tune: restoring {before['method']}" in text, text[-4000:]
+    # Where Ansible stopped at once, the lock was left held and the restore releases it ("changed"); where the
+    # SIGINT failed the running task first, the play's own `always` released it ("skipping"). Both were seen.
     released = text.split("TASK [deploy : Release the deploy lock this command's interrupted play left]")
     after = released[-1].split("\n", 1)[-1].split()[:2]
-    assert len(released) >= 2 and after == ["changed:", "[sim01]"], text[-4000:]   # the restore's
+    assert len(released) >= 2 and after in (["changed:", "[sim01]"], ["skipping:", "[sim01]"]), text[-4000:]
+    assert "could not take the deploy lock" not in text, text[-4000:]
     held = run_cli(*provisioned.ssh_argv("systemctl is-active sparkspec-deploy-lock-sparkspec-vllm")).stdout
     assert held.strip() in ("inactive", "unknown"), held
     assert not (ROOT / "reports" / "tune" / SIM / "ngram-k2-c1.json").exists()

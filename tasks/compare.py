@@ -20,14 +20,15 @@ from tasks.status import host_status
 
 @task(positional=[], auto_shortflags=False, help={
     "host": "inventory host, or a cluster's group (or all its members, comma-separated)",
-    "methods": "comma-separated rows, METHOD or METHOD@PROFILE (a profile the host stages; default the "
-               "inventory's), e.g. baseline,ngram,eagle3,dflash,mtp@sim-mtp; each profile gets a baseline "
-               "row (its lossless reference)",
+    "methods": "comma-separated rows, METHOD[+LEVER...][@PROFILE]: a method with exactly the levers named, "
+               "on a profile the host stages (default the inventory's), e.g. baseline,mtp,mtp+int8_lm_head,"
+               "mtp@sim-mtp; each profile and lever set gets a baseline row (its lossless reference)",
     "inventory": "inventory folder (default from invoke.yaml)"})
 def compare(c, host=None, methods="baseline,ngram", inventory=None):
-    """Deploy each row (method on a profile) in turn: lossless check against baseline on the same profile,
-    bench; restore what ran; write one table and plot (reports/<host>/compare.{md,png}) with the /metrics
-    figures. A cluster runs each play on every node and is measured through its head (reports/<head>/)."""
+    """Deploy each row (a method with its levers, on a profile) in turn: lossless check against baseline
+    on the same profile with the same levers, bench; restore what ran; write one table and plot
+    (reports/<host>/compare.{md,png}) with the /metrics figures. A cluster runs each play on every node and
+    is measured through its head (reports/<head>/)."""
     inv = require_host(c, host, inventory, many=True)
     assert host is not None
     names = tuple(f"sparkspec_{key}" for key in CONTRACT)
@@ -40,7 +41,8 @@ def compare(c, host=None, methods="baseline,ngram", inventory=None):
     except UserError as exc:
         raise fail(exc) from None
     where = target.head if target.placement is None else f"{target.pattern} (head {target.head})"
-    running = Row(now.method, now.profile or values.get("sparkspec_profile", "")) if now.method else None
+    running = Row(now.method, now.profile or values.get("sparkspec_profile", ""),
+                  tuple(now.levers)) if now.method else None
     # the host's record is not trusted: what the restore deploys again must be the inventory's
     if running and (not isinstance(running.profile, str)
                     or running.profile not in (values.get("sparkspec_profiles") or {})):
@@ -57,7 +59,7 @@ def compare(c, host=None, methods="baseline,ngram", inventory=None):
         for play in plays(target, rows, last, reports):
             row = play.row
             playbook, extra = method_playbook(c, row.method, inventory, target.head)
-            last = Row(row.method, row.profile)
+            last = row
             print(f"sparkspec: compare on {where}: {row.name}"
                   + (" (the profile's lossless reference)" if row.added else "")
                   + (" (serving: verify only)" if play.verify_only else ""))
@@ -68,7 +70,7 @@ def compare(c, host=None, methods="baseline,ngram", inventory=None):
         _compare_table(target, reports, ran, after_error=True)
         raise
     finally:  # a row that fails (e.g. the lossless check) must not leave the target on it
-        if running and running != last:
+        if running and not running.serves(last):
             print(f"sparkspec: restoring {running.name} on {where}")
             playbook, extra = method_playbook(c, running.method, inventory, target.head)
             run_play(c, playbook, target.pattern, inventory, {**extra, "sparkspec_profile": running.profile},

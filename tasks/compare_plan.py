@@ -1,13 +1,12 @@
 """`invoke compare`'s plan: which (method, profile) rows to deploy on one target (a host, or a whole cluster:
 tasks.cluster_target), in which order, each checked by the play's own resolver before anything changes.
 
-A row is ``METHOD`` (the host's inventory profile) or ``METHOD@PROFILE`` (another profile the host stages,
-e.g. the MTP row on a profile that has MTP tensors). Each speculative row's lossless check compares it with
-baseline on the same profile at temperature 0, so every profile a row uses gets a baseline row: the one the
-user listed, else one added to the plan (it records that profile's reference and is a row of the table, the
-speed to compare with). Rows run profile by profile, baseline first within each. On a cluster every row's
-play runs on the whole group (a switch rolls back on every node together) and the head answers for the
-cluster: its status decides what serves, its results are the table's (reports/compare/<head>/).
+A row is ``METHOD[+LEVER...][@PROFILE]``: a method, exactly the levers named (every other off), on the host's
+inventory profile or another it stages. Each speculative row's lossless check compares it with baseline on
+the same profile with the same levers at temperature 0, so each such group gets a baseline row: the one the
+user listed, else one the plan adds. Rows run group by group, baseline first within each. On a cluster
+every row's play runs on the whole group (a switch rolls back on every node together) and the head answers
+for the cluster: its status decides what serves, its results are the table's (reports/compare/<head>/).
 """
 
 from __future__ import annotations
@@ -27,27 +26,47 @@ CONTRACT = registry.CONTRACT_KEYS   # the registry's list of the contract's keys
 class Row:
     method: str
     profile: str
+    levers: tuple[str, ...] = ()   # exactly the levers the row serves (sorted); every other lever off
     added: bool = False  # a baseline the plan added for a profile's lossless reference
 
     @property
     def name(self) -> str:
-        """The row's report name: METHOD@PROFILE (also the file name of its results)."""
-        return f"{self.method}@{self.profile}"
+        """The row's report name: METHOD[+LEVER...]@PROFILE (also the file name of its results)."""
+        return f"{self.method}{''.join('+' + lever for lever in self.levers)}@{self.profile}"
+
+    @property
+    def group(self) -> tuple[str, tuple[str, ...]]:
+        """What a lossless check compares within: the profile and the levers."""
+        return self.profile, self.levers
+
+    def serves(self, other: Row | None) -> bool:
+        """Whether ``other`` serves what this row does (``added`` aside)."""
+        return other is not None and (self.method, self.profile, self.levers) == (
+            other.method, other.profile, other.levers)
+
+
+USAGE = "METHOD[+LEVER...][@PROFILE]; e.g. baseline,mtp,mtp+int8_lm_head,mtp@sim-mtp"
 
 
 def parse(methods: str, default_profile: str) -> list[Row]:
-    """The rows of ``--methods`` (comma-separated METHOD or METHOD@PROFILE), each once; one line on bad
-    input."""
+    """The rows of ``--methods`` (comma-separated METHOD[+LEVER...][@PROFILE]), each once; one line on bad
+    input (an unknown lever among them)."""
     rows: list[Row] = []
     for item in (part.strip() for part in methods.split(",")):
         if not item:
             continue
-        method, _, profile = item.partition("@")
-        if not method or (_ and not profile) or "@" in profile:
-            raise UserError(f"--methods: {item!r} is not METHOD or METHOD@PROFILE; e.g. "
-                            "baseline,ngram,mtp@sim-mtp")
-        row = Row(method, profile or default_profile)
-        if row in rows:
+        variant, _, profile = item.partition("@")
+        method, *levers = variant.split("+")
+        if not method or (_ and not profile) or "@" in profile or "" in levers:
+            raise UserError(f"--methods: {item!r} is not {USAGE}")
+        try:
+            registry.check_levers(levers, f"--methods {item}")
+        except UserError as exc:
+            raise UserError(str(exc)) from None
+        if len(set(levers)) != len(levers):
+            raise UserError(f"--methods: {item!r} names a lever twice; name each once")
+        row = Row(method, profile or default_profile, tuple(sorted(levers)))
+        if any(row.serves(r) for r in rows):
             raise UserError(f"--methods: {row.name} is listed twice; give each row once")
         rows.append(row)
     if not rows:
@@ -56,16 +75,21 @@ def parse(methods: str, default_profile: str) -> list[Row]:
 
 
 def plan(rows: list[Row]) -> list[Row]:
-    """Rows grouped by profile (in the order first named), baseline first in each group; a baseline row added
-    for a profile that has none."""
-    profiles = list(dict.fromkeys(r.profile for r in rows))
+    """Rows grouped by profile and levers (in the order first named), baseline first in each group; a
+    baseline row added (with the group's levers) for a group that has none."""
+    groups = list(dict.fromkeys(r.group for r in rows))
     ordered: list[Row] = []
-    for profile in profiles:
-        group = [r for r in rows if r.profile == profile]
+    for profile, levers in groups:
+        group = [r for r in rows if r.group == (profile, levers)]
         if not any(r.method == "baseline" for r in group):
-            group.insert(0, Row("baseline", profile, added=True))
+            group.insert(0, Row("baseline", profile, levers, added=True))
         ordered += sorted(group, key=lambda r: r.method != "baseline")
     return ordered
+
+
+def lever_vars(row: Row) -> dict[str, Any]:
+    """The row's levers as the host's own block (the last of the merge): each lever on or off."""
+    return {"sparkspec_levers": {lever: lever in row.levers for lever in registry.LEVERS}}
 
 
 def check(rows: list[Row], host_vars: dict[str, Any],
@@ -80,7 +104,8 @@ def check(rows: list[Row], host_vars: dict[str, Any],
     out = []
     for row in rows:
         try:
-            out.append(registry.resolve({**contract, "method_switch": row.method, "profile": row.profile},
+            out.append(registry.resolve({**contract, "method_switch": row.method, "profile": row.profile,
+                                         "levers": lever_vars(row)["sparkspec_levers"]},
                                         None, "", cluster=cluster))
         except UserError as exc:
             raise UserError(f"--methods {row.name}: {exc}") from None
@@ -106,12 +131,11 @@ def plays(target: Target, rows: list[Row], serving: Row | None, reports: Path) -
     out: list[Play] = []
     last = serving
     for row in rows:
-        now = Row(row.method, row.profile)
-        out.append(Play(row, target.pattern, now == last,
+        out.append(Play(row, target.pattern, row.serves(last),
                         {"sparkspec_profile": row.profile, "verify_report_name": row.name,
                          "verify_reports_dir": str(reports),
-                         "verify_rerecord_reference": row.method == "baseline"}))
-        last = now
+                         "verify_rerecord_reference": row.method == "baseline", **lever_vars(row)}))
+        last = row
     return out
 
 

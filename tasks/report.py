@@ -120,7 +120,7 @@ def row_for(result: dict[str, Any], path: str = "", lossless: dict[str, Any] | N
     if result.get("partial"):
         notes.append(f"PARTIAL: {result.get('error')}")
     method = str(result.get("method") or Path(path).stem or "?")
-    verdict = "reference" if method == "baseline" else "n/a"
+    verdict = "reference" if method.split("+", 1)[0] == "baseline" else "n/a"   # baseline, or with levers
     if lossless is not None:
         verdict, note = lossless_cells(lossless)
         notes[:0] = [note] if note else []

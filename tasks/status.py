@@ -37,6 +37,7 @@ class HostStatus:
     url: str | None = None
     k: int | None = None               # num_speculative_tokens served, from the unit's record
     k_source: str | None = None        # where it came from: sparkspec_num_speculative_tokens, a method entry
+    levers: list[str] = field(default_factory=list)  # the levers served, from the unit's record
     desired_method: str | None = None  # recorded by a deploy that switched the method
     desired_time: str | None = None
     inventory_method: str | None = None
@@ -102,6 +103,8 @@ def _status(name: str, unit: str, data: dict[str, Any]) -> HostStatus:
     status.model, status.url = record.get("served_model_name"), record.get("url")
     status.k = _int(record.get("num_speculative_tokens"))
     status.k_source = str(record["k_source"]) if isinstance(record.get("k_source"), str) else None
+    levers = record.get("levers")
+    status.levers = sorted(str(x) for x in levers)[:16] if isinstance(levers, dict) else []
     desired = data.get("desired")
     if isinstance(desired, dict) and not desired.get("error"):
         status.desired_method, status.desired_time = desired.get("method"), desired.get("time")
@@ -149,7 +152,8 @@ def table(statuses: list[HostStatus]) -> Any:
     from rich.text import Text
 
     grid = Table(title=f"sparkspec status ({', '.join(sorted({s.unit for s in statuses}))})")
-    columns = ("host", "unit", "method", "k (from)", "profile", "model", "/health", "memory", "available",
+    columns = ("host", "unit", "method", "k (from)", "levers", "profile", "model", "/health", "memory",
+               "available",
                "start needs", "watchdog")
     for column in columns:
         grid.add_column(column, no_wrap=column in ("host", "unit", "/health", "memory", "available"))
@@ -157,7 +161,8 @@ def table(statuses: list[HostStatus]) -> Any:
         state = s.state if s.sub_state in ("running", "dead", "") else f"{s.state}/{s.sub_state}"
         health = str(s.health) if s.health is not None else (s.health_error or "-")
         k = "-" if s.k is None else f"{s.k} ({s.k_source or 'unknown'})"
-        grid.add_row(s.host, state, s.method or "none", k, s.profile or "-", s.model or "-", health,
+        grid.add_row(s.host, state, s.method or "none", k, ", ".join(s.levers) or "-", s.profile or "-",
+                     s.model or "-", health,
                      _gib(s.memory_current), _gib(s.mem_available), _need(s.memfit), s.watchdog or "off")
     notes = [Text(f"{s.host}: {note}", style="yellow") for s in statuses for note in s.notes]
     return Group(grid, *notes)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -261,11 +262,15 @@ def rows(method: str, ks: list[int], levels: list[int]) -> list[Row]:
     return [Row(method, k, c, i == 0) for k in order for i, c in enumerate(levels)]
 
 
-def extra_vars(row: Row, profile: str, tuned: dict[str, Any], load: Workload, reports: str) -> dict[str, Any]:
-    """The row's vars on top of its method's playbook: its k (over the host's own per-method k), its
-    workload, results under ``reports``, and no floors (a bad k is a result, not a failure)."""
+def extra_vars(row: Row, profile: str, tuned: dict[str, Any], load: Workload, reports: str,
+               levers: Iterable[str] = ()) -> dict[str, Any]:
+    """The row's vars on top of its method's playbook: its k (over the host's own per-method k), the tuned
+    method's levers (baseline's row too: like is compared with like), its workload, results under
+    ``reports``, and no floors (a bad k is a result, not a failure)."""
+    on = set(levers)
     extra: dict[str, Any] = {
         "sparkspec_profile": profile,
+        "sparkspec_levers": {lever: lever in on for lever in registry.LEVERS},
         "sparkspec_num_speculative_tokens": {**tuned, **({row.method: row.k} if row.k else {})},
         "verify_report_name": row.name, "verify_reports_dir": reports, "verify_enforce_floors": False,
         "verify_concurrency": row.concurrency, "verify_temperature": load.temperature,

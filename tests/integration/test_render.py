@@ -187,3 +187,50 @@ def test_untrusted_names_are_refused_before_any_file(tmp_path, method, field, va
     assert result.returncode != 0, result.stdout[-2000:]
     assert re.search(expected, result.stdout), result.stdout[-3000:]
     assert not any(p.is_file() for p in tmp_path.rglob("*"))
+
+
+QWEN35_122B_CONFIG = {"model_type": "qwen3_5_moe", "tie_word_embeddings": False,
+                      "text_config": {"vocab_size": 248320, "hidden_size": 3072, "dtype": "bfloat16",
+                                      "mtp_num_hidden_layers": 1}}
+
+
+def test_int8_lm_head_on_and_off(rendered, tmp_path):
+    """The example's hybrid profile turns the INT8 LM head on: the unit's environment and record carry it, and
+    vLLM's command line is the same as without it (test_units_are_accepted_by_vllms_parser parses it); off
+    (the host's sparkspec_levers), nothing of it is in the files."""
+    on = rendered[("spark01", "mtp")]
+    env = (on / "etc/sparkspec/sparkspec-vllm.env").read_text()
+    record = json.loads((on / "etc/sparkspec/sparkspec-vllm.json").read_text())
+    assert 'SPARKSPEC_LEVERS="{\\"int8_lm_head\\":{\\"min_vocab\\":100000}}"' in env
+    assert record["levers"] == {"int8_lm_head": {"min_vocab": 100000}}
+    assert re.fullmatch(r"[0-9a-f]{64}", record["levers_plugin"])   # the plugin's wheel: a new one restarts
+    unit = (on / "etc/systemd/system/sparkspec-vllm.service").read_text()
+    assert "# Levers: int8_lm_head (SPARKSPEC_LEVERS" in unit
+    off = tmp_path / "off"
+    result = _render_with_vars("mtp", off, {"sparkspec_levers": {"int8_lm_head": False}})
+    assert result.returncode == 0, result.stdout[-2000:]
+    off_record = json.loads((off / "etc/sparkspec/sparkspec-vllm.json").read_text())
+    assert "levers" not in off_record and "levers_plugin" not in off_record
+    assert off_record["args"] == record["args"]
+    assert "SPARKSPEC_LEVERS" not in (off / "etc/sparkspec/sparkspec-vllm.env").read_text()
+    assert "lever" not in (off / "etc/systemd/system/sparkspec-vllm.service").read_text().lower()
+
+
+@pytest.mark.parametrize(("change", "expected"), [
+    ({}, None),
+    ({"text_config": {**QWEN35_122B_CONFIG["text_config"], "dtype": "float32"}},
+     "LM head is 'float32', not bfloat16 or float16"),
+], ids=["122b-fits", "fp32-head"])
+def test_int8_lm_head_against_the_models_head(tmp_path, change, expected):
+    """The lever is checked against the checkpoint's config.json before any file is written (every head it
+    refuses: tests/unit/test_registry_levers.py; on the sim's own checkpoint: test_provision_errors.py)."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({**QWEN35_122B_CONFIG, **change}))
+    dest = tmp_path / "out"
+    result = _render_with_vars("baseline", dest, {"deploy_model_config_file": str(config)})
+    if expected is None:
+        assert result.returncode == 0, result.stdout[-2000:]
+        return
+    assert result.returncode != 0
+    assert expected in result.stdout and "turn the lever off" in result.stdout, result.stdout[-3000:]
+    assert not any(p.is_file() for p in dest.rglob("*"))

@@ -67,7 +67,12 @@ def test_argv_and_record_unchanged_from_the_jinja_program(case):
     host, method = case.split("-", 1)
     command = _command(_vars(host, sparkspec_method_switch=method))
     assert command["args"] == GOLDEN[case]["args"]
+    # the record adds the levers where the profile turns them on (the example's hybrid: the INT8 LM head)
+    levers = command["record"].pop("levers", None)
     assert command["record"] == GOLDEN[case]["record"]
+    profile = INVENTORIES[host][0]["sparkspec_profiles"][command["record"]["profile"]]
+    on = profile.get("levers") == ["int8_lm_head"]   # the sim's profile sets an option, off
+    assert levers == ({"int8_lm_head": {"min_vocab": 100000}} if on else None)
 
 
 def test_ngram5_from_the_inventory_only():
@@ -174,8 +179,8 @@ SCHEMA_ERRORS = [
     ("sparkspec_methods.x", {"speculative_config": None, "serve": {"warp_drive": 1}},
      "sparkspec_methods.x.serve.warp_drive: unknown key; use one of attention_backend"),
     ("sparkspec_methods.x", {"speculative_config": None, "heads": "x"},
-     "sparkspec_methods.x.heads: unknown key; did you mean head? use one of head, serve, speculative_config, "
-     "verify, vllm_venv"),
+     "sparkspec_methods.x.heads: unknown key; did you mean head? use one of head, levers, serve, "
+     "speculative_config, verify, vllm_venv"),
     ("sparkspec_methods.x", "ngram", "sparkspec_methods.x: is a str, not a mapping"),
     ("sparkspec_profiles.sim-tiny.kind", "dense", "sparkspec_profiles.sim-tiny.kind: 'dense'; set it to "
                                                   "hybrid or plain"),

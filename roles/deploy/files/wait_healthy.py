@@ -1,11 +1,13 @@
 """Wait until a vLLM unit answers /health with 200, and stop early when the unit crashes (run by the deploy
 role).
 
-Usage: python3 wait_healthy.py URL UNIT TIMEOUT_S DELAY_S [--journal-fail REGEX]... [--progress-file PATH]
+Usage: python3 wait_healthy.py URL UNIT TIMEOUT_S DELAY_S [--journal-fail REGEX]... [--journal-need REGEX]...
+       [--progress-file PATH]
 Exit 0 with "healthy after N s" once /health answers 200; with --journal-fail, then one "journal: LINE"
 (secrets masked) for each line of this start's journal of the unit (its systemd invocation) that a REGEX
 matches (re.search), for the deploy role to fail and roll back on: a healthy /health can serve a wrongly
-loaded model. Exit 1 with one line on stdout as soon as the unit
+loaded model. With --journal-need, one "journal-has: LINE" (the first match) or "journal-missing: REGEX" per
+REGEX: a lever that did not say it applied. Exit 1 with one line on stdout as soon as the unit
 has crashed (systemd restarted it, is about to, or marked it failed or inactive), or when TIMEOUT_S pass: a
 start that crashes at once (a wrong flag vLLM's parser lets through, a missing tokenizer, too little memory)
 is rolled back within a restart, not after the whole timeout. With --progress-file (given by the role's
@@ -85,13 +87,20 @@ def journal_hits(unit, patterns):
     return [ln for ln in out.splitlines() if any(re.search(p, ln) for p in patterns)]
 
 
+def _take(argv, flag):
+    """The values of every ``flag VALUE`` pair in argv, and argv without them."""
+    values = []
+    while flag in argv:
+        at = argv.index(flag)
+        values.append(argv[at + 1])
+        argv = argv[:at] + argv[at + 2:]
+    return values, argv
+
+
 def main(argv):
     progress = None
-    patterns = []
-    while "--journal-fail" in argv:
-        at = argv.index("--journal-fail")
-        patterns.append(argv[at + 1])
-        argv = argv[:at] + argv[at + 2:]
+    patterns, argv = _take(argv, "--journal-fail")
+    needs, argv = _take(argv, "--journal-need")
     if "--progress-file" in argv:
         at = argv.index("--progress-file")
         progress, argv = os.path.expanduser(argv[at + 1]), argv[:at] + argv[at + 2:]
@@ -101,6 +110,10 @@ def main(argv):
         if rc == 0 and patterns:
             for hit in journal_hits(argv[1], patterns):
                 print("journal: " + SECRET.sub(r"\1\2\3***", hit))
+        for need in needs if rc == 0 else []:
+            found = journal_hits(argv[1], [need])
+            print("journal-has: " + SECRET.sub(r"\1\2\3***", found[0]) if found else
+                  f"journal-missing: {need}")
         return rc
     finally:
         if progress:

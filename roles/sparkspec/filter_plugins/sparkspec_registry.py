@@ -21,6 +21,7 @@ from ansible.errors import AnsibleFilterError
 
 from sparkspec import registry
 from sparkspec.errors import UserError
+from sparkspec.registry import levers
 from sparkspec.registry.cluster import check_layout
 from sparkspec.registry.resolve import handoff_folder as _handoff_folder
 from sparkspec.registry.resolve import handoff_items
@@ -104,10 +105,32 @@ def cluster_layout_problems(cluster: Mapping[str, Any], config_text: str, model:
     return []
 
 
+def lever_head_problems(resolved: Mapping[str, Any], config_text: str, model: str) -> list[str]:
+    """A line for each lever on that the model's head (its config.json, text) cannot take."""
+    try:
+        config = json.loads(config_text)
+    except ValueError:
+        return [f"{model}: config.json is not JSON; check the checkpoint"]
+    return levers.head_problems(resolved.get("levers") or {}, config, model)
+
+
+def lever_release_problems(resolved: Mapping[str, Any], release: str) -> list[str]:
+    """A line for each lever on that the vLLM ``release`` does not fit."""
+    return levers.release_problems(resolved.get("levers") or {}, str(release or ""))
+
+
+def lever_markers(resolved: Mapping[str, Any]) -> list[str]:
+    """The journal line each lever on logs once it applied (a regular expression matching it literally)."""
+    return [re.escape(registry.LEVERS[lever]["marker"]) for lever in resolved.get("levers") or {}]
+
+
 class FilterModule:
     def filters(self) -> dict[str, Callable[..., Any]]:
         return {"sparkspec_resolve": resolve, "sparkspec_vllm_command": vllm_command,
                 "sparkspec_downloads": downloads, "sparkspec_handoffs": handoffs,
                 "sparkspec_handoff_items": handoff_items, "sparkspec_handoff_folder": handoff_folder,
                 "sparkspec_registry_names": registry_names,
-                "sparkspec_cluster_layout_problems": cluster_layout_problems}
+                "sparkspec_cluster_layout_problems": cluster_layout_problems,
+                "sparkspec_lever_head_problems": lever_head_problems,
+                "sparkspec_lever_release_problems": lever_release_problems,
+                "sparkspec_lever_markers": lever_markers}

@@ -283,11 +283,13 @@ def probe_status(args):
 
 
 def _memfit(folder, record):
-    """The memory guard's newest record for what the unit serves (its profile, method and k), or None."""
+    """The memory guard's newest record for what the unit serves (its profile, method, k and levers), or
+    None."""
     import stat
     if not isinstance(record, dict) or not os.path.isdir(folder):
         return None
-    want = (record.get("profile"), record.get("method"), record.get("num_speculative_tokens"))
+    want = (record.get("profile"), record.get("method"), record.get("num_speculative_tokens"),
+            record.get("levers") or None)
     best = None
     for name in sorted(os.listdir(folder))[:1000]:
         path = os.path.join(folder, name)
@@ -301,7 +303,8 @@ def _memfit(folder, record):
         if not isinstance(doc, dict) or not isinstance(doc.get("key"), dict):
             continue
         key = doc["key"]
-        if (key.get("profile"), key.get("method"), key.get("num_speculative_tokens")) != want:
+        if (key.get("profile"), key.get("method"), key.get("num_speculative_tokens"),
+                key.get("levers") or None) != want:
             continue
         if best is None or str(doc.get("measured_at", "")) > str(best.get("measured_at", "")):
             best = {**doc, "file": name}

@@ -1,6 +1,6 @@
-"""Build the sparkspec wheel on the controller, or reuse the one built from this very source (the
-sparkspec_tools role runs this with the controller's Python; every provision does, so an unchanged tree must
-not cost a build).
+"""Build the sparkspec wheel (or the levers plugin's, from levers/) on the controller, or reuse the one built
+from this very source (the sparkspec_tools and deploy roles run this with the controller's Python; every
+provision does, so an unchanged tree must not cost a build). One wheel folder per source.
 
 argv: the project folder, the wheel folder. Reuses the wheel when the record beside it (sparkspec-source.json)
 names the sha256 of the source (pyproject.toml, README.md and every file under src/ but caches) and of the
@@ -64,10 +64,10 @@ def main():
         if proc.returncode != 0:
             sys.exit(f"sparkspec_tools: pip wheel {source} failed: "
                      f"{(proc.stderr.strip() or proc.stdout.strip()).splitlines()[-1:] or ['no output']}")
-        wheels = sorted(wheel_dir.glob("sparkspec-*-py3-none-any.whl"), key=lambda p: p.stat().st_mtime)
+        wheels = sorted(wheel_dir.glob("*-py3-none-any.whl"), key=lambda p: p.stat().st_mtime)
         if not wheels:
-            sys.exit(f"sparkspec_tools: no sparkspec wheel in {wheel_dir}; check that {source} is the "
-                     "project")
+            sys.exit(f"sparkspec_tools: no wheel in {wheel_dir}; check that {source} is the project (or "
+                     "its levers/ folder)")
         doc = {"source": digest, "wheel": wheels[-1].name, "sha256": file_sha256(wheels[-1])}
         atomic_write(record, (json.dumps(doc) + "\n").encode())
     print(json.dumps({"wheel": str(wheel_dir / doc["wheel"]), "sha256": doc["sha256"], "built": built}))

@@ -34,6 +34,7 @@ PREFIX = "sparkspec memfit:"
 MAX_RECORD = 1 << 20
 HASH = re.compile(r"[0-9a-f]{32}")
 MAX_NAME = 200  # characters of a profile or method name in a key
+MAX_LEVERS = 64  # levers in a key
 MAX_ARGS = 4096  # items of the unit record's "args" (the vLLM command line)
 MAX_MARGIN_GIB = float(1 << 20)  # the bound of --margin-gib and --floor-gib, [0, MAX_MARGIN_GIB]
 SYSTEMD_RUN = "/usr/bin/systemd-run"  # absolute: never found on PATH; tests set this constant
@@ -114,8 +115,8 @@ def args_sha256(doc: dict[str, Any], where: str) -> str:
 
 
 def start_key(unit_record: str, venv: str) -> dict[str, Any]:
-    """The key of a start: profile, method, k and the sha256 of the vLLM command line from the unit's
-    record, and the vLLM build in ``venv``."""
+    """The key of a start: profile, method, k, the levers and the sha256 of the vLLM command line from the
+    unit's record, and the vLLM build in ``venv``."""
     fix = "redeploy the unit (invoke deploy) to rewrite its record"
     doc = read_json(unit_record, "no unit record; deploy the unit first (invoke deploy)", fix)
     if not isinstance(doc, dict):
@@ -123,8 +124,14 @@ def start_key(unit_record: str, venv: str) -> dict[str, Any]:
     k = doc.get("num_speculative_tokens")
     if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
         raise UserError(f"{unit_record}: 'num_speculative_tokens' is {k!r:.60}, not a count or null; {fix}")
+    levers = doc.get("levers")
+    if levers is not None and not (isinstance(levers, dict) and len(levers) <= MAX_LEVERS
+                                   and all(isinstance(v, dict) for v in levers.values())):
+        raise UserError(f"{unit_record}: 'levers' is not a mapping of lever to options; {fix}")
+    # the levers only where on: the key of a start without levers is what it was before levers existed
     return {"profile": _name(doc, "profile", unit_record), "method": _name(doc, "method", unit_record),
-            "num_speculative_tokens": k, "args_sha256": args_sha256(doc, unit_record), **vllm_build(venv)}
+            "num_speculative_tokens": k, "args_sha256": args_sha256(doc, unit_record), **vllm_build(venv),
+            **({"levers": levers} if levers else {})}
 
 
 def key_hash(key: dict[str, Any]) -> str:
@@ -133,11 +140,14 @@ def key_hash(key: dict[str, Any]) -> str:
 
 
 def describe(key: dict[str, Any]) -> str:
-    """``profile/method k=N vllm VERSION+sha12`` for a line."""
+    """``profile/method[+lever...] k=N vllm VERSION+sha12`` for a line."""
     k = key.get("num_speculative_tokens")
     sha = str(key.get("vllm_record_sha256", "unknown"))
     build = f"{key.get('vllm_version', 'unknown')}" + ("" if sha == "unknown" else f"+{sha[:12]}")
-    return f"{key.get('profile')}/{key.get('method')}{'' if k is None else f' k={k}'} vllm {build}"
+    levers = key.get("levers")
+    with_levers = f"+{'+'.join(sorted(levers))}" if isinstance(levers, dict) and levers else ""
+    return (f"{key.get('profile')}/{key.get('method')}{with_levers}{'' if k is None else f' k={k}'} "
+            f"vllm {build}")
 
 
 # --- the records ------------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ inventory key and the fix.
 - :mod:`.fields`: their typed values (names, folders, serve knob values, speculative config values, port and
   address) and vLLM's secret options;
 - :mod:`.resolve`: the switch rule, the merge order, the downloads;
+- :mod:`.levers`: the levers blocks, merged, and what the vLLM release and the model's head must be;
 - :mod:`.command`: vLLM's argv, the unit's environment and record;
 - :mod:`.cluster`: a cluster's layout and each node's place in it (rank, arguments, link environment).
 """
@@ -24,6 +25,8 @@ from sparkspec.registry.data import (
     CONTRACT_KEYS,
     HEAD_KINDS,
     KNOBS,
+    LEVERS,
+    LEVERS_ENV,
     NAMES,
     RENAMED,
     SECRET_OPTIONS,
@@ -36,6 +39,7 @@ from sparkspec.registry.data import (
     VERIFY_KEYS,
 )
 from sparkspec.registry.fields import secret_option
+from sparkspec.registry.levers import check_levers
 from sparkspec.registry.resolve import (
     check_renamed,
     choose_method,
@@ -60,9 +64,9 @@ from sparkspec.registry.schema import (
 )
 
 __all__ = ["BASE_ENV", "BUILTIN_METHODS", "CLUSTER_DEFAULTS", "CONTRACT_KEYS", "HEAD_KINDS", "KINDS",
-           "KNOBS", "METHOD_KEYS", "NAMES", "PROFILE_KEYS", "RENAMED", "SECRET_OPTIONS",
-           "SECRET_PREFIX_OPTIONS", "SERVE", "SERVE_DEFAULTS", "SERVE_FLAGS", "SERVE_KINDS", "SPEC_FIELDS",
-           "SPEC_INTERNAL", "VERIFY_DEFAULTS", "VERIFY_KEYS", "RegistryError", "check_contract",
-           "check_method", "check_profile", "check_renamed", "check_serve", "check_verify", "choose_method",
-           "defined_methods", "downloads", "lookup_profile", "repo_folder", "resolve", "secret_option",
-           "vllm_command"]
+           "KNOBS", "LEVERS", "LEVERS_ENV", "METHOD_KEYS", "NAMES", "PROFILE_KEYS", "RENAMED",
+           "SECRET_OPTIONS", "SECRET_PREFIX_OPTIONS", "SERVE", "SERVE_DEFAULTS", "SERVE_FLAGS",
+           "SERVE_KINDS", "SPEC_FIELDS", "SPEC_INTERNAL", "VERIFY_DEFAULTS", "VERIFY_KEYS",
+           "RegistryError", "check_contract", "check_levers", "check_method", "check_profile",
+           "check_renamed", "check_serve", "check_verify", "choose_method", "defined_methods",
+           "downloads", "lookup_profile", "repo_folder", "resolve", "secret_option", "vllm_command"]

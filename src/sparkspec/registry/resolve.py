@@ -7,8 +7,9 @@ deploy/provision --method``) wins and is recorded on the host; later runs withou
 one while the inventory's ``sparkspec_method`` is still what it was when the switch was made; once the
 inventory's method changes, the inventory wins (a newer decision) and the record goes.
 
-Serve knobs and verify floors are applied in one order: the contract defaults (:mod:`sparkspec.registry.data`)
-< the profile's block < the method's block < the host's own (``sparkspec_serve``, ``sparkspec_verify``).
+Serve knobs, verify floors and levers are applied in one order: the contract defaults
+(:mod:`sparkspec.registry.data`) < the profile's block < the method's block < the host's own
+(``sparkspec_serve``, ``sparkspec_verify``, ``sparkspec_levers``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from sparkspec.errors import UserError
 from sparkspec.registry.cluster import resolve_cluster
 from sparkspec.registry.data import BUILTIN_METHODS, HEAD_KINDS, RENAMED, SERVE_DEFAULTS, VERIFY_DEFAULTS
 from sparkspec.registry.fields import key, show
+from sparkspec.registry.levers import check_levers, merge_levers
 from sparkspec.registry.schema import (
     _fail,
     _mapping,
@@ -141,6 +143,8 @@ def resolve(contract: Mapping[str, Any], record: Mapping[str, Any] | None = None
             spec = {**spec, "model": profile["heads"][method["head"]]["folder"]}
     host_serve = check_serve(contract.get("serve"), "sparkspec_serve")
     host_verify = check_verify(contract.get("verify"), "sparkspec_verify")
+    levers = merge_levers(profile["levers"], method["levers"],
+                          check_levers(contract.get("levers"), "sparkspec_levers"))
     serve = _merge(SERVE_DEFAULTS, profile["serve"], method["serve"], host_serve)
     # the default: off for hybrid profiles (Gated-DeltaNet layers)
     if serve["enable_prefix_caching"] is None:
@@ -156,7 +160,7 @@ def resolve(contract: Mapping[str, Any], record: Mapping[str, Any] | None = None
             "desired": {"action": chosen["action"], "record": chosen["record"],
                         "previous": dict(record) if isinstance(record, Mapping) else None},
             "methods": list(methods), "head": method["head"], "serve": serve, "speculative_config": spec,
-            "k_source": k_source,
+            "k_source": k_source, "levers": levers,
             "head_kind": spec["method"] if spec is not None and spec["method"] in HEAD_KINDS else None,
             "verify": floors[name], "floors": floors,
             "venv": method["vllm_venv"] or profile["vllm_venv"] or contract["vllm_venv"],

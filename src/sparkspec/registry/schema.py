@@ -16,13 +16,14 @@ from sparkspec.errors import UserError
 from sparkspec.registry.data import CONTRACT_FOLDERS, CONTRACT_KEYS, KNOBS, SERVE_KINDS, VERIFY_KEYS
 from sparkspec.registry.fields import RegistryError as RegistryError
 from sparkspec.registry.fields import fail, key, show
+from sparkspec.registry.levers import check_levers
 
 KINDS = {"hybrid": ("int4", "fp8"), "plain": ("model",)}
 # A hybrid without fp8 is the INT4 checkpoint with its MTP head registered and no layer in FP8.
 OPTIONAL_SOURCES = {"fp8"}
-METHOD_KEYS = {"speculative_config", "head", "serve", "verify", "vllm_venv"}
+METHOD_KEYS = {"speculative_config", "head", "serve", "verify", "vllm_venv", "levers"}
 PROFILE_KEYS = {"kind", "served_model_name", "dir", "disk_gb", "int4", "fp8", "model", "heads", "vllm_venv",
-                "expect_fp8_layers", "expect_mtp_tensors", "serve", "verify"}
+                "expect_fp8_layers", "expect_mtp_tensors", "serve", "verify", "levers"}
 SPEC_METHODS = "ngram|mtp|eagle3|dflash|draft_model|..."
 # The fields of vLLM 0.32.0's SpeculativeConfig (vllm/config/speculative.py:386-608, a pydantic dataclass with
 # extra="forbid" through vllm/config/utils.py:70-71): vLLM refuses any other key of --speculative-config, but
@@ -145,7 +146,7 @@ def _spec(spec: Any, where: str, head: Any) -> dict[str, Any]:
 def check_method(name: str, method: Any) -> dict[str, Any]:
     """A method entry of sparkspec_methods, checked: its name, speculative_config (null or a mapping of
     SpeculativeConfig fields, each of its type), optional head (a head name), serve (no engine-wide
-    attention_backend for dflash), verify and vllm_venv (an absolute folder)."""
+    attention_backend for dflash), verify, vllm_venv (an absolute folder) and levers."""
     where = f"sparkspec_methods.{key(name)}"
     fields.name(name, "method", where, "rename the method")
     entry = _mapping(method, where, "give speculative_config (null for none) and optionally head, serve, "
@@ -170,7 +171,7 @@ def check_method(name: str, method: Any) -> dict[str, Any]:
     if venv is not None:
         fields.venv(venv, f"{where}.vllm_venv")
     return {"speculative_config": spec, "head": entry.get("head"), "serve": serve, "verify": verify,
-            "vllm_venv": venv}
+            "vllm_venv": venv, "levers": check_levers(entry.get("levers"), f"{where}.levers")}
 
 
 def _source(value: Any, where: str, parent: str) -> dict[str, str]:
@@ -251,7 +252,8 @@ def check_profile(name: str, profile: Any, dirs: Mapping[str, str]) -> dict[str,
             "vllm_venv": venv, "expect_fp8_layers": entry.get("expect_fp8_layers"),
             "expect_mtp_tensors": entry.get("expect_mtp_tensors"),
             "serve": check_serve(entry.get("serve"), f"{where}.serve"),
-            "verify": check_verify(entry.get("verify"), f"{where}.verify")}
+            "verify": check_verify(entry.get("verify"), f"{where}.verify"),
+            "levers": check_levers(entry.get("levers"), f"{where}.levers")}
 
 
 def check_tuned_k(value: Any, methods: Mapping[str, Mapping[str, Any]]) -> dict[str, int]:

@@ -131,3 +131,14 @@ def test_the_facts_about_vllms_ray_placement_hold_in_the_installed_vllm() -> Non
     floor = (package / "v1/executor/ray_executor.py").read_text()
     assert 'version.parse("2.43.0")' in floor
     assert tuple(int(x) for x in facts["deploy_ray_version"].split(".")) >= (2, 43, 0)
+
+
+def test_levers_are_refused_on_a_ray_cluster() -> None:
+    """vLLM's Ray workers do not run with the unit's environment, so a lever would not reach them: one line."""
+    contract = {**small_contract(), "cluster": RAY, "levers": {"int8_lm_head": True}}
+    with pytest.raises(registry.RegistryError, match=r"^sparkspec_levers: int8_lm_head cannot apply on a Ray "
+                                                     r"cluster .* set sparkspec_cluster.backend to mp"):
+        registry.resolve(contract, cluster={"me": "spark01", "members": MEMBERS, "accelerator": "gb10"})
+    native = {**small_contract(), "cluster": SPEC, "levers": {"int8_lm_head": True}}
+    placed = registry.resolve(native, cluster={"me": "spark01", "members": MEMBERS, "accelerator": "gb10"})
+    assert placed["levers"] == {"int8_lm_head": {"min_vocab": 100000}}   # native multi-node: every node's unit

@@ -156,8 +156,8 @@ def resolve(contract: Mapping[str, Any], record: Mapping[str, Any] | None = None
     if levers and placed is not None and placed["ray"] is not None:
         # vLLM's Ray workers run in Ray's processes, without the unit's environment (SPARKSPEC_LEVERS)
         raise _fail("sparkspec_levers", f"{', '.join(levers)} cannot apply on a Ray cluster (vLLM's Ray "
-                    "workers do not get the unit's environment); set sparkspec_cluster.backend to mp, or turn "
-                    "the levers off (sparkspec_levers: {LEVER: false})")
+                    "workers do not get the unit's environment); set sparkspec_cluster.backend to mp, or "
+                    "turn the levers off (sparkspec_levers: {LEVER: false})")
     floors = {m: _merge(VERIFY_DEFAULTS, profile["verify"], c["verify"],
                         host_verify) for m, c in checked.items()}
     return {"method": name, "method_source": chosen["source"], "method_note": chosen["note"],

@@ -56,7 +56,7 @@ def compare(c, host=None, methods="baseline,ngram", inventory=None):
     # what serves, healthy: its row needs no switch, only verify
     last = running if now.health == 200 else None
     try:
-        for play in plays(target, rows, last, reports):
+        for play in plays(target, rows, last, reports, values.get("sparkspec_levers")):
             row = play.row
             playbook, extra = method_playbook(c, row.method, inventory, target.head)
             last = row

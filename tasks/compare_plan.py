@@ -17,6 +17,7 @@ from typing import Any
 
 from sparkspec import registry
 from sparkspec.errors import UserError
+from sparkspec.registry.levers import exact_block
 from tasks.cluster_target import Target
 
 CONTRACT = registry.CONTRACT_KEYS   # the registry's list of the contract's keys (sparkspec_<key>)
@@ -87,9 +88,10 @@ def plan(rows: list[Row]) -> list[Row]:
     return ordered
 
 
-def lever_vars(row: Row) -> dict[str, Any]:
-    """The row's levers as the host's own block (the last of the merge): each lever on or off."""
-    return {"sparkspec_levers": {lever: lever in row.levers for lever in registry.LEVERS}}
+def lever_vars(row: Row, host: Any = None) -> dict[str, Any]:
+    """The row's levers as the host's own block (the last of the merge): each lever on or off, with the
+    options the host's own ``sparkspec_levers`` (``host``) gives it."""
+    return {"sparkspec_levers": exact_block(row.levers, host)}
 
 
 def check(rows: list[Row], host_vars: dict[str, Any],
@@ -105,7 +107,7 @@ def check(rows: list[Row], host_vars: dict[str, Any],
     for row in rows:
         try:
             out.append(registry.resolve({**contract, "method_switch": row.method, "profile": row.profile,
-                                         "levers": lever_vars(row)["sparkspec_levers"]},
+                                         "levers": exact_block(row.levers, contract.get("levers"))},
                                         None, "", cluster=cluster))
         except UserError as exc:
             raise UserError(f"--methods {row.name}: {exc}") from None
@@ -124,17 +126,19 @@ class Play:
     extra: dict[str, Any]      # the row's vars on top of its method's playbook
 
 
-def plays(target: Target, rows: list[Row], serving: Row | None, reports: Path) -> list[Play]:
+def plays(target: Target, rows: list[Row], serving: Row | None, reports: Path,
+          host_levers: Any = None) -> list[Play]:
     """Each row's play, in order: on the target's pattern, verify only for a row that already serves healthy
     (``serving``), its results under ``reports`` (the verify role writes them under the head's name: a
-    cluster's workers end the role)."""
+    cluster's workers end the role), its levers with the options of the host's own block (``host_levers``)."""
     out: list[Play] = []
     last = serving
     for row in rows:
         out.append(Play(row, target.pattern, row.serves(last),
                         {"sparkspec_profile": row.profile, "verify_report_name": row.name,
                          "verify_reports_dir": str(reports),
-                         "verify_rerecord_reference": row.method == "baseline", **lever_vars(row)}))
+                         "verify_rerecord_reference": row.method == "baseline",
+                         **lever_vars(row, host_levers)}))
         last = row
     return out
 

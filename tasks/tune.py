@@ -96,7 +96,8 @@ def tune(c, host=None, method=None, profile="", k="", k_max="", suite="all", pro
         # baseline that serves already, healthy, on this profile: its row needs no switch, only verify
         serving = (before.method == "baseline" and before.profile == profile
                    and tuple(now.levers) == tuple(resolved["levers"]))
-        _sweep(c, inventory, target, plan, profile, tuned, load, serving, tuple(resolved["levers"]))
+        _sweep(c, inventory, target, plan, profile, tuned, load, serving,
+               (tuple(resolved["levers"]), values.get("sparkspec_levers")))
     except (Exit, KeyboardInterrupt) as exc:
         failure = exc
     try:   # what served before, at its own k, whatever happened (a failed row, Ctrl-C)
@@ -158,9 +159,9 @@ def _result(target: Target, row: tune_plan.Row) -> Path:
 
 def _sweep(c: Any, inventory: str | None, target: Target, plan: list[tune_plan.Row], profile: str,
            tuned: dict[str, Any], load: tune_plan.Workload, baseline_serves: bool,
-           levers: tuple[str, ...]) -> None:
-    for row in plan:
-        extra = tune_plan.extra_vars(row, profile, tuned, load, str(REPORTS), levers)
+           levers: tuple[tuple[str, ...], Any]) -> None:
+    for row in plan:   # levers: the tuned method's, and the host's own block (its options)
+        extra = tune_plan.extra_vars(row, profile, tuned, load, str(REPORTS), *levers)
         what = "baseline" if not row.k else f"{row.method} k={row.k}"
         switch = row.deploy and not (row.k == 0 and baseline_serves)
         print(f"sparkspec: tune: {what}, concurrency {row.concurrency}"

@@ -23,6 +23,7 @@ from sparkspec import registry
 from sparkspec.bench import suites
 from sparkspec.errors import UserError
 from sparkspec.registry.data import MAX_SPECULATIVE_TOKENS
+from sparkspec.registry.levers import exact_block
 
 MAX_CONCURRENCY = 256   # the bench's own bound (sparkspec.cli.bench): vLLM's default max_num_seqs
 MAX_REQUESTS = 100_000  # per suite, the bench's bound
@@ -263,14 +264,14 @@ def rows(method: str, ks: list[int], levels: list[int]) -> list[Row]:
 
 
 def extra_vars(row: Row, profile: str, tuned: dict[str, Any], load: Workload, reports: str,
-               levers: Iterable[str] = ()) -> dict[str, Any]:
+               levers: Iterable[str] = (), host_levers: Any = None) -> dict[str, Any]:
     """The row's vars on top of its method's playbook: its k (over the host's own per-method k), the tuned
-    method's levers (baseline's row too: like is compared with like), its workload, results under
-    ``reports``, and no floors (a bad k is a result, not a failure)."""
-    on = set(levers)
+    method's levers (baseline's row too: like is compared with like; options from the host's own block,
+    ``host_levers``), its workload, results under ``reports``, and no floors (a bad k is a result, not a
+    failure)."""
     extra: dict[str, Any] = {
         "sparkspec_profile": profile,
-        "sparkspec_levers": {lever: lever in on for lever in registry.LEVERS},
+        "sparkspec_levers": exact_block(levers, host_levers),
         "sparkspec_num_speculative_tokens": {**tuned, **({row.method: row.k} if row.k else {})},
         "verify_report_name": row.name, "verify_reports_dir": reports, "verify_enforce_floors": False,
         "verify_concurrency": row.concurrency, "verify_temperature": load.temperature,

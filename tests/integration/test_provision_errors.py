@@ -108,10 +108,15 @@ def _unit_state(provisioned) -> str:
     ({"int8_lm_head": {"min_vocab": 100000}}, None,
      "lever int8_lm_head: /opt/sparkspec/models/sim-tiny's vocabulary (512) is below the lever's min_vocab "
      "100000"),
-], ids=["release-it-does-not-fit", "head-below-min-vocab"])
+    ({"int8_lm_heda": True}, None,
+     "sparkspec_levers.int8_lm_heda: unknown lever; did you mean int8_lm_head?"),
+    ({"int8_lm_head\nExecStartPre=/bin/sh -c id": True}, None,
+     "sparkspec_levers.'int8_lm_head\\nExecStartPre=/bin/sh -c id': "),
+], ids=["release-it-does-not-fit", "head-below-min-vocab", "unknown", "a-unit-line-in-its-name"])
 def test_a_lever_that_cannot_apply_changes_nothing(provisioned, tmp_path, levers, package, expected):
-    """A lever the vLLM release (right after preflight) or the model's head (the deploy's validation, from the
-    checkpoint's config.json) cannot take: one line, exit 2, the unit as it was."""
+    """A lever unknown or named with a line of the unit in it (the contract), one the vLLM release (right
+    after preflight) or the model's head (the deploy's validation, from the checkpoint's config.json) cannot
+    take: one line, exit 2, the unit as it was."""
     def mutate(_host, group_vars):
         group_vars["sparkspec_levers"] = levers
         if package:

@@ -203,16 +203,21 @@ def test_int8_lm_head_on_and_off(rendered, tmp_path):
     record = json.loads((on / "etc/sparkspec/sparkspec-vllm.json").read_text())
     assert 'SPARKSPEC_LEVERS="{\\"int8_lm_head\\":{\\"min_vocab\\":100000}}"' in env
     assert record["levers"] == {"int8_lm_head": {"min_vocab": 100000}}
-    assert re.fullmatch(r"[0-9a-f]{64}", record["levers_plugin"])   # the plugin's wheel: a new one restarts
+    plugin = record["levers_plugin"]   # the plugin's source digest: a new plugin is a new folder, a restart
+    assert re.fullmatch(r"[0-9a-f]{32}", plugin)
+    assert f'PYTHONPATH="/opt/sparkspec/levers/{plugin}"' in env
     unit = (on / "etc/systemd/system/sparkspec-vllm.service").read_text()
     assert "# Levers: int8_lm_head (SPARKSPEC_LEVERS" in unit
+    assert f"ExecStartPre=/usr/bin/test -f /opt/sparkspec/levers/{plugin}/sparkspec_levers/__init__.py" \
+        in unit
     off = tmp_path / "off"
     result = _render_with_vars("mtp", off, {"sparkspec_levers": {"int8_lm_head": False}})
     assert result.returncode == 0, result.stdout[-2000:]
     off_record = json.loads((off / "etc/sparkspec/sparkspec-vllm.json").read_text())
     assert "levers" not in off_record and "levers_plugin" not in off_record
     assert off_record["args"] == record["args"]
-    assert "SPARKSPEC_LEVERS" not in (off / "etc/sparkspec/sparkspec-vllm.env").read_text()
+    off_env = (off / "etc/sparkspec/sparkspec-vllm.env").read_text()
+    assert "SPARKSPEC_LEVERS" not in off_env and "PYTHONPATH" not in off_env
     assert "lever" not in (off / "etc/systemd/system/sparkspec-vllm.service").read_text().lower()
 
 

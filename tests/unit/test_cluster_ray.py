@@ -136,9 +136,12 @@ def test_the_facts_about_vllms_ray_placement_hold_in_the_installed_vllm() -> Non
 def test_levers_are_refused_on_a_ray_cluster() -> None:
     """vLLM's Ray workers do not run with the unit's environment: a lever would not reach them."""
     contract = {**small_contract(), "cluster": RAY, "levers": {"int8_lm_head": True}}
-    with pytest.raises(registry.RegistryError, match=r"^sparkspec_levers: int8_lm_head cannot apply on a Ray "
-                                                     r"cluster .* set sparkspec_cluster.backend to mp"):
+    with pytest.raises(registry.RegistryError, match=r"^sparkspec_levers: int8_lm_head cannot apply on this "
+                                                     r"cluster \(vLLM's Ray workers .* with backend mp"):
         registry.resolve(contract, cluster={"me": "spark01", "members": MEMBERS, "accelerator": "gb10"})
     native = {**small_contract(), "cluster": SPEC, "levers": {"int8_lm_head": True}}
     placed = registry.resolve(native, cluster={"me": "spark01", "members": MEMBERS, "accelerator": "gb10"})
     assert placed["levers"] == {"int8_lm_head": {"min_vocab": 100000}}   # native: every node's own unit
+    staged = {**native, "cluster": {**SPEC, "tensor_parallel_size": 1, "pipeline_parallel_size": 2}}
+    with pytest.raises(registry.RegistryError, match="the LM head lives on the last pipeline stage"):
+        registry.resolve(staged, cluster={"me": "spark01", "members": MEMBERS, "accelerator": "gb10"})

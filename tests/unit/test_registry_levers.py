@@ -73,8 +73,10 @@ def test_layers_merge_profile_method_host_keeping_options() -> None:
      "sparkspec_levers.int8_lm_head.rows: not an option of lever int8_lm_head"),
     ({"int8_lm_head": {"enabled": "no"}}, "sparkspec_levers.int8_lm_head.enabled: 'no' is not true or false"),
     ("int8_lm_head", "sparkspec_levers: is a str; give a mapping of lever name"),
+    ([{"int8_lm_head": {"min_vocab": 1}}], "sparkspec_levers[0]: {'int8_lm_head': {'min_vocab': 1}} is not a "
+                                           "lever name"),
 ], ids=["misspelt", "newline", "shell", "upper", "not-bool", "negative", "bool-count", "option", "enabled",
-        "string"])
+        "string", "list-of-mappings"])
 def test_bad_lever_blocks_are_one_line(block: Any, message: str) -> None:
     with pytest.raises(UserError) as err:
         registry.resolve(_contract(levers=block))
@@ -90,11 +92,13 @@ def test_a_profile_or_method_lever_is_checked_where_it_is_written() -> None:
 
 
 @pytest.mark.parametrize(("release", "fits"), [("0.32.0", True), ("0.32.0+cpu", True), ("0.31.0", False),
-                                               ("0.34.0", False), ("", True)])
+                                               ("0.34.0", False), ("", False)])
 def test_release(release: str, fits: bool) -> None:
     problems = levers.release_problems({"int8_lm_head": {}}, release)
     assert (problems == []) == fits
-    if not fits:
+    if release == "":   # unknown (a source build at a git ref): the lever cannot be checked, so refused
+        assert problems[0].startswith("lever int8_lm_head needs a known vLLM release (0.32.0)")
+    elif not fits:
         assert problems[0].startswith(f"lever int8_lm_head does not fit vLLM {release}: its hooks were read "
                                       "against vLLM 0.32.0")
 
@@ -154,8 +158,19 @@ def test_compare_rows_with_levers_get_their_own_baseline() -> None:
     assert [(r.name, r.added) for r in rows] == [
         ("baseline@p", False), ("mtp@p", False), ("baseline+int8_lm_head@p", True),
         ("mtp+int8_lm_head@p", False)]
-    assert compare_plan.lever_vars(rows[3]) == {"sparkspec_levers": {"int8_lm_head": True}}
-    assert compare_plan.lever_vars(rows[0]) == {"sparkspec_levers": {"int8_lm_head": False}}
+    assert compare_plan.lever_vars(rows[3]) == {"sparkspec_levers": {"int8_lm_head": {"enabled": True}}}
+    assert compare_plan.lever_vars(rows[0]) == {"sparkspec_levers": {"int8_lm_head": {"enabled": False}}}
+
+
+def test_a_rows_levers_keep_the_hosts_own_options() -> None:
+    """A compare or tune row turns levers on or off; the options the host's own block gives stay."""
+    host = {"int8_lm_head": {"min_vocab": 50000}}
+    block = levers.exact_block(["int8_lm_head"], host)
+    assert block == {"int8_lm_head": {"min_vocab": 50000, "enabled": True}}
+    resolved = registry.resolve(_contract(levers=block))
+    assert resolved["levers"] == {"int8_lm_head": {"min_vocab": 50000}}
+    assert levers.exact_block([], host) == {"int8_lm_head": {"min_vocab": 50000, "enabled": False}}
+    assert levers.exact_block(["int8_lm_head"], None) == {"int8_lm_head": {"enabled": True}}
 
 
 @pytest.mark.parametrize(("methods", "message"), [
@@ -190,3 +205,36 @@ def test_the_plugin_knows_the_registrys_levers() -> None:
     supported = ast.literal_eval(assigns["SUPPORTED_VLLM"])
     assert supported == registry.LEVERS["int8_lm_head"]["vllm"]
     assert f'"{registry.LEVERS["int8_lm_head"]["marker"]} ([%d, %d], saved %d MB)' in plugin
+
+
+def test_the_plugin_folder_check(tmp_path: Path) -> None:
+    """The deploy's check of a plugin folder (roles/deploy/files/levers_folder.py): whole, or one line."""
+    import base64
+    import hashlib
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[2] / "roles/deploy/files/levers_folder.py"
+    folder = tmp_path / "abc"
+    (folder / "sparkspec_levers").mkdir(parents=True)
+    (folder / "sparkspec_levers-0.1.0.dist-info").mkdir()
+    code = b"def register(): pass\n"
+    (folder / "sparkspec_levers/__init__.py").write_bytes(code)
+    digest = base64.urlsafe_b64encode(hashlib.sha256(code).digest()).rstrip(b"=").decode()
+    (folder / "sparkspec_levers-0.1.0.dist-info/RECORD").write_text(
+        f"sparkspec_levers/__init__.py,sha256={digest},{len(code)}\n"
+        "sparkspec_levers-0.1.0.dist-info/RECORD,,\n")
+
+    def check(where: Path = folder) -> tuple[int, str]:
+        proc = subprocess.run([sys.executable, str(script), str(where), "sparkspec_levers"],
+                              capture_output=True, text=True, check=False)
+        return proc.returncode, proc.stdout.strip()
+
+    assert check() == (0, "")
+    (folder / "sparkspec_levers/__init__.py").write_bytes(code + b"import os\n")
+    assert check() == (1, f"{folder}/sparkspec_levers/__init__.py: not the file the plugin's RECORD names")
+    (folder / "sparkspec_levers/__init__.py").unlink()
+    rc, line = check()
+    assert rc == 1 and line.endswith("No such file or directory")
+    assert check(tmp_path / "none") == (1, f"{tmp_path / 'none'}: 0 sparkspec_levers dist-info RECORDs, "
+                                           "expected 1")

@@ -7,7 +7,7 @@ names the sha256 of the source (pyproject.toml, README.md and every file under s
 wheel, and the wheel still has those bytes; otherwise clears setuptools' build tree (stale modules would ship
 in the wheel), runs `pip wheel --no-deps --no-build-isolation` (SOURCE_DATE_EPOCH from the environment makes
 the bytes reproducible) and writes the record (atomically, with the contract role's host code). Prints one
-JSON line {wheel, sha256, built}; a failure is one line on stderr and exit 1.
+JSON line {wheel, sha256, source, built}; a failure is one line on stderr and exit 1.
 """
 
 import hashlib
@@ -70,7 +70,8 @@ def main():
                      "its levers/ folder)")
         doc = {"source": digest, "wheel": wheels[-1].name, "sha256": file_sha256(wheels[-1])}
         atomic_write(record, (json.dumps(doc) + "\n").encode())
-    print(json.dumps({"wheel": str(wheel_dir / doc["wheel"]), "sha256": doc["sha256"], "built": built}))
+    print(json.dumps({"wheel": str(wheel_dir / doc["wheel"]), "sha256": doc["sha256"], "source": digest,
+                      "built": built}))
 
 
 main()

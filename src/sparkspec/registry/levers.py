@@ -43,6 +43,9 @@ def check_levers(value: Any, where: str) -> dict[str, dict[str, Any]]:
     if value is None:
         return {}
     if isinstance(value, list):
+        for i, name in enumerate(value):
+            fields.name(name, "lever", f"{where}[{i}]", "list lever names, or give a mapping of lever to "
+                                                         "options")
         value = {name: True for name in value}
     if not isinstance(value, Mapping):
         raise fail(where, f"is a {type(value).__name__}; give a mapping of lever name to {ON_OFF}, or a list "
@@ -70,6 +73,15 @@ def merge_levers(*layers: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str
             for lever, s in sorted(state.items()) if s["enabled"]}
 
 
+def exact_block(on: Iterable[str], host: Any = None) -> dict[str, dict[str, Any]]:
+    """A host's ``sparkspec_levers`` that turns exactly the levers ``on`` on and every other off, keeping the
+    options the host's own block (``host``) gives them: what a compare or tune row serves."""
+    given = check_levers(host, "sparkspec_levers")
+    wanted = set(on)
+    return {lever: {**{k: v for k, v in given.get(lever, {}).items() if k != "enabled"},
+                    "enabled": lever in wanted} for lever in LEVERS}
+
+
 def env_value(levers: Mapping[str, Mapping[str, Any]]) -> str:
     """What the unit's SPARKSPEC_LEVERS carries: compact JSON of lever to options ("" with none on)."""
     if not levers:
@@ -80,10 +92,12 @@ def env_value(levers: Mapping[str, Mapping[str, Any]]) -> str:
 
 def release_problems(levers: Iterable[str], release: str) -> list[str]:
     """A line for each lever whose hooks were not read against the vLLM ``release`` (its base version,
-    without a local suffix such as +cpu); none when the release is unknown ("")."""
+    without a local suffix such as +cpu), or that cannot be checked because the release is unknown ("")."""
     base = release.split("+", 1)[0]
     if not base:
-        return []
+        return [f"lever {lever} needs a known vLLM release ({', '.join(LEVERS[lever]['vllm'])}), and this "
+                "install mode names none (a source build at a git ref that is not a release tag?); build a "
+                "release, or turn the lever off" for lever in levers]
     return [f"lever {lever} does not fit vLLM {base}: its hooks were read against vLLM "
             f"{', '.join(LEVERS[lever]['vllm'])} (docs/spark-facts.md); install that release or turn the "
             f"lever off (levers: {{{lever}: false}})"

@@ -153,11 +153,14 @@ def resolve(contract: Mapping[str, Any], record: Mapping[str, Any] | None = None
     placed = resolve_cluster(contract.get("cluster"), where.get("members") or {}, str(where.get("me", "")),
                              speculative=spec["method"] if spec is not None else None,
                              accelerator=str(where.get("accelerator", "gb10")))
-    if levers and placed is not None and placed["ray"] is not None:
-        # vLLM's Ray workers run in Ray's processes, without the unit's environment (SPARKSPEC_LEVERS)
-        raise _fail("sparkspec_levers", f"{', '.join(levers)} cannot apply on a Ray cluster (vLLM's Ray "
-                    "workers do not get the unit's environment); set sparkspec_cluster.backend to mp, or "
-                    "turn the levers off (sparkspec_levers: {LEVER: false})")
+    if levers and placed is not None and (placed["ray"] is not None or placed["pipeline_parallel_size"] > 1):
+        # Ray: vLLM's Ray workers run in Ray's processes, without the unit's environment (SPARKSPEC_LEVERS);
+        # pipeline parallel: the LM head lives on the last stage, whose journal the head's deploy never reads
+        why = ("vLLM's Ray workers do not get the unit's environment" if placed["ray"] is not None else
+               "the LM head lives on the last pipeline stage, not on the head")
+        raise _fail("sparkspec_levers", f"{', '.join(levers)} cannot apply on this cluster ({why}); serve it "
+                    "with backend mp and tensor parallel only, or turn the levers off (sparkspec_levers: "
+                    "{LEVER: false})")
     floors = {m: _merge(VERIFY_DEFAULTS, profile["verify"], c["verify"],
                         host_verify) for m, c in checked.items()}
     return {"method": name, "method_source": chosen["source"], "method_note": chosen["note"],

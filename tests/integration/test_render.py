@@ -134,7 +134,9 @@ def test_bad_method_config_is_refused(tmp_path, method, spec, expected):
 def test_mtp_k_against_two_mtp_layers(tmp_path, k, ok):
     """On a config with two MTP layers, k above two must be a multiple of two."""
     config = tmp_path / "config.json"
-    config.write_text(json.dumps({"model_type": "qwen3_5_moe", "text_config": {"mtp_num_hidden_layers": 2}}))
+    # the 122B's head fields too: the example's profile serves the INT8 LM head, which reads them
+    config.write_text(json.dumps({**QWEN35_122B_CONFIG, "text_config": {
+        **QWEN35_122B_CONFIG["text_config"], "mtp_num_hidden_layers": 2}}))
     dest = tmp_path / "out"
     extra = {**_methods_with("mtp", {"method": "mtp", "num_speculative_tokens": k}),
              "deploy_model_config_file": str(config)}

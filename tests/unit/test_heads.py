@@ -144,3 +144,14 @@ def test_distillation_runs_after_ansible_patched_the_interpreter(tmp_path: Path)
     head = heads.write_eagle3_head(tmp_path / "sparkspec--sim-tiny-EAGLE3", seed=0, steps=2)
     assert head.trained and head.train_accuracy is not None and 0.0 <= head.train_accuracy <= 1.0
     assert (head.path / "model.safetensors").is_file()
+
+
+def test_a_dflash_k_must_fit_the_heads_block(tree: Path) -> None:
+    """The deploy passes the method's k: the head's own block (the bonus token and k drafts) must hold it."""
+    block = json.loads((tree / "dflash" / "config.json").read_text())["dflash_config"]["block_size"]
+    out = run(*_check(tree, "dflash"), "--k", str(block - 1))
+    assert out.rc == 0, out.stderr
+    refused_untouched([*_check(tree, "dflash"), "--k", str(block)], [tree],
+                      match=rf"k {block} does not fit this DFlash head's block \(dflash_config."
+                            rf"block_size {block}: the bonus token and k drafts\); set "
+                            rf"num_speculative_tokens <= {block - 1}")

@@ -261,24 +261,98 @@ def test_speculative_config_refusals_are_one_line(method, expected):
     assert str(err.value) == expected and err.value.exit_code == 2
 
 
-def test_dflash_sets_the_drafters_backend_not_the_engines():
-    """The built-in dflash keeps the target's backend (the deploy's FLASHINFER): the drafter's non-causal
-    backend is vLLM's draft-only speculative_config.attention_backend, FLASHINFER too
-    (vllm/config/speculative.py:424)."""
+def _dflash(install_mode: str | None = None, revision: str | None = None, **extra: Any) -> dict[str, Any]:
+    """The example's spark01 resolved with dflash, its head at ``revision`` and vLLM from ``install_mode``."""
+    v = _vars("spark01", sparkspec_method_switch="dflash", **extra)
+    if revision is not None:
+        v["sparkspec_profiles"]["qwen35-122b-hybrid"]["heads"]["dflash"]["revision"] = revision
+    return registry.resolve(_contract(v), None, NOW, (), {"install_mode": install_mode})
+
+
+@pytest.mark.parametrize(("mode", "backend"), [(None, "FLASHINFER"), ("existing", "FLASHINFER"),
+                                               ("wheel", "FLASHINFER"), ("source", "FLASH_ATTN")])
+def test_dflash_drafter_backend_follows_the_install_mode(mode, backend):
+    """The drafter's backend is vLLM's draft-only speculative_config.attention_backend
+    (vllm/config/speculative.py:424), by install mode (registry DFLASH_BACKENDS); the target keeps the
+    deploy's FLASHINFER (no engine-wide backend from the method)."""
     built_in = registry.BUILTIN_METHODS["dflash"]
     assert "attention_backend" not in built_in.get("serve", {})
-    assert built_in["speculative_config"]["attention_backend"] == "FLASHINFER"
-    args = _command(_vars("spark01", sparkspec_method_switch="dflash"))["args"]
-    backend = args[args.index("--attention-backend") + 1]
-    assert backend == registry.SERVE_DEFAULTS["attention_backend"] == "FLASHINFER"
-    assert json.loads(args[args.index("--speculative-config") + 1])["attention_backend"] == "FLASHINFER"
-    # a dflash method of the inventory's with the drafter's backend set is accepted
+    assert "attention_backend" not in built_in["speculative_config"]
+    resolved = _dflash(mode)
+    drafter = resolved["speculative_config"]["attention_backend"]
+    assert drafter == backend == registry.DFLASH_BACKENDS[mode or "existing"]
+    target = resolved["serve"]["attention_backend"]
+    assert target == registry.SERVE_DEFAULTS["attention_backend"] == "FLASHINFER"
+    with pytest.raises(UserError, match=r"^vllm_install_mode: 'pip'; use one of source, wheel, existing$"):
+        _dflash("pip")
+
+
+def test_a_dflash_method_with_its_own_backend_keeps_it():
     mine = {**DFLASH,
             "speculative_config": {**DFLASH["speculative_config"], "attention_backend": "TRITON_ATTN"}}
-    resolved = registry.resolve(_contract(_vars("sim01", sparkspec_methods={"x": mine},
-                                                sparkspec_method="x")))
+    contract = _contract(_vars("sim01", sparkspec_methods={"x": mine}, sparkspec_method="x"))
+    resolved = registry.resolve(contract, None, NOW, (), {"install_mode": "source"})
     assert resolved["speculative_config"]["attention_backend"] == "TRITON_ATTN"
     assert registry.check_method("x", mine)["serve"] == {}
+
+
+@pytest.mark.parametrize(("revision", "k", "source"), [
+    ("main", 12, "registry (dflash)"),
+    ("2274357" + "a" * 33, 12, "registry (dflash, drafter 2274357)"),
+    ("6c7242c" + "b" * 33, 5, "registry (dflash, drafter 6c7242c)"),
+    ("0123456" + "c" * 33, 12, "registry (dflash)"),
+])
+def test_dflash_k_follows_the_pinned_drafter(revision, k, source):
+    """The registry's k is the best published one for the drafter revision the head pins (DFLASH_REVISIONS);
+    an unknown revision or a branch takes the built-in k, the newest drafter's."""
+    resolved = _dflash("wheel", revision)
+    assert (resolved["speculative_config"]["num_speculative_tokens"], resolved["k_source"]) == (k, source)
+    # a k the owner set wins over the drafter's
+    tuned = _dflash("wheel", revision, sparkspec_num_speculative_tokens={"dflash": 7})
+    assert (tuned["speculative_config"]["num_speculative_tokens"], tuned["k_source"]) == (
+        7, "sparkspec_num_speculative_tokens")
+
+
+@pytest.mark.parametrize("where", ["method", "tuned"])
+def test_a_dflash_k_past_the_block_is_refused(where):
+    line = (r"k 16 does not fit the DFlash drafter's block \(block_size 16: the bonus token and k drafts\); "
+            r"set k <= 15$")
+    if where == "method":
+        spec = {**DFLASH["speculative_config"], "num_speculative_tokens": 16}
+        mine = {**DFLASH, "speculative_config": spec}
+        with pytest.raises(UserError, match=r"^sparkspec_methods\.x\.speculative_config\."
+                           r"num_speculative_tokens: " + line):
+            registry.check_method("x", mine)
+        registry.check_method("x", {**DFLASH, "speculative_config": {**DFLASH["speculative_config"],
+                                                                      "num_speculative_tokens": 15}})
+    else:
+        with pytest.raises(UserError, match=r"^sparkspec_num_speculative_tokens\.dflash: " + line):
+            _dflash("wheel", sparkspec_num_speculative_tokens={"dflash": 16})
+
+
+def test_pinned_revisions_are_required_where_asked():
+    """sparkspec_require_pinned_revisions: every source and head of every profile at a full commit id, refused
+    in one line naming the first that is not; off (the default), a branch is served."""
+    assert _dflash("wheel")["method"] == "dflash"          # the example's heads say main
+    with pytest.raises(UserError, match=r"^sparkspec_profiles\.qwen35-122b-hybrid\.int4\.revision: 'main' is "
+                       r"not a full commit id, and sparkspec_require_pinned_revisions asks for one; pin the "
+                       r"40-character id"):
+        _dflash("wheel", sparkspec_require_pinned_revisions=True)
+    v = _vars("spark01", sparkspec_require_pinned_revisions=True)
+    for profile in v["sparkspec_profiles"].values():
+        for part in ("int4", "fp8", "model"):
+            if part in profile:
+                profile[part]["revision"] = "d" * 40
+        for head in (profile.get("heads") or {}).values():
+            head["revision"] = "e" * 40
+    v["sparkspec_profiles"]["qwen35-122b-hybrid"]["heads"]["dflash"]["revision"] = "2274357"   # a short id
+    with pytest.raises(UserError, match=r"^sparkspec_profiles\.qwen35-122b-hybrid\.heads\.dflash\.revision: "
+                       r"'2274357' is not a full commit id"):
+        registry.resolve(_contract(v), None, NOW)
+    v["sparkspec_profiles"]["qwen35-122b-hybrid"]["heads"]["dflash"]["revision"] = "2274357" + "f" * 33
+    assert registry.resolve(_contract(v), None, NOW)["profile"]["name"] == "qwen35-122b-hybrid"
+    with pytest.raises(UserError, match=r"^sparkspec_require_pinned_revisions: 'yes' is not true or false"):
+        registry.resolve(_contract({**v, "sparkspec_require_pinned_revisions": "yes"}), None, NOW)
 
 
 @pytest.mark.parametrize(("repo", "ok"), [("Qwen/Qwen3.5-122B-A10B-FP8", "Qwen--Qwen3.5-122B-A10B-FP8"),

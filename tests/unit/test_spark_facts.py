@@ -109,9 +109,11 @@ def test_registry_values_are_cited_not_copied() -> None:
         keys = [f"options.{o}" for o in entry["options"]] + ["vllm", "head_dtypes", "marker"]
         missing = {f"LEVERS.{lever}.{k}" for k in keys} - cited
         assert not missing, f"lever {lever} cites no source for {sorted(missing)}"
+    # no built-in method fixes a drafter backend: DFlash's comes from the install mode (DFLASH_BACKENDS)
     backends = {m["speculative_config"].get("attention_backend") for m in registry.BUILTIN_METHODS.values()
                 if m["speculative_config"]} - {None}
-    assert backends == {raw["dflash_draft_backend"]["value"]}
+    assert not backends
+    assert {"DFLASH_BACKENDS", "DFLASH_REVISIONS", "DFLASH_BLOCK_SIZE"} <= cited
     text = facts_file.FACTS_FILE.read_text()
     assert "value: {ngram: 4" not in text and "value: 262144" not in text     # cited, never copied
 
@@ -119,11 +121,34 @@ def test_registry_values_are_cited_not_copied() -> None:
 def test_method_k_are_the_facts(facts: dict[str, Any]) -> None:
     from sparkspec import registry
 
-    assert facts["k"] == {"ngram": 4, "mtp": 2, "eagle3": 1, "dflash": 15}   # the page's source says these
+    assert facts["k"] == {"ngram": 4, "mtp": 2, "eagle3": 1, "dflash": 12}   # the page's source says these
     dflash = registry.BUILTIN_METHODS["dflash"]
     # DFlash's drafter gets its own backend; the target keeps the deploy's (no engine-wide backend in `serve`)
-    assert dflash["speculative_config"]["attention_backend"] == facts["dflash_draft_backend"] == "FLASHINFER"
+    assert facts["dflash_draft_backend"] == {"source": "FLASH_ATTN", "wheel": "FLASHINFER",
+                                             "existing": "FLASHINFER"}
     assert "attention_backend" not in dflash.get("serve", {})
+
+
+def test_dflash_defaults_are_the_drafter_facts(facts: dict[str, Any]) -> None:
+    """The built-in k is the best published k of the newest drafter revision (the one the example's `main`
+    fetches), each revision's k is its best published figure's, and a k fits the drafter's block."""
+    from sparkspec import registry
+
+    revisions = facts["dflash_revisions"]
+    assert set(revisions) == {"2274357", "6c7242c"}
+    newest = max(revisions, key=lambda r: revisions[r]["date"])
+    assert newest == "2274357" and revisions[newest]["layers"] == 6 and revisions[newest]["window"] == 4096
+    assert registry.BUILTIN_METHODS["dflash"]["speculative_config"]["num_speculative_tokens"] == \
+        revisions[newest]["k"] == 12
+    assert revisions["6c7242c"]["k"] == 5
+    published = [f for f in facts["published_tok_s"] if f["method"] == "dflash"]
+    for short, entry in revisions.items():      # each revision's k is that of its best published figure
+        mine = [f for f in published if f"k={entry['k']}" in f["configuration"]
+                or f"n={entry['k']}" in f["configuration"]]
+        assert mine, f"no published figure at k {entry['k']} for drafter {short}"
+    assert all(e["k"] <= facts["dflash_block_size"] - 1 for e in revisions.values())
+    example = (EXAMPLE / "group_vars/all/main.yml").read_text()
+    assert "2274357" in example and "list_repo_commits" in example    # which revision, and how to pin it
 
 
 def test_floors_sit_below_the_lowest_public_figure(facts: dict[str, Any]) -> None:

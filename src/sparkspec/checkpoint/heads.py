@@ -12,7 +12,7 @@ headers (no weights) is enough to refuse these in one line naming the field and 
   output);
 * DFlash: ``architectures`` is ``DFlashDraftModel``; ``dflash_config`` holds ``block_size`` (>= 2),
   ``mask_token_id`` (inside the head's vocabulary) and ``target_layer_ids`` (zero-based, below the layer
-  count);
+  count), and the block holds the method's k drafts and the bonus token;
 * the head's vocabulary is the target's (``draft_vocab_size`` may be smaller only with a ``d2t`` map).
 """
 
@@ -89,8 +89,9 @@ def _shapes(folder: Path) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def check_head(method: str, head: str | Path, target: str | Path) -> HeadReport:
-    """The head's report, or UserError naming the first mismatch with ``target`` and the fix."""
+def check_head(method: str, head: str | Path, target: str | Path, k: int | None = None) -> HeadReport:
+    """The head's report, or UserError naming the first mismatch with ``target`` and the fix; ``k``: the
+    method's num_speculative_tokens, which a DFlash head's block must hold (the bonus token and k drafts)."""
     if method not in METHODS:
         raise UserError(f"--method {method}: not a head method; use one of {', '.join(METHODS)}")
     head, target = Path(head), Path(target)
@@ -116,7 +117,11 @@ def check_head(method: str, head: str | Path, target: str | Path) -> HeadReport:
         if not isinstance(dcfg, dict):
             raise UserError(f"{where}: no dflash_config (block_size, mask_token_id, target_layer_ids); vLLM "
                             "needs it to draft with DFlash: use a DFlash head that has it")
-        _int(dcfg, "block_size", f"{where} dflash_config", minimum=2)
+        block = _int(dcfg, "block_size", f"{where} dflash_config", minimum=2)
+        if k is not None and k > block - 1:
+            raise UserError(f"{where}: k {k} does not fit this DFlash head's block (dflash_config."
+                            f"block_size {block}: the bonus token and k drafts); set num_speculative_tokens "
+                            f"<= {block - 1}")
         mask = _int(dcfg, "mask_token_id", f"{where} dflash_config", minimum=0)
         vocab = _int(hcfg, "vocab_size", where)
         if mask >= vocab:

@@ -203,7 +203,7 @@ def _build(args: argparse.Namespace) -> int:
 def _check_head(args: argparse.Namespace) -> int:
     from sparkspec.checkpoint.heads import check_head
 
-    r = check_head(args.method, args.head, args.target)
+    r = check_head(args.method, args.head, args.target, args.k)
     ids = f", aux layers {r.aux_layers}" if r.aux_layers else ""
     return summary(args, f"{r.head}: {r.method} head OK for {args.target} ({r.architecture}, hidden "
                          f"{r.hidden_size}{ids} of {r.target_layers} target layers, {r.tensors} tensors)",
@@ -257,6 +257,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--method", required=True, choices=HEAD_KINDS, help="the head's method")
     p.add_argument("--head", required=True, help="the head's folder (config.json and *.safetensors)")
     p.add_argument("--target", required=True, help="the target model's folder (its config.json)")
+    p.add_argument("--k", type=int, default=None,
+                   help="the method's num_speculative_tokens (DFlash: must fit the head's block)")
     p.add_argument("--json", action="store_true", help="print a final JSON line")
     p.set_defaults(func=_check_head)
 

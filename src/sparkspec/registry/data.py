@@ -28,16 +28,32 @@ BUILTIN_METHODS: MappingProxyType[str, dict[str, Any]] = MappingProxyType({
     "mtp": {"speculative_config": {"method": "mtp", "num_speculative_tokens": 2},
             "verify": {"min_tok_s": 40}},
     "eagle3": {"head": "eagle3", "speculative_config": {"method": "eagle3", "num_speculative_tokens": 1}},
-    # DFlash's drafter needs non-causal attention. Its backend is set inside speculative_config (vLLM 0.32.0,
-    # vllm/config/speculative.py:424-427), not as serve.attention_backend (--attention-backend is engine-wide
-    # and would take FLASHINFER from the target; the schema refuses it). Unset, vLLM picks the first
-    # non-causal backend in its order, on SM12x FLASH_ATTN (platforms/cuda.py:165-177), whose FA2 path
-    # device-asserted on GB10 (#50707).
+    # k of the best published figure for the drafter the example names (DFLASH_REVISIONS). The drafter's
+    # attention backend goes inside speculative_config (vllm/config/speculative.py:424-427; never the
+    # engine-wide serve.attention_backend, which the schema refuses): unset here, the registry fills it
+    # from DFLASH_BACKENDS by the host's install mode.
     "dflash": {"head": "dflash",
-               "speculative_config": {"method": "dflash", "num_speculative_tokens": 15,
-                                      "attention_backend": "FLASHINFER"},
+               "speculative_config": {"method": "dflash", "num_speculative_tokens": 12},
                "verify": {"min_tok_s": 25}},
 })
+
+# z-lab/Qwen3.5-122B-A10B-DFlash's revisions, by the short commit id their sources publish (a pin needs the
+# full id): date, layers, sliding window and the k of the best published figure on a Spark
+# (docs/spark-facts.md: dflash_revisions cites each). A dflash method whose k the registry sets takes the k of
+# the revision its head pins; any other revision (main included) takes the built-in k, the newest's.
+DFLASH_REVISIONS: MappingProxyType[str, MappingProxyType[str, Any]] = MappingProxyType({
+    "2274357": MappingProxyType({"date": "2026-06-19", "layers": 6, "window": 4096, "k": 12}),
+    "6c7242c": MappingProxyType({"date": "2026-04", "layers": 4, "window": 2048, "k": 5}),
+})
+# dflash_config.block_size of z-lab's drafters: a step's bonus token and its k drafts fill one block, so
+# k <= block_size - 1 (vllm/config/speculative.py:1909-1911). The drafter's own config.json wins at deploy.
+DFLASH_BLOCK_SIZE = 16
+# The drafter's attention backend by vllm_install_mode: a sm_121a source build has FlashAttention's
+# non-causal path compiled for GB10 (the fastest published stack pins FLASH_ATTN); the index's wheel carries
+# FA2 as sm_80 + PTX only and its non-causal path device-asserts on GB10 (#50707), so wheel and existing
+# (a build sparkspec did not make) take FLASHINFER, whose non-causal path runs there.
+DFLASH_BACKENDS: MappingProxyType[str, str] = MappingProxyType(
+    {"source": "FLASH_ATTN", "wheel": "FLASHINFER", "existing": "FLASHINFER"})
 
 # The serve knobs: each one's contract default (the public DGX Spark recipe for Qwen3.5-122B;
 # docs/spark-facts.md cites each), how it becomes vLLM flags, and the kind of value it takes, in the order
@@ -89,7 +105,8 @@ HEAD_KINDS: tuple[str, ...] = tuple(m["speculative_config"]["method"] for m in B
 CONTRACT_KEYS: tuple[str, ...] = ("method", "method_switch", "methods", "profile", "profiles",
                                   "stage_profiles",
                                   "models_dir", "sources_dir", "heads_dir", "vllm_venv", "serve", "verify",
-                                  "port", "bind_address", "cluster", "num_speculative_tokens", "levers")
+                                  "port", "bind_address", "cluster", "num_speculative_tokens", "levers",
+                                  "require_pinned_revisions")
 # The contract's folders: absolute, normalised paths (sparkspec.validate.absolute_path).
 CONTRACT_FOLDERS: tuple[str, ...] = CONTRACT_KEYS[6:10]
 

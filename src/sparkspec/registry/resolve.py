@@ -19,7 +19,15 @@ from typing import Any
 
 from sparkspec.errors import UserError
 from sparkspec.registry.cluster import resolve_cluster
-from sparkspec.registry.data import BUILTIN_METHODS, HEAD_KINDS, RENAMED, SERVE_DEFAULTS, VERIFY_DEFAULTS
+from sparkspec.registry.data import (
+    BUILTIN_METHODS,
+    DFLASH_BACKENDS,
+    DFLASH_REVISIONS,
+    HEAD_KINDS,
+    RENAMED,
+    SERVE_DEFAULTS,
+    VERIFY_DEFAULTS,
+)
 from sparkspec.registry.fields import key, show
 from sparkspec.registry.levers import check_levers, merge_levers
 from sparkspec.registry.schema import (
@@ -27,6 +35,7 @@ from sparkspec.registry.schema import (
     _mapping,
     check_contract,
     check_method,
+    check_pinned,
     check_profile,
     check_serve,
     check_tuned_k,
@@ -123,6 +132,9 @@ def resolve(contract: Mapping[str, Any], record: Mapping[str, Any] | None = None
     method = checked[name]
     # every profile is checked, the served and staged ones or not: a misspelt key anywhere stops the play
     profiles = {p: check_profile(p, entry, dirs) for p, entry in contract["profiles"].items()}
+    if contract.get("require_pinned_revisions"):
+        for pname, checked_profile in profiles.items():
+            check_pinned(checked_profile, f"sparkspec_profiles.{key(pname)}")
     profile = _pick(profiles, contract.get("profile"), "sparkspec_profile")
     stage = contract.get("stage_profiles") or [profile["name"]]
     staged = [_pick(profiles, s, "sparkspec_stage_profiles") for s in dict.fromkeys(stage)]
@@ -133,6 +145,9 @@ def resolve(contract: Mapping[str, Any], record: Mapping[str, Any] | None = None
         f"sparkspec_methods.{name}" if name in (contract.get("methods") or {}) else f"registry ({name})")
     if name in tuned:
         spec = {**spec, "num_speculative_tokens": tuned[name]}
+    if spec is not None and spec["method"] == "dflash":
+        spec, k_source = _dflash(spec, k_source, profile["heads"].get(method["head"] or ""),
+                                 str((cluster or {}).get("install_mode") or "existing"))
     if method["head"] is not None:
         if method["head"] not in profile["heads"]:
             raise _fail(f"sparkspec_methods.{name}.head", f"method {name} needs a {method['head']} head, and "
@@ -174,6 +189,23 @@ def resolve(contract: Mapping[str, Any], record: Mapping[str, Any] | None = None
             "venv": method["vllm_venv"] or profile["vllm_venv"] or contract["vllm_venv"],
             "profile": profile, "staged": staged, "disk_gb": sum(p["disk_gb"] for p in staged),
             "cluster": placed}
+
+
+def _dflash(spec: dict[str, Any], k_source: str | None, head: Mapping[str, Any] | None,
+            install_mode: str) -> tuple[dict[str, Any], str | None]:
+    """A DFlash speculative_config with the facts filled in: the k of the drafter revision the head pins
+    where the registry sets k (DFLASH_REVISIONS), and the drafter's backend of the install mode where the
+    method sets none (DFLASH_BACKENDS)."""
+    if install_mode not in DFLASH_BACKENDS:
+        raise _fail("vllm_install_mode", f"{show(install_mode)}; use one of {', '.join(DFLASH_BACKENDS)}")
+    revision = str((head or {}).get("revision", ""))
+    pinned = next((short for short in DFLASH_REVISIONS if revision.startswith(short)), None)
+    if pinned is not None and k_source is not None and k_source.startswith("registry"):
+        spec = {**spec, "num_speculative_tokens": DFLASH_REVISIONS[pinned]["k"]}
+        k_source = f"registry (dflash, drafter {pinned})"
+    if "attention_backend" not in spec:
+        spec = {**spec, "attention_backend": DFLASH_BACKENDS[install_mode]}
+    return spec, k_source
 
 
 def _download(profile: str, mode: str, src: Mapping[str, str], **extra: str) -> dict[str, Any]:

@@ -13,7 +13,14 @@ from typing import Any
 import sparkspec.registry.fields as fields
 from sparkspec import validate
 from sparkspec.errors import UserError
-from sparkspec.registry.data import CONTRACT_FOLDERS, CONTRACT_KEYS, KNOBS, SERVE_KINDS, VERIFY_KEYS
+from sparkspec.registry.data import (
+    CONTRACT_FOLDERS,
+    CONTRACT_KEYS,
+    DFLASH_BLOCK_SIZE,
+    KNOBS,
+    SERVE_KINDS,
+    VERIFY_KEYS,
+)
 from sparkspec.registry.fields import RegistryError as RegistryError
 from sparkspec.registry.fields import fail, key, show
 from sparkspec.registry.levers import check_levers
@@ -137,6 +144,8 @@ def _spec(spec: Any, where: str, head: Any) -> dict[str, Any]:
         if low is not None and high is not None and low > high:
             raise _fail(where, f"prompt_lookup_min={low} must be <= prompt_lookup_max={high} (both integers, "
                                "default 5); fix them")
+    if checked["method"] == "dflash":
+        dflash_k(checked["num_speculative_tokens"], f"{where}.num_speculative_tokens")
     if head is not None and "model" in checked:
         raise _fail(f"{where}.model", "the method's head is the draft model (its folder becomes model); drop "
                                       "model, or drop head")
@@ -270,7 +279,28 @@ def check_tuned_k(value: Any, methods: Mapping[str, Mapping[str, Any]]) -> dict[
             raise _fail(f"{where}.{method}", f"method {method} drafts nothing (no speculative_config), so "
                                              "it has no k; remove the entry")
         fields.spec_value("num_speculative_tokens", k, f"{where}.{method}")
+        if methods[method]["speculative_config"]["method"] == "dflash":
+            dflash_k(k, f"{where}.{method}")
     return dict(block)
+
+
+def check_pinned(profile: Mapping[str, Any], where: str) -> None:
+    """Every source of a checked profile (model or int4/fp8, and each head) at a full commit id, for
+    sparkspec_require_pinned_revisions: a branch or tag moves under the host, a short id is ambiguous."""
+    heads = {f"heads.{name}": src for name, src in profile["heads"].items()}
+    for part, src in {**profile["sources"], **heads}.items():
+        if not validate.COMMIT_RE.fullmatch(src["revision"]):
+            raise _fail(f"{where}.{part}.revision", f"{show(src['revision'])} is not a full commit id, and "
+                        "sparkspec_require_pinned_revisions asks for one; pin the 40-character id (docs/"
+                        "methods.md: Pinning revisions) or turn sparkspec_require_pinned_revisions off")
+
+
+def dflash_k(k: int, where: str) -> None:
+    """A DFlash k z-lab's drafters' block holds: a step's bonus token and k drafts fill one block
+    (vllm/config/speculative.py:1910), so k <= block_size - 1. The deploy checks the head's own block."""
+    if k > DFLASH_BLOCK_SIZE - 1:
+        raise _fail(where, f"k {k} does not fit the DFlash drafter's block (block_size {DFLASH_BLOCK_SIZE}: "
+                           f"the bonus token and k drafts); set k <= {DFLASH_BLOCK_SIZE - 1}")
 
 
 def check_contract(contract: Mapping[str, Any]) -> dict[str, Any]:
@@ -301,5 +331,8 @@ def check_contract(contract: Mapping[str, Any]) -> dict[str, Any]:
         fields.port(contract["port"], "sparkspec_port")
     if contract.get("bind_address") is not None:
         fields.address(contract["bind_address"], "sparkspec_bind_address")
+    if not isinstance(contract.get("require_pinned_revisions", False), bool):
+        raise _fail("sparkspec_require_pinned_revisions", f"{show(contract['require_pinned_revisions'])} is "
+                    "not true or false; fix it")
     return {"models": contract["models_dir"], "sources": contract["sources_dir"],
             "heads": contract["heads_dir"]}

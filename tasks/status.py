@@ -48,6 +48,7 @@ class HostStatus:
     mem_available: int | None = None   # bytes the host has available
     memfit: dict[str, Any] | None = None  # the memory guard's record for what is served (docs/operate.md)
     watchdog: str | None = None        # the watchdog unit's ActiveState; None: no watchdog
+    headless: dict[str, Any] | None = None  # the headless role's record (what it stopped, what that freed)
     notes: list[str] = field(default_factory=list)
 
 
@@ -92,7 +93,8 @@ def _status(name: str, unit: str, data: dict[str, Any]) -> HostStatus:
                         mem_available=data.get("mem_available"), health=data.get("health"),
                         health_error=data.get("health_error") or "",
                         memfit=data.get("memfit") if isinstance(data.get("memfit"), dict) else None,
-                        watchdog=data.get("watchdog") if isinstance(data.get("watchdog"), str) else None)
+                        watchdog=data.get("watchdog") if isinstance(data.get("watchdog"), str) else None,
+                        headless=data.get("headless") if isinstance(data.get("headless"), dict) else None)
     if status.memory_current is not None:
         status.memory_source = "MemoryCurrent"
     elif data.get("rss") is not None:
@@ -154,7 +156,7 @@ def table(statuses: list[HostStatus]) -> Any:
     grid = Table(title=f"sparkspec status ({', '.join(sorted({s.unit for s in statuses}))})")
     columns = ("host", "unit", "method", "k (from)", "levers", "profile", "model", "/health", "memory",
                "available",
-               "start needs", "watchdog")
+               "start needs", "watchdog", "headless")
     for column in columns:
         grid.add_column(column, no_wrap=column in ("host", "unit", "/health", "memory", "available"))
     for s in statuses:
@@ -163,7 +165,8 @@ def table(statuses: list[HostStatus]) -> Any:
         k = "-" if s.k is None else f"{s.k} ({s.k_source or 'unknown'})"
         grid.add_row(s.host, state, s.method or "none", k, ", ".join(s.levers) or "-", s.profile or "-",
                      s.model or "-", health,
-                     _gib(s.memory_current), _gib(s.mem_available), _need(s.memfit), s.watchdog or "off")
+                     _gib(s.memory_current), _gib(s.mem_available), _need(s.memfit), s.watchdog or "off",
+                     _headless(s.headless))
     notes = [Text(f"{s.host}: {note}", style="yellow") for s in statuses for note in s.notes]
     return Group(grid, *notes)
 
@@ -173,6 +176,16 @@ def _need(memfit: dict[str, Any] | None) -> str:
     memory during load and warm-up), or 'unmeasured'."""
     need = memfit.get("needed_bytes") if memfit else None
     return _gib(need) if isinstance(need, int) and not isinstance(need, bool) else "unmeasured"
+
+
+def _headless(record: dict[str, Any] | None) -> str:
+    """Headless mode from its record: off, or on with the MemAvailable the display manager's stop freed."""
+    if record is None:
+        return "off"
+    freed = record.get("freed_bytes")
+    if isinstance(freed, int) and not isinstance(freed, bool):
+        return f"on (freed {freed / 2**30:+.1f} GiB)"
+    return "on (nothing to stop)"
 
 
 def _gib(value: int | None) -> str:

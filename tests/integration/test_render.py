@@ -219,14 +219,17 @@ QWEN35_122B_CONFIG = {"model_type": "qwen3_5_moe", "tie_word_embeddings": False,
 
 
 def test_int8_lm_head_on_and_off(rendered, tmp_path):
-    """The example's hybrid profile turns the INT8 LM head on: the unit's environment and record carry it, and
-    vLLM's command line is the same as without it (test_units_are_accepted_by_vllms_parser parses it); off
-    (the host's sparkspec_levers), nothing of it is in the files."""
+    """The example's hybrid profile turns the INT8 LM head and prefix caching on: the unit's environment and
+    record carry the plugin lever, vLLM's command line the serve lever's flags and nothing of the plugin's
+    (test_units_are_accepted_by_vllms_parser parses it); the INT8 head off (the host's sparkspec_levers),
+    nothing of the plugin is in the files, and prefix caching alone brings none."""
     on = rendered[("spark01", "mtp")]
     env = (on / "etc/sparkspec/sparkspec-vllm.env").read_text()
     record = json.loads((on / "etc/sparkspec/sparkspec-vllm.json").read_text())
     assert 'SPARKSPEC_LEVERS="{\\"int8_lm_head\\":{\\"min_vocab\\":100000}}"' in env
-    assert record["levers"] == {"int8_lm_head": {"min_vocab": 100000}}
+    assert record["levers"] == {"int8_lm_head": {"min_vocab": 100000}, "prefix_caching": {"match_unit": 16}}
+    args = record["args"]
+    assert "--enable-prefix-caching" in args and args[args.index("--prefix-match-unit") + 1] == "16"
     plugin = record["levers_plugin"]   # the plugin's source digest: a new plugin is a new folder, a restart
     assert re.fullmatch(r"[0-9a-f]{32}", plugin)
     assert f'PYTHONPATH="/opt/sparkspec/levers/{plugin}"' in env
@@ -238,7 +241,8 @@ def test_int8_lm_head_on_and_off(rendered, tmp_path):
     result = _render_with_vars("mtp", off, {"sparkspec_levers": {"int8_lm_head": False}})
     assert result.returncode == 0, result.stdout[-2000:]
     off_record = json.loads((off / "etc/sparkspec/sparkspec-vllm.json").read_text())
-    assert "levers" not in off_record and "levers_plugin" not in off_record
+    assert off_record["levers"] == {"prefix_caching": {"match_unit": 16}}
+    assert "levers_plugin" not in off_record
     assert off_record["args"] == record["args"]
     off_env = (off / "etc/sparkspec/sparkspec-vllm.env").read_text()
     assert "SPARKSPEC_LEVERS" not in off_env and "PYTHONPATH" not in off_env

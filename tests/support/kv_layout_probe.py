@@ -1,13 +1,6 @@
-"""Runs inside the vLLM venv (tests/unit/test_vllm_kv_layout.py): vLLM 0.32.0's own KV-cache code on
-Qwen3.5-122B-A10B's layer layout with MTP or a DFlash drafter; prints one JSON line of what it decides.
-
-Every decision is vLLM's: the GDN state shapes (qwen3_5.py's own classmethods, compiled from its source since
-the module needs torchvision to import), the block-size alignment (Platform.update_block_size_for_backend),
-the layers' specs (Attention / MambaBase.get_kv_cache_spec), the layout, grouping and page unification
-(get_kv_cache_configs), the hash unit and the hits (a real Scheduler over a real KVCacheManager, driven as the
-engine core drives it). Only the configs are stand-ins (SimpleNamespace): no hub, no GPU.
-"""
-
+"""Runs inside the vLLM venv (tests/unit/test_vllm_kv_layout.py): vLLM 0.32.0's own KV-cache code, scheduler
+included, on Qwen3.5-122B-A10B's layout with MTP or a DFlash drafter; prints one JSON line of what it decides.
+Only the configs are stand-ins (SimpleNamespace): no hub, no GPU."""
 from __future__ import annotations
 
 import ast
@@ -49,19 +42,16 @@ from vllm.v1.request import Request
 VLLM = Path(vllm.__path__[0])
 ARCH = "Qwen3_5MoeForConditionalGeneration"
 
-# Qwen3.5-122B-A10B's text_config (../shared/FORMATS.md, "Qwen3.5-122B-A10B"): 48 layers, full attention
-# every 4th (interval 4), 32 heads / 2 KV heads of 256, Gated DeltaNet 16 key / 64 value heads of 128, conv
-# kernel 4, mtp_num_hidden_layers 1, BF16; mamba_ssm_dtype "float32" as the Qwen3.5 MoE configs ship it.
+# Qwen3.5-122B-A10B's text_config (../shared/FORMATS.md): full attention every 4th of 48 layers, GDN
+# otherwise, one MTP layer, BF16; mamba_ssm_dtype "float32" as the Qwen3.5 MoE configs ship it.
 TEXT = NS(num_hidden_layers=48, full_attention_interval=4, num_attention_heads=32, num_key_value_heads=2,
           head_dim=256, linear_num_key_heads=16, linear_num_value_heads=64, linear_key_head_dim=128,
           linear_value_head_dim=128, linear_conv_kernel_dim=4, mtp_num_hidden_layers=1,
           mamba_ssm_dtype="float32")
-# z-lab/Qwen3.5-122B-A10B-DFlash (docs/spark-facts.md "dflash_revisions"): hidden 3072, 32 heads, 8 KV heads
-# of 128; layers and sliding window by revision.
+# z-lab/Qwen3.5-122B-A10B-DFlash (spark-facts.md: dflash_revisions): layers and window by revision
 DRAFTERS = {"retrain": (6, 4096), "original": (4, 2048)}
 DRAFT_KV_HEADS, DRAFT_HEAD_DIM = 8, 128
-MAX_MODEL_LEN = 32768
-NUM_BLOCKS = 1024
+MAX_MODEL_LEN, NUM_BLOCKS = 32768, 1024
 BUDGET = 8192   # `vllm serve`'s max_num_batched_tokens on a >= 70 GiB non-A100 GPU (engine/arg_utils.py)
 SMALL_UNIT = 16   # a prefix_match_unit dividing every group block size here (2096, 2112, 2240, 2272, 64)
 VERIFY_PROMPT = 4096   # sparkspec verify's prefix-cache prompt (src/sparkspec/bench/checks.py target_tokens)

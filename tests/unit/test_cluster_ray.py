@@ -145,3 +145,7 @@ def test_levers_are_refused_on_a_ray_cluster() -> None:
     staged = {**native, "cluster": {**SPEC, "tensor_parallel_size": 1, "pipeline_parallel_size": 2}}
     with pytest.raises(registry.RegistryError, match="the LM head lives on the last pipeline stage"):
         registry.resolve(staged, cluster={"me": "spark01", "members": MEMBERS, "accelerator": "gb10"})
+    # a serve lever is flags on the head's command line: Ray takes it, and no plugin goes anywhere
+    flags = {**contract, "levers": {"prefix_caching": True}}
+    ray = registry.resolve(flags, cluster={"me": "spark01", "members": MEMBERS, "accelerator": "gb10"})
+    assert (ray["plugin_levers"], ray["serve"]["prefix_match_unit"]) == ([], 16)

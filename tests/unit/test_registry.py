@@ -67,12 +67,14 @@ def test_argv_and_record_unchanged_from_the_jinja_program(case):
     host, method = case.split("-", 1)
     command = _command(_vars(host, sparkspec_method_switch=method))
     assert command["args"] == GOLDEN[case]["args"]
-    # the record adds the levers where the profile turns them on (the example's hybrid: the INT8 LM head)
+    # the record adds the levers where the profile turns them on (the example's hybrid: the INT8 LM head and
+    # prefix caching)
     levers = command["record"].pop("levers", None)
     assert command["record"] == GOLDEN[case]["record"]
     profile = INVENTORIES[host][0]["sparkspec_profiles"][command["record"]["profile"]]
-    on = profile.get("levers") == ["int8_lm_head"]   # the sim's profile sets an option, off
-    assert levers == ({"int8_lm_head": {"min_vocab": 100000}} if on else None)
+    on = profile.get("levers") == ["int8_lm_head", "prefix_caching"]   # the sim's profile sets an option, off
+    assert levers == ({"int8_lm_head": {"min_vocab": 100000}, "prefix_caching": {"match_unit": 16}} if on
+                      else None)
 
 
 def test_ngram5_from_the_inventory_only():
@@ -461,8 +463,17 @@ def test_serve_merges_registry_defaults_then_profile_then_method_then_host():
             serve["max_num_batched_tokens"]) == (2000, "h1", 10)
     assert serve["gpu_memory_utilization"] == registry.SERVE_DEFAULTS["gpu_memory_utilization"]
     assert set(serve) == set(registry.KNOBS)
-    # enable_prefix_caching: the default follows the profile's kind; any layer may set it
-    assert serve["enable_prefix_caching"] is False
+    # enable_prefix_caching: the default follows the profile's kind (off for a hybrid), the prefix_caching
+    # lever (on in the example's hybrid) turns it on with its match unit, over every layer's setting
+    assert (serve["enable_prefix_caching"], serve["prefix_match_unit"]) == (True, 16)
+    v["sparkspec_serve"] = {"enable_prefix_caching": False, "prefix_match_unit": 8}
+    assert registry.resolve(_contract(v), None, NOW)["serve"]["prefix_match_unit"] == 16
+    v["sparkspec_levers"] = {"prefix_caching": {"match_unit": 8}}
+    assert registry.resolve(_contract(v), None, NOW)["serve"]["prefix_match_unit"] == 8
+    v["sparkspec_levers"] = {"prefix_caching": False}
+    del v["sparkspec_serve"]["enable_prefix_caching"]
+    off = registry.resolve(_contract(v), None, NOW)["serve"]
+    assert (off["enable_prefix_caching"], off["prefix_match_unit"]) == (False, 8)
     assert registry.resolve(_contract(_vars("spark02")), None, NOW)["serve"]["enable_prefix_caching"] is True
 
 

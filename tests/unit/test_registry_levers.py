@@ -158,19 +158,23 @@ def test_compare_rows_with_levers_get_their_own_baseline() -> None:
     assert [(r.name, r.added) for r in rows] == [
         ("baseline@p", False), ("mtp@p", False), ("baseline+int8_lm_head@p", True),
         ("mtp+int8_lm_head@p", False)]
-    assert compare_plan.lever_vars(rows[3]) == {"sparkspec_levers": {"int8_lm_head": {"enabled": True}}}
-    assert compare_plan.lever_vars(rows[0]) == {"sparkspec_levers": {"int8_lm_head": {"enabled": False}}}
+    assert compare_plan.lever_vars(rows[3]) == {"sparkspec_levers": {"int8_lm_head": {"enabled": True},
+                                                                      "prefix_caching": {"enabled": False}}}
+    assert compare_plan.lever_vars(rows[0]) == {"sparkspec_levers": {"int8_lm_head": {"enabled": False},
+                                                                      "prefix_caching": {"enabled": False}}}
 
 
 def test_a_rows_levers_keep_the_hosts_own_options() -> None:
     """A compare or tune row turns levers on or off; the options the host's own block gives stay."""
     host = {"int8_lm_head": {"min_vocab": 50000}}
     block = levers.exact_block(["int8_lm_head"], host)
-    assert block == {"int8_lm_head": {"min_vocab": 50000, "enabled": True}}
+    assert block == {"int8_lm_head": {"min_vocab": 50000, "enabled": True},
+                     "prefix_caching": {"enabled": False}}
     resolved = registry.resolve(_contract(levers=block))
     assert resolved["levers"] == {"int8_lm_head": {"min_vocab": 50000}}
-    assert levers.exact_block([], host) == {"int8_lm_head": {"min_vocab": 50000, "enabled": False}}
-    assert levers.exact_block(["int8_lm_head"], None) == {"int8_lm_head": {"enabled": True}}
+    assert levers.exact_block([], host)["int8_lm_head"] == {"min_vocab": 50000, "enabled": False}
+    assert levers.exact_block(["prefix_caching"], None) == {"int8_lm_head": {"enabled": False},
+                                                            "prefix_caching": {"enabled": True}}
 
 
 @pytest.mark.parametrize(("methods", "message"), [
@@ -198,7 +202,9 @@ def test_the_plugin_knows_the_registrys_levers() -> None:
     finally:
         sys.path.remove(str(src))
     assert sparkspec_levers.ENV == registry.LEVERS_ENV
-    assert sparkspec_levers.LEVERS == {lever: e["options"] for lever, e in registry.LEVERS.items()}
+    # the plugin carries the plugin levers only; the serve levers become flags (registry.levers.serve_values)
+    assert sparkspec_levers.LEVERS == {lever: e["options"] for lever, e in registry.LEVERS.items()
+                                       if "serve" not in e}
     plugin = (src / "sparkspec_levers" / "plugin.py").read_text()   # imports vLLM: read, not imported
     assigns = {getattr(node.targets[0], "id", ""): node.value for node in ast.parse(plugin).body
                if isinstance(node, ast.Assign)}
@@ -238,3 +244,18 @@ def test_the_plugin_folder_check(tmp_path: Path) -> None:
     assert rc == 1 and line.endswith("No such file or directory")
     assert check(tmp_path / "none") == (1, f"{tmp_path / 'none'}: 0 sparkspec_levers dist-info RECORDs, "
                                            "expected 1")
+
+
+def test_a_serve_lever_sets_flags_and_no_plugin() -> None:
+    """prefix_caching is flags on vLLM's command line: no SPARKSPEC_LEVERS, no plugin; the record keeps it
+    (status, the memory guard's key); its match unit is one of the divisors of 16."""
+    resolved = registry.resolve(_contract(levers={"prefix_caching": {"match_unit": 8}}))
+    assert resolved["plugin_levers"] == [] and resolved["levers"] == {"prefix_caching": {"match_unit": 8}}
+    command = _command(resolved)
+    args = command["args"]
+    assert "--enable-prefix-caching" in args and args[args.index("--prefix-match-unit") + 1] == "8"
+    assert registry.LEVERS_ENV not in command["env"]
+    assert command["record"]["levers"] == {"prefix_caching": {"match_unit": 8}}
+    with pytest.raises(UserError, match=r"^sparkspec_levers\.prefix_caching\.match_unit: 12 is not one of "
+                                        r"1, 2, 4, 8, 16 \(docs/methods\.md#levers\); fix it$"):
+        registry.resolve(_contract(levers={"prefix_caching": {"match_unit": 12}}))

@@ -157,3 +157,20 @@ def test_status_shows_the_levers_of_the_record() -> None:
     console.print(status.table([on]))
     row = next(line for line in console.export_text().splitlines() if "spark01" in line)
     assert "int8_lm_head" in row
+
+
+def test_status_shows_headless_mode_and_what_it_freed() -> None:
+    from rich.console import Console
+
+    record = {"previous_default": "graphical.target", "display_manager": "gdm3.service",
+              "display_manager_was_active": True, "freed_bytes": 12 * 2**30}
+    on = status._status("spark01", "u", {**_probe({"method": "mtp"}), "headless": record})
+    quiet = status._status("spark02", "u", {**_probe({"method": "mtp"}),
+                                            "headless": {**record, "freed_bytes": None}})
+    off = status._status("spark03", "u", {**_probe({"method": "mtp"}), "headless": ["not", "a", "record"]})
+    assert on.headless == record and off.headless is None
+    console = Console(record=True, width=300)
+    console.print(status.table([on, quiet, off]))
+    rows = {line.split()[1]: line for line in console.export_text().splitlines() if "spark0" in line}
+    assert "on (freed +12.0 GiB)" in rows["spark01"]
+    assert "on (nothing to stop)" in rows["spark02"] and rows["spark03"].rstrip(" │|").endswith("off")

@@ -106,7 +106,8 @@ def test_registry_values_are_cited_not_copied() -> None:
     assert {f"CLUSTER_DEFAULTS.{k}" for k in registry.CLUSTER_DEFAULTS} | {"GPUS_PER_SPARK"} <= cited
     assert "BUILTIN_METHODS.*.verify.min_tok_s" in cited
     for lever, entry in registry.LEVERS.items():   # every value a lever acts on
-        keys = [f"options.{o}" for o in entry["options"]] + ["vllm", "head_dtypes", "marker"]
+        keys = [f"options.{o}" for o in entry["options"]] + [k for k in ("vllm", "head_dtypes", "marker",
+                                                                          "choices", "serve") if k in entry]
         missing = {f"LEVERS.{lever}.{k}" for k in keys} - cited
         assert not missing, f"lever {lever} cites no source for {sorted(missing)}"
     # no built-in method fixes a drafter backend: DFlash's comes from the install mode (DFLASH_BACKENDS)

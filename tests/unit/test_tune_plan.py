@@ -254,7 +254,8 @@ def test_extra_vars_of_a_drafting_deploy_row() -> None:
     assert host == {"mtp": 2, "ngram": 5}                                         # the host's left as it was
     assert extra == {
         "sparkspec_profile": "sim-tiny", "sparkspec_num_speculative_tokens": {"mtp": 2, "ngram": 3},
-        "sparkspec_levers": {"int8_lm_head": {"enabled": True}},   # the tuned method's levers, exactly
+        # the tuned method's levers, exactly
+        "sparkspec_levers": {"int8_lm_head": {"enabled": True}, "prefix_caching": {"enabled": False}},
         "verify_report_name": "ngram-k3-c1", "verify_reports_dir": "/r", "verify_enforce_floors": False,
         "verify_concurrency": 1, "verify_temperature": 0.6, "verify_enable_thinking": True,
         "verify_prompts_file": "", "verify_suite": "open", "verify_requests": 30,
@@ -266,7 +267,9 @@ def test_extra_vars_of_baseline_and_verify_only_rows() -> None:
     load = Workload()
     base = plan.extra_vars(Row("ngram", 0, 1, True), "p", host, load, "/r")
     assert base["sparkspec_num_speculative_tokens"] == {"mtp": 2}   # no k 0 written for baseline
-    assert base["sparkspec_levers"] == {"int8_lm_head": {"enabled": False}}   # the method's levers: none
+    # the method's levers: none
+    assert base["sparkspec_levers"] == {"int8_lm_head": {"enabled": False},
+                                        "prefix_caching": {"enabled": False}}
     assert (base["verify_rerecord_reference"], base["verify_lossless"]) == (True, True)
     assert base["verify_report_name"] == "baseline-k0-c1"
     assert "verify_max_tokens" not in base   # None: the verify role's own

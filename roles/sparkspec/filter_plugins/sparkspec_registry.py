@@ -123,7 +123,7 @@ def lever_markers(resolved: Mapping[str, Any]) -> list[str]:
     """The journal line each lever on logs once it applied to the target model, as a regular expression (a
     drafter's own head logs the same words with " in the draft model (...)" after them: not matched)."""
     return [re.escape(registry.LEVERS[lever]["marker"]) + r" \(\[\d+, \d+\], saved \d+ MB\)\s*$"
-            for lever in resolved.get("levers") or {}]
+            for lever in resolved.get("levers") or {} if "marker" in registry.LEVERS[lever]]
 
 
 class FilterModule:

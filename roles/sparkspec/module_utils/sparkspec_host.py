@@ -27,8 +27,9 @@ ways in:
   ``record`` and ``desired`` (/etc/sparkspec/UNIT.json and UNIT.desired.json; {error} when unreadable),
   ``health`` (/health's status code, asked on the host) and ``health_error``, ``mem_available`` and ``rss``
   (bytes: the host's available memory, the RSS of the unit's processes), ``memfit`` (the memory guard's newest
-  record under STATE/memfit for the unit's profile, method and k, or null) and ``watchdog`` (the
-  ActiveState of UNIT-watchdog.service, null when there is none).
+  record under STATE/memfit for the unit's profile, method and k, or null), ``watchdog`` (the
+  ActiveState of UNIT-watchdog.service, null when there is none) and ``headless`` (STATE/headless.json, the
+  headless role's record, or null).
 
   ``toolchain CUDA_HOME PATH...`` (vllm_build's guards): ``cuda`` (nvcc's release), ``nvcc``, ``ptxas``,
   ``cuobjdump`` (they exist), ``mem_available_gb``, ``free_disk_gb`` (at the nearest existing folder of each
@@ -279,7 +280,8 @@ def probe_status(args):
             "health": health, "health_error": health_error, "mem_available": mem_available(),
             "rss": _unit_rss(group) if group else None,
             "memfit": _memfit(os.path.join(state, "memfit"), record) if state else None,
-            "watchdog": None if watchdog.get("LoadState") != "loaded" else watchdog.get("ActiveState")}
+            "watchdog": None if watchdog.get("LoadState") != "loaded" else watchdog.get("ActiveState"),
+            "headless": read_json(os.path.join(state, "headless.json")) if state else None}
 
 
 def _memfit(folder, record):

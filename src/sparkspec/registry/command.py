@@ -83,7 +83,7 @@ def vllm_command(resolved: Mapping[str, Any], service: Mapping[str, Any],
             record["url"] = ""
     env: dict[str, Any] = {name: 1 for name in BASE_ENV}
     env.update(HF_HOME=f"/var/lib/{service['user']}/.cache/huggingface", SPARKSPEC_PROFILE=profile["name"])
-    if levers:
+    if env_value(levers):
         env[LEVERS_ENV] = env_value(levers)
     if cluster:
         env.update(cluster["env"])

@@ -76,6 +76,8 @@ SERVE: MappingProxyType[str, tuple[Any, str, str]] = MappingProxyType({
     "enable_chunked_prefill": (True, "switch", "flag"),
     # None: off for hybrid profiles (Gated-DeltaNet layers)
     "enable_prefix_caching": (None, "switch", "flag_or_null"),
+    # None: vLLM's own (the GCD of the KV groups' block sizes; vllm/config/cache.py:90)
+    "prefix_match_unit": (None, "value", "count"),
     "tool_call_parser": ("qwen3_coder", "tool", "name"),
     "reasoning_parser": ("qwen3", "value", "name"),
     # no torch.compile and no CUDA graphs (slower decode, faster start)
@@ -171,11 +173,12 @@ SECRET_HOMES: MappingProxyType[str, str] = MappingProxyType({
 })
 
 # Levers: switches that change how vLLM serves a method without changing the method (docs/methods.md#levers).
-# Each names what it does, its options and their defaults, the vLLM releases whose code its hooks were read
-# against (a release not listed is refused before any download), and the model heads it can take (checked
-# against the checkpoint's config.json before the unit changes). The sparkspec-levers vLLM plugin (levers/)
-# carries them; the deploy installs it into the vLLM venv when a lever is on and the unit's environment names
-# the levers (SPARKSPEC_LEVERS). docs/spark-facts.md cites each value.
+# Each names what it does, its options and their defaults, and the vLLM releases whose code it was read
+# against (a release not listed is refused before any download). A plugin lever (int8_lm_head) is carried by
+# the sparkspec-levers vLLM plugin (levers/; the unit's environment names it in SPARKSPEC_LEVERS), names the
+# heads it can take (checked against the checkpoint's config.json before the unit changes) and the journal
+# line it logs. A serve lever sets serve knobs (`serve`: knob to a value, or to "<option>" for one of its
+# options), over every other setting of them. docs/spark-facts.md cites each value.
 LEVERS: MappingProxyType[str, dict[str, Any]] = MappingProxyType({
     "int8_lm_head": {
         "summary": "the LM head's weights in INT8 with one scale per vocabulary row, read by a Triton GEMV "
@@ -184,6 +187,16 @@ LEVERS: MappingProxyType[str, dict[str, Any]] = MappingProxyType({
         "vllm": ("0.32.0",),
         "head_dtypes": ("bfloat16", "float16"),
         "marker": "sparkspec_levers: LM head -> INT8",
+    },
+    "prefix_caching": {
+        "summary": "prefix caching on, speculation or not, hits every match_unit tokens (hybrid profiles "
+                   "included: vLLM 0.32.0 aligns the Gated-DeltaNet state itself)",
+        "options": {"match_unit": 16},
+        # vLLM refuses a unit that does not divide every KV group's block (v1/core/kv_cache_utils.py:879-886);
+        # the 122B's blocks are multiples of 16 at every k (tests/unit/test_vllm_kv_layout.py)
+        "choices": {"match_unit": (1, 2, 4, 8, 16)},
+        "vllm": ("0.32.0",),
+        "serve": {"enable_prefix_caching": True, "prefix_match_unit": "<match_unit>"},
     },
 })
 # The unit's environment variable that turns levers on in the plugin (compact JSON: lever to options).

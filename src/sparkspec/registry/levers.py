@@ -30,6 +30,11 @@ def _setting(lever: str, value: Any, where: str) -> dict[str, Any]:
             out["enabled"] = setting
         elif option in defaults:
             out[option] = fields.integer(setting, f"{where}.{option}", 0, MAX_INT, "give an integer >= 0")
+            choices = LEVERS[lever].get("choices", {}).get(option)
+            if choices and out[option] not in choices:
+                allowed = ", ".join(map(str, choices))
+                raise fail(f"{where}.{option}", f"{show(setting)} is not one of {allowed} "
+                                                "(docs/methods.md#levers); fix it")
         else:
             raise fail(f"{where}.{key(option)}", f"not an option of lever {lever}; use enabled"
                                                  f"{''.join(', ' + o for o in defaults)}")
@@ -82,12 +87,28 @@ def exact_block(on: Iterable[str], host: Any = None) -> dict[str, dict[str, Any]
                     "enabled": lever in wanted} for lever in LEVERS}
 
 
+def plugin_levers(levers: Iterable[str]) -> list[str]:
+    """The levers the sparkspec-levers plugin carries (those without ``serve``), in order."""
+    return [lever for lever in levers if "serve" not in LEVERS[lever]]
+
+
+def serve_values(levers: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """The serve knobs the serve levers on set, an option's value where they name one (``"<option>"``)."""
+    out: dict[str, Any] = {}
+    for lever, options in levers.items():
+        for knob, value in LEVERS[lever].get("serve", {}).items():
+            named = isinstance(value, str) and value.startswith("<") and value.endswith(">")
+            out[knob] = options[value[1:-1]] if named else value
+    return out
+
+
 def env_value(levers: Mapping[str, Mapping[str, Any]]) -> str:
-    """What the unit's SPARKSPEC_LEVERS carries: compact JSON of lever to options ("" with none on)."""
-    if not levers:
+    """What the unit's SPARKSPEC_LEVERS carries: compact JSON of each plugin lever on to its options (""
+    with none on)."""
+    mine = plugin_levers(sorted(levers))
+    if not mine:
         return ""
-    return json.dumps({lever: dict(levers[lever]) for lever in sorted(levers)}, separators=(",", ":"),
-                      sort_keys=True)
+    return json.dumps({lever: dict(levers[lever]) for lever in mine}, separators=(",", ":"), sort_keys=True)
 
 
 def release_problems(levers: Iterable[str], release: str) -> list[str]:

@@ -29,7 +29,7 @@ from sparkspec.registry.data import (
     VERIFY_DEFAULTS,
 )
 from sparkspec.registry.fields import key, show
-from sparkspec.registry.levers import check_levers, merge_levers
+from sparkspec.registry.levers import check_levers, merge_levers, plugin_levers, serve_values
 from sparkspec.registry.schema import (
     _fail,
     _mapping,
@@ -160,7 +160,7 @@ def resolve(contract: Mapping[str, Any], record: Mapping[str, Any] | None = None
     host_verify = check_verify(contract.get("verify"), "sparkspec_verify")
     levers = merge_levers(profile["levers"], method["levers"],
                           check_levers(contract.get("levers"), "sparkspec_levers"))
-    serve = _merge(SERVE_DEFAULTS, profile["serve"], method["serve"], host_serve)
+    serve = {**_merge(SERVE_DEFAULTS, profile["serve"], method["serve"], host_serve), **serve_values(levers)}
     # the default: off for hybrid profiles (Gated-DeltaNet layers)
     if serve["enable_prefix_caching"] is None:
         serve["enable_prefix_caching"] = profile["kind"] != "hybrid"
@@ -168,12 +168,13 @@ def resolve(contract: Mapping[str, Any], record: Mapping[str, Any] | None = None
     placed = resolve_cluster(contract.get("cluster"), where.get("members") or {}, str(where.get("me", "")),
                              speculative=spec["method"] if spec is not None else None,
                              accelerator=str(where.get("accelerator", "gb10")))
-    if levers and placed is not None and (placed["ray"] is not None or placed["pipeline_parallel_size"] > 1):
+    plugin = plugin_levers(levers)
+    if plugin and placed is not None and (placed["ray"] is not None or placed["pipeline_parallel_size"] > 1):
         # Ray: vLLM's Ray workers run in Ray's processes, without the unit's environment (SPARKSPEC_LEVERS);
         # pipeline parallel: the LM head lives on the last stage, whose journal the head's deploy never reads
         why = ("vLLM's Ray workers do not get the unit's environment" if placed["ray"] is not None else
                "the LM head lives on the last pipeline stage, not on the head")
-        raise _fail("sparkspec_levers", f"{', '.join(levers)} cannot apply on this cluster ({why}); serve it "
+        raise _fail("sparkspec_levers", f"{', '.join(plugin)} cannot apply on this cluster ({why}); serve it "
                     "with backend mp and tensor parallel only, or turn the levers off (sparkspec_levers: "
                     "{LEVER: false})")
     floors = {m: _merge(VERIFY_DEFAULTS, profile["verify"], c["verify"],
@@ -183,7 +184,7 @@ def resolve(contract: Mapping[str, Any], record: Mapping[str, Any] | None = None
             "desired": {"action": chosen["action"], "record": chosen["record"],
                         "previous": dict(record) if isinstance(record, Mapping) else None},
             "methods": list(methods), "head": method["head"], "serve": serve, "speculative_config": spec,
-            "k_source": k_source, "levers": levers,
+            "k_source": k_source, "levers": levers, "plugin_levers": plugin,
             "head_kind": spec["method"] if spec is not None and spec["method"] in HEAD_KINDS else None,
             "verify": floors[name], "floors": floors,
             "venv": method["vllm_venv"] or profile["vllm_venv"] or contract["vllm_venv"],

@@ -1,6 +1,7 @@
 """Headless mode on the simulated Spark's systemd: a display manager stand-in holding 2 GiB is stopped and the
 default target set to multi-user (the freed MemAvailable measured, `invoke status` shows it, a second run
-changes nothing), then put back; a host without the target is refused in one line, nothing changed."""
+changes nothing), then put back; a host without the target, and a record sparkspec did not write, are refused
+in one line, nothing changed."""
 
 from __future__ import annotations
 
@@ -68,8 +69,18 @@ def test_headless_on_measured_shown_and_put_back(provisioned, desktop):
     assert ssh(sim, "systemctl get-default") == "graphical.target"
     assert ssh(sim, "systemctl is-active display-manager.service") == "active"
     assert ssh(sim, "test -e /opt/sparkspec/state/headless.json || echo none") == "none"
+    # a record that names a unit systemctl would take as an option (or anything sparkspec did not write)
+    hostile = json.dumps({"previous_default": "--now.target", "display_manager": None,
+                          "display_manager_was_active": True})
+    ssh(sim, f"mkdir -p /opt/sparkspec/state && echo '{hostile}' > /opt/sparkspec/state/headless.json")
+    refused = provision(headless=False)
+    assert refused.returncode != 0
+    assert ("/opt/sparkspec/state/headless.json is not a headless record sparkspec wrote; remove it after "
+            "checking") in refused.stdout, refused.stdout[-3000:]
+    assert ssh(sim, "systemctl get-default") == "graphical.target"
+    ssh(sim, "rm /opt/sparkspec/state/headless.json")
 
-    on = provision(headless=True)
+    on = provision(headless=True, headless_settle_s=3)
     assert on.returncode == 0, on.stdout[-3000:] + on.stderr
     assert ssh(sim, "systemctl get-default") == "multi-user.target"
     assert ssh(sim, "systemctl is-active display-manager.service") == "inactive"
@@ -83,7 +94,7 @@ def test_headless_on_measured_shown_and_put_back(provisioned, desktop):
     status = run_cli(f"{BIN}/invoke", "status", "--host", "sim01", "--json", timeout=120)
     assert status.returncode == 0, status.stderr
     assert json.loads(status.stdout)[0]["headless"]["freed_bytes"] == record["freed_bytes"]
-    again = provision(headless=True)
+    again = provision(headless=True, headless_settle_s=3)
     assert again.returncode == 0 and changed(again) == 0, again.stdout[-3000:]
 
     off = provision(headless=False)

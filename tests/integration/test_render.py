@@ -136,14 +136,12 @@ def _methods_with(method: str, spec: dict) -> dict:
     ("method", "spec", "expected"),
     [
         ("ngram", {"method": "ngram", "num_speculative_tokens": 0}, "set it to an integer k > 0"),
-        ("dflash", {"method": "dflash", "num_speculative_tokens": 16},
-         "k 16 does not fit the DFlash drafter's block (block_size 16: the bonus token and k drafts); "
-         "set k <= 15"),
+        ("mtp", {"method": "mtp", "num_speculative_tokens": -2}, "set it to an integer k > 0"),
         ("ngram",
          {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 6, "prompt_lookup_max": 3},
          "prompt_lookup_min=6 must be <= prompt_lookup_max=3"),
     ],
-    ids=["k-zero", "dflash-k-past-the-block", "lookup-min-above-max"],
+    ids=["k-zero", "k-negative", "lookup-min-above-max"],
 )
 def test_bad_method_config_is_refused(tmp_path, method, spec, expected):
     result = _render_with_vars(method, tmp_path, _methods_with(method, spec))

@@ -289,6 +289,16 @@ def test_dflash_drafter_backend_follows_the_install_mode(mode, backend):
         _dflash("pip")
 
 
+def test_a_dflash_method_in_a_venv_of_its_own_drafts_with_flashinfer():
+    """A method's own vllm_venv is a vLLM the install mode did not build: its drafter takes the backend that
+    runs on any build (FLASHINFER), not the source build's FLASH_ATTN."""
+    v = _vars("spark01", sparkspec_method_switch="dflash")
+    v["sparkspec_methods"] = {"dflash": {**DFLASH, "vllm_venv": "/opt/other-vllm"}}
+    resolved = registry.resolve(_contract(v), None, NOW, (), {"install_mode": "source"})
+    assert (resolved["venv"], resolved["speculative_config"]["attention_backend"]) == ("/opt/other-vllm",
+                                                                                      "FLASHINFER")
+
+
 def test_a_dflash_method_with_its_own_backend_keeps_it():
     mine = {**DFLASH,
             "speculative_config": {**DFLASH["speculative_config"], "attention_backend": "TRITON_ATTN"}}
@@ -315,21 +325,14 @@ def test_dflash_k_follows_the_pinned_drafter(revision, k, source):
         7, "sparkspec_num_speculative_tokens")
 
 
-@pytest.mark.parametrize("where", ["method", "tuned"])
-def test_a_dflash_k_past_the_block_is_refused(where):
-    line = (r"k 16 does not fit the DFlash drafter's block \(block_size 16: the bonus token and k drafts\); "
-            r"set k <= 15$")
-    if where == "method":
-        spec = {**DFLASH["speculative_config"], "num_speculative_tokens": 16}
-        mine = {**DFLASH, "speculative_config": spec}
-        with pytest.raises(UserError, match=r"^sparkspec_methods\.x\.speculative_config\."
-                           r"num_speculative_tokens: " + line):
-            registry.check_method("x", mine)
-        registry.check_method("x", {**DFLASH, "speculative_config": {**DFLASH["speculative_config"],
-                                                                      "num_speculative_tokens": 15}})
-    else:
-        with pytest.raises(UserError, match=r"^sparkspec_num_speculative_tokens\.dflash: " + line):
-            _dflash("wheel", sparkspec_num_speculative_tokens={"dflash": 16})
+def test_a_dflash_k_is_checked_against_the_heads_own_block():
+    """A k the owner sets is not capped at z-lab's block here: the deploy checks it against the fetched head's
+    own dflash_config.block_size (sparkspec checkpoint check-head --k, tests/unit/test_heads.py), before
+    anything changes; the registry's own k fits z-lab's block (tests/unit/test_spark_facts.py)."""
+    resolved = _dflash("wheel", sparkspec_num_speculative_tokens={"dflash": 20})
+    assert resolved["speculative_config"]["num_speculative_tokens"] == 20
+    validate = (ROOT / "roles/deploy/tasks/validate_head.yml").read_text()
+    assert '--k, "{{ _deploy_spec.num_speculative_tokens }}"' in validate
 
 
 def test_pinned_revisions_are_required_where_asked():

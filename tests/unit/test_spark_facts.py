@@ -114,7 +114,7 @@ def test_registry_values_are_cited_not_copied() -> None:
     backends = {m["speculative_config"].get("attention_backend") for m in registry.BUILTIN_METHODS.values()
                 if m["speculative_config"]} - {None}
     assert not backends
-    assert {"DFLASH_BACKENDS", "DFLASH_REVISIONS", "DFLASH_BLOCK_SIZE"} <= cited
+    assert {"DFLASH_BACKENDS", "DFLASH_REVISIONS"} <= cited
     text = facts_file.FACTS_FILE.read_text()
     assert "value: {ngram: 4" not in text and "value: 262144" not in text     # cited, never copied
 

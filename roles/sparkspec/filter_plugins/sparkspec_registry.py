@@ -119,6 +119,12 @@ def lever_release_problems(resolved: Mapping[str, Any], release: str) -> list[st
     return levers.release_problems(resolved.get("levers") or {}, str(release or ""))
 
 
+def drafting(spec: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """What of a speculative_config every node of a cluster must agree on: all but the draft model's local
+    folder (a node's own path)."""
+    return None if spec is None else {k: v for k, v in spec.items() if k != "model"}
+
+
 def lever_markers(resolved: Mapping[str, Any]) -> list[str]:
     """The journal line each lever on logs once it applied to the target model, as a regular expression (a
     drafter's own head logs the same words with " in the draft model (...)" after them: not matched)."""
@@ -135,4 +141,5 @@ class FilterModule:
                 "sparkspec_cluster_layout_problems": cluster_layout_problems,
                 "sparkspec_lever_head_problems": lever_head_problems,
                 "sparkspec_lever_release_problems": lever_release_problems,
-                "sparkspec_lever_markers": lever_markers}
+                "sparkspec_lever_markers": lever_markers,
+                "sparkspec_drafting": drafting}

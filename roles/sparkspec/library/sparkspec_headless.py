@@ -34,27 +34,39 @@ author: sparkspec
 
 RETURN = r"""
 record: {description: the record (null once absent), type: dict, returned: always}
+note: {description: what absent could not put back (a display manager uninstalled since), type: str,
+       returned: when state is absent}
 """
 
 DM = "display-manager.service"
-UNIT = re.compile(r"[A-Za-z0-9@._-]{1,200}\.(target|service)")
+NAME = r"[A-Za-z0-9][A-Za-z0-9@._-]{0,199}"
+TARGET, SERVICE = re.compile(NAME + r"\.target"), re.compile(NAME + r"\.service")
 
 
 def _systemctl(module: AnsibleModule, *args: str) -> str:
-    result = subprocess.run(["systemctl", *args], capture_output=True, text=True, check=False)
-    if result.returncode != 0 and args[0] != "get-default":
+    """systemctl ARGS (unit names after --, never read as options); a failure stops the module."""
+    verb, units = args[0], args[1:]
+    result = subprocess.run(["systemctl", verb, "--", *units], capture_output=True, text=True, check=False)
+    if result.returncode != 0:
         module.fail_json(msg=f"systemctl {' '.join(args)}: {result.stderr.strip() or result.returncode}")
     return result.stdout.strip()
 
 
+def _write(path: str, record: dict[str, Any]) -> None:
+    atomic_write(path, (json.dumps(record, indent=1, sort_keys=True) + "\n").encode(), mode=0o644)
+
+
 def _record(module: AnsibleModule, path: str) -> dict[str, Any] | None:
-    """The record left by an earlier run, checked: every unit name it holds is a plain unit name."""
+    """The record an earlier run wrote, checked: a target to go back to, a display manager service (or
+    none) and whether it ran."""
     if not os.path.lexists(path):
         return None
     doc = read_json(path) if os.path.isfile(path) and not os.path.islink(path) else None
-    names = ([doc.get("previous_default"), doc.get("display_manager") or "x.service"]
-             if isinstance(doc, dict) else [])
-    if not names or not all(isinstance(n, str) and UNIT.fullmatch(n) for n in names):
+    if not (isinstance(doc, dict) and isinstance(doc.get("previous_default"), str)
+            and TARGET.fullmatch(doc["previous_default"])
+            and (doc.get("display_manager") is None
+                 or isinstance(doc["display_manager"], str) and SERVICE.fullmatch(doc["display_manager"]))
+            and isinstance(doc.get("display_manager_was_active"), bool)):
         module.fail_json(msg=f"{path} is not a headless record sparkspec wrote; remove it after checking the "
                              "host's default target (systemctl get-default) and display manager")
     return doc
@@ -64,17 +76,18 @@ def present(module: AnsibleModule, record: dict[str, Any] | None) -> dict[str, A
     p = module.params
     default = _systemctl(module, "get-default")
     dm = systemd_show(DM, ["Id", "LoadState", "ActiveState"])
-    running = dm.get("LoadState") == "loaded" and dm.get("ActiveState") in ("active", "activating",
-                                                                            "reloading")
-    if record is None:
-        record = {"previous_default": default if UNIT.fullmatch(default) else "graphical.target",
-                  "display_manager": dm.get("Id") if dm.get("LoadState") == "loaded" else None,
-                  "display_manager_was_active": running, "freed_bytes": None}
+    loaded = dm.get("LoadState") == "loaded" and bool(SERVICE.fullmatch(dm.get("Id", "")))
+    running = loaded and dm.get("ActiveState") in ("active", "activating", "reloading")
+    if record is None:   # what is there now, to put back
+        record = {"previous_default": default if TARGET.fullmatch(default) else "graphical.target",
+                  "display_manager": dm["Id"] if loaded else None, "display_manager_was_active": running,
+                  "freed_bytes": None}
     todo = (["set-default"] if default != p["target"] else []) + (["stop"] if running else [])
     if not todo and os.path.exists(p["record"]):
         return {"changed": False, "record": record}
     if module.check_mode:
         return {"changed": True, "record": record}
+    _write(p["record"], record)   # first: a failure below still leaves what to put back
     before = mem_available()
     if "set-default" in todo:
         _systemctl(module, "set-default", p["target"])
@@ -85,20 +98,24 @@ def present(module: AnsibleModule, record: dict[str, Any] | None) -> dict[str, A
         if before is not None and after is not None:
             record.update(mem_available_before=before, mem_available_after=after, freed_bytes=after - before,
                           measured_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-    atomic_write(p["record"], (json.dumps(record, indent=1, sort_keys=True) + "\n").encode(), mode=0o644)
+        _write(p["record"], record)
     return {"changed": True, "record": record}
 
 
 def absent(module: AnsibleModule, record: dict[str, Any] | None) -> dict[str, Any]:
     if record is None:
-        return {"changed": False, "record": None}
+        return {"changed": False, "record": None, "note": ""}
+    note = ""
     if not module.check_mode:
         if _systemctl(module, "get-default") != record["previous_default"]:
             _systemctl(module, "set-default", record["previous_default"])
-        if record.get("display_manager_was_active"):
-            _systemctl(module, "start", DM)
+        if record["display_manager_was_active"]:
+            if systemd_show(DM, ["LoadState"]).get("LoadState") == "loaded":
+                _systemctl(module, "start", DM)
+            else:
+                note = f"{record['display_manager']} is no longer installed: not started"
         os.unlink(module.params["record"])
-    return {"changed": True, "record": None}
+    return {"changed": True, "record": None, "note": note}
 
 
 def main() -> None:
@@ -108,12 +125,14 @@ def main() -> None:
         "record": {"type": "path", "required": True},
         "settle_s": {"type": "float", "default": 5.0},
     }, supports_check_mode=True)
-    target = module.params["target"]
-    if not UNIT.fullmatch(target) or not target.endswith(".target"):
+    target, settle = module.params["target"], module.params["settle_s"]
+    if not TARGET.fullmatch(target):
         module.fail_json(msg=f"headless_target {target!r} is not a systemd target name (e.g. "
                              "multi-user.target)")
+    if not 0 <= settle <= 600:
+        module.fail_json(msg=f"headless_settle_s {settle!r} is not a number of seconds from 0 to 600")
     loaded = systemd_show(target, ["LoadState"]).get("LoadState")
-    if loaded != "loaded":
+    if module.params["state"] == "present" and loaded != "loaded":
         module.fail_json(msg=f"sparkspec_headless: this host's systemd has no {target} (LoadState "
                              f"{loaded or 'unknown'}), so it cannot boot headless; set sparkspec_headless: "
                              "false")

@@ -45,9 +45,6 @@ DFLASH_REVISIONS: MappingProxyType[str, MappingProxyType[str, Any]] = MappingPro
     "2274357": MappingProxyType({"date": "2026-06-19", "layers": 6, "window": 4096, "k": 12}),
     "6c7242c": MappingProxyType({"date": "2026-04", "layers": 4, "window": 2048, "k": 5}),
 })
-# dflash_config.block_size of z-lab's drafters: a step's bonus token and its k drafts fill one block, so
-# k <= block_size - 1 (vllm/config/speculative.py:1909-1911). The drafter's own config.json wins at deploy.
-DFLASH_BLOCK_SIZE = 16
 # The drafter's attention backend by vllm_install_mode: a sm_121a source build has FlashAttention's
 # non-causal path compiled for GB10 (the fastest published stack pins FLASH_ATTN); the index's wheel carries
 # FA2 as sm_80 + PTX only and its non-causal path device-asserts on GB10 (#50707), so wheel and existing

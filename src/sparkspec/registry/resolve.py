@@ -145,9 +145,12 @@ def resolve(contract: Mapping[str, Any], record: Mapping[str, Any] | None = None
         f"sparkspec_methods.{name}" if name in (contract.get("methods") or {}) else f"registry ({name})")
     if name in tuned:
         spec = {**spec, "num_speculative_tokens": tuned[name]}
+    venv = method["vllm_venv"] or profile["vllm_venv"] or contract["vllm_venv"]
     if spec is not None and spec["method"] == "dflash":
-        spec, k_source = _dflash(spec, k_source, profile["heads"].get(method["head"] or ""),
-                                 str((cluster or {}).get("install_mode") or "existing"))
+        # the install mode built the contract's venv only: another venv is a vLLM sparkspec did not make
+        mode = str((cluster or {}).get("install_mode") or "existing") if venv == contract["vllm_venv"] \
+            else "existing"
+        spec, k_source = _dflash(spec, k_source, profile["heads"].get(method["head"] or ""), mode)
     if method["head"] is not None:
         if method["head"] not in profile["heads"]:
             raise _fail(f"sparkspec_methods.{name}.head", f"method {name} needs a {method['head']} head, and "
@@ -187,7 +190,7 @@ def resolve(contract: Mapping[str, Any], record: Mapping[str, Any] | None = None
             "k_source": k_source, "levers": levers, "plugin_levers": plugin,
             "head_kind": spec["method"] if spec is not None and spec["method"] in HEAD_KINDS else None,
             "verify": floors[name], "floors": floors,
-            "venv": method["vllm_venv"] or profile["vllm_venv"] or contract["vllm_venv"],
+            "venv": venv,
             "profile": profile, "staged": staged, "disk_gb": sum(p["disk_gb"] for p in staged),
             "cluster": placed}
 

@@ -16,7 +16,6 @@ from sparkspec.errors import UserError
 from sparkspec.registry.data import (
     CONTRACT_FOLDERS,
     CONTRACT_KEYS,
-    DFLASH_BLOCK_SIZE,
     KNOBS,
     SERVE_KINDS,
     VERIFY_KEYS,
@@ -144,8 +143,6 @@ def _spec(spec: Any, where: str, head: Any) -> dict[str, Any]:
         if low is not None and high is not None and low > high:
             raise _fail(where, f"prompt_lookup_min={low} must be <= prompt_lookup_max={high} (both integers, "
                                "default 5); fix them")
-    if checked["method"] == "dflash":
-        dflash_k(checked["num_speculative_tokens"], f"{where}.num_speculative_tokens")
     if head is not None and "model" in checked:
         raise _fail(f"{where}.model", "the method's head is the draft model (its folder becomes model); drop "
                                       "model, or drop head")
@@ -279,8 +276,6 @@ def check_tuned_k(value: Any, methods: Mapping[str, Mapping[str, Any]]) -> dict[
             raise _fail(f"{where}.{method}", f"method {method} drafts nothing (no speculative_config), so "
                                              "it has no k; remove the entry")
         fields.spec_value("num_speculative_tokens", k, f"{where}.{method}")
-        if methods[method]["speculative_config"]["method"] == "dflash":
-            dflash_k(k, f"{where}.{method}")
     return dict(block)
 
 
@@ -293,14 +288,6 @@ def check_pinned(profile: Mapping[str, Any], where: str) -> None:
             raise _fail(f"{where}.{part}.revision", f"{show(src['revision'])} is not a full commit id, and "
                         "sparkspec_require_pinned_revisions asks for one; pin the 40-character id (docs/"
                         "methods.md: Pinning revisions) or turn sparkspec_require_pinned_revisions off")
-
-
-def dflash_k(k: int, where: str) -> None:
-    """A DFlash k z-lab's drafters' block holds: a step's bonus token and k drafts fill one block
-    (vllm/config/speculative.py:1910), so k <= block_size - 1. The deploy checks the head's own block."""
-    if k > DFLASH_BLOCK_SIZE - 1:
-        raise _fail(where, f"k {k} does not fit the DFlash drafter's block (block_size {DFLASH_BLOCK_SIZE}: "
-                           f"the bonus token and k drafts); set k <= {DFLASH_BLOCK_SIZE - 1}")
 
 
 def check_contract(contract: Mapping[str, Any]) -> dict[str, Any]:

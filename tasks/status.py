@@ -179,7 +179,7 @@ def _need(memfit: dict[str, Any] | None) -> str:
 
 
 def _headless(record: dict[str, Any] | None) -> str:
-    """Headless mode from its record: off, or on with the MemAvailable the display manager's stop freed."""
+    """Headless mode from its record: off, or on with the memory the display manager's stop freed."""
     if record is None:
         return "off"
     freed = record.get("freed_bytes")

@@ -356,8 +356,12 @@ def test_pinned_revisions_are_required_where_asked():
         registry.resolve(_contract(v), None, NOW)
     v["sparkspec_profiles"]["qwen35-122b-hybrid"]["heads"]["dflash"]["revision"] = "2274357" + "f" * 33
     assert registry.resolve(_contract(v), None, NOW)["profile"]["name"] == "qwen35-122b-hybrid"
-    with pytest.raises(UserError, match=r"^sparkspec_require_pinned_revisions: 'yes' is not true or false"):
-        registry.resolve(_contract({**v, "sparkspec_require_pinned_revisions": "yes"}), None, NOW)
+    for bad in ("yes", 1):
+        with pytest.raises(UserError, match=r"^sparkspec_require_pinned_revisions: .* is not true or false"):
+            registry.resolve(_contract({**v, "sparkspec_require_pinned_revisions": bad}), None, NOW)
+    # a contract that leaves it out, or null (compare's and tune's own contracts), does not ask for pins
+    unset = _contract({**_vars("spark01"), "sparkspec_require_pinned_revisions": None})
+    assert registry.resolve(unset, None, NOW)["method"] == "mtp"
 
 
 @pytest.mark.parametrize(("repo", "ok"), [("Qwen/Qwen3.5-122B-A10B-FP8", "Qwen--Qwen3.5-122B-A10B-FP8"),

@@ -20,15 +20,15 @@ short_description: Serve headless, measuring the memory it frees, or put back th
 description:
   - present sets the default target to C(target) and stops a running display manager
     (display-manager.service), and records what was there (the default target, the display manager and whether
-    it ran) and MemAvailable before and after the stop. absent puts back what the record says and removes it.
-    SSH is not touched.
+    it ran) and the available memory before and after the stop. absent puts back what the record says and
+    removes it. SSH is not touched.
 options:
   state: {description: present (headless) or absent (as before), type: str, required: true,
           choices: [present, absent]}
   target: {description: the systemd target to boot into, type: str, default: multi-user.target}
   record: {description: the record's file (root's), type: path, required: true}
-  settle_s: {description: seconds to wait after the stop before MemAvailable is read again, type: float,
-             default: 5}
+  settle_s: {description: seconds to wait after the stop before the available memory is read again,
+             type: float, default: 5}
 author: sparkspec
 """
 

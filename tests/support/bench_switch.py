@@ -19,6 +19,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -156,15 +157,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=positive_int, default=3)
     parser.add_argument("--output", type=Path, default=None, help="write the raw figures as JSON")
     args: argparse.Namespace = parser.parse_args(argv)
+    return run(lambda: measure(args.inventory, args.host, args.to, args.back, args.repeats), summary,
+               args.output)
+
+
+def run(bench: Callable[[], dict], summary: Callable[[dict], list[str]], output: Path | None) -> int:
+    """Runs a bench, prints its summary and writes its raw figures (a UserError: one line, exit code)."""
     try:
-        result = measure(args.inventory, args.host, args.to, args.back, args.repeats)
+        result = bench()
     except UserError as exc:
         print(f"sparkspec: error: {exc}", file=sys.stderr)
         return exc.exit_code
     print("\n".join(summary(result)))
-    if args.output:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(json.dumps(result, indent=1) + "\n")
+    if output:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(json.dumps(result, indent=1) + "\n")
     return 0
 
 

@@ -86,3 +86,11 @@ def bench_switch(host: str, inventory: str, to: str, back: str, repeats: int, ou
 
     return bench_switch.main(["--host", host, "--inventory", inventory, "--to", to, "--back", back,
                               "--repeats", str(repeats), "--output", output])
+
+
+def bench_cold_start(host: str, inventory: str, repeats: int, compile_: bool, output: str) -> int:
+    """A cold start (compile cache emptied) against a warm one (tests.support.bench_cold_start)."""
+    from tests.support import bench_cold_start
+
+    return bench_cold_start.main(["--host", host, "--inventory", inventory, "--repeats", str(repeats),
+                                  "--output", output] + (["--compile"] if compile_ else []))

@@ -90,6 +90,9 @@ def test_deploy_defaults(facts: dict[str, Any]) -> None:
     assert d["deploy_watchdog_grace_s"] == facts["watchdog_grace_s"] >= 60 * facts["first_start_minutes"]
     assert d["deploy_watchdog_restart_window_s"] > d["deploy_watchdog_grace_s"]
     assert d["deploy_memory_margin_gib"] == facts["memory_margin_gib"]
+    # the compile caches' folder lies where the unit may write (ProtectSystem=strict)
+    assert any(d["deploy_compile_cache_dir"].startswith(rw + "/") for rw in d["deploy_read_write_paths"])
+    assert d["deploy_compile_cache_keep"] == facts["compile_cache_keep"]
 
 
 def test_registry_values_are_cited_not_copied() -> None:
@@ -114,7 +117,8 @@ def test_registry_values_are_cited_not_copied() -> None:
     backends = {m["speculative_config"].get("attention_backend") for m in registry.BUILTIN_METHODS.values()
                 if m["speculative_config"]} - {None}
     assert not backends
-    assert {"DFLASH_BACKENDS", "DFLASH_REVISIONS"} <= cited
+    assert {"DFLASH_BACKENDS", "DFLASH_REVISIONS", "COMPILE_CACHE_ENV", "STARTUP_LINES",
+            "STARTUP_CACHE_LINES"} <= cited
     text = facts_file.FACTS_FILE.read_text()
     assert "value: {ngram: 4" not in text and "value: 262144" not in text     # cited, never copied
 

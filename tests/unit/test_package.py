@@ -208,7 +208,7 @@ def test_host_cli_lists_the_host_commands_and_no_generator() -> None:
         "fetch repo", "fetch fp8-subset", "fetch batch", "fetch plan", "hub serve",
         "bench", "check-output record", "check-output compare", "check prefix-cache", "check tool-call",
         "report", "cluster supervise", "memfit guard", "memfit measure", "memfit show", "memfit forget",
-        "watchdog"}
+        "watchdog", "startup"}
 
 
 def test_dev_cli_has_the_generators() -> None:

@@ -1,7 +1,5 @@
-"""Invoke tasks: the commands a Spark owner types. This module only assembles the collection; the tasks
-live by concern in host (provision, deploy, render, teardown, verify), compare, tune, report, observe (status,
-logs), dev (sim.*, bench.*, lint, test) and molecule_tasks (one role's molecule scenario), over the libraries
-play, inventory, remote, status and compare_plan."""
+"""Invoke tasks, the commands a Spark owner types: this module assembles the collection from host, compare/,
+tune/, report, observe, dev and molecule_tasks, over the shared libraries in lib/ (docs/design.md)."""
 
 from __future__ import annotations
 

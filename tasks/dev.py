@@ -15,8 +15,8 @@ from types import ModuleType
 from invoke import Context, Exit, task
 
 from sparkspec.errors import UserError
-from tasks.common import ROOT, fail, inventory_of
-from tasks.remote import connect
+from tasks.lib.common import ROOT, fail, inventory_of
+from tasks.lib.remote import connect
 
 # the development entry point: tests/unit/test_import_graph.py allows it, and it alone
 DEV_ENTRY = "tests.support.dev"

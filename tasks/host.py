@@ -1,5 +1,5 @@
 """Host operations: provision, deploy, render, teardown and verify, each one playbook run through
-ansible-runner (tasks.play), on one host of the inventory."""
+ansible-runner (tasks.lib.play), on one host of the inventory."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from invoke import Context, Exit, task
 from sparkspec import registry
 from sparkspec.errors import UserError
 from sparkspec.outputs import check_disjoint
-from tasks.common import ROOT, fail, require_host
-from tasks.play import PlayResult, failure_summary, run_playbook
+from tasks.lib.common import ROOT, fail, require_host
+from tasks.lib.play import PlayResult, failure_summary, run_playbook
 
 INVENTORY_HELP = "inventory folder (default from invoke.yaml)"
 

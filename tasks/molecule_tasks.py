@@ -12,7 +12,7 @@ from pathlib import Path
 
 from invoke import Exit, task
 
-from tasks.common import ROOT
+from tasks.lib.common import ROOT
 
 COMMANDS = ("test", "create", "converge", "idempotence", "verify", "destroy", "list")
 

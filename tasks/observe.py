@@ -1,4 +1,5 @@
-"""Looking at hosts without a playbook, over SSH (Fabric): status (tasks.status) and the unit's journal."""
+"""Looking at hosts without a playbook, over SSH (Fabric): status (tasks.lib.status) and the unit's
+journal."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ import sys
 from invoke import Exit, task
 
 from sparkspec.errors import UserError
-from tasks.common import ask_become_pass, fail, inventory_of, require_host
-from tasks.inventory import load
-from tasks.remote import connect
-from tasks.status import as_json, host_status, table
+from tasks.lib.common import ask_become_pass, fail, inventory_of, require_host
+from tasks.lib.inventory import load
+from tasks.lib.remote import connect
+from tasks.lib.status import as_json, host_status, table
 
 MAX_LOG_LINES = 100_000
 

@@ -1,10 +1,6 @@
-"""The Results Summary table (markdown) and a bar plot (PNG) of bench results, on the controller: `invoke
-report`, `invoke compare` (a call) and the verify role (`python -m tasks report`, run on the controller).
+"""The Results Summary table (markdown) and a bar plot (PNG) of bench results, written on the controller.
 
-Bench results and lossless reports are fetched from the hosts and read as untrusted files: bounded JSON, every
-field the table uses checked for its type (numbers finite and non-negative), strings made safe for one table
-cell. The table and the plot are written through :mod:`sparkspec.outputs` (the table is ours by its header
-line, the plot by its Description): both or neither, never over a file this command did not write.
+Run by `invoke report`, `invoke compare` (a call) and the verify role (`python -m tasks report`).
 """
 
 from __future__ import annotations
@@ -26,7 +22,7 @@ from sparkspec.cli.common import Parser, emit_json
 from sparkspec.errors import UserError
 from sparkspec.jsonfile import expect, read_json
 from sparkspec.outputs import PNG, PNG_MARKER, Marker, Output, check_outputs, starts_with, write_outputs
-from tasks.common import fail
+from tasks.lib.common import fail
 
 COLUMNS = ("Method", "Model", "Avg tok/s", "Peak tok/s", "Drafts", "Draft tokens", "Accepted",
            "Acceptance Rate", "Acceptance per position", "Mean acceptance length", "Lossless", "Notes")

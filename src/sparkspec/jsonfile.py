@@ -1,9 +1,5 @@
 """JSON the tools read from files or the network: bounded parsing, shape checks and one-line errors that name
 the file and the fix; and its writer (through :mod:`sparkspec.outputs`).
-
-Every JSON document sparkspec did not write itself (config.json, an index, a safetensors header, a manifest, a
-suite, a bench result, a reference, a server's stream) is parsed by ``loads_bounded``: its size and nesting
-depth are checked before ``json`` sees it, and non-finite numbers (NaN, Infinity) are refused.
 """
 
 from __future__ import annotations

@@ -1,20 +1,5 @@
 """The one writer of sparkspec's outputs: atomic writes, the "is this output ours" marker and the safe-replace
 rule. Checkpoint, hub, bench and report code write files and folders only through this module.
-
-- **Atomic write.** A file is written to a fresh hidden sibling ``.NAME.<random>.tmp`` in the same folder
-  (opened ``O_CREAT|O_EXCL|O_NOFOLLOW``, never a fixed name a link could be planted at), with an explicit
-  mode, fsynced, renamed over its target, and the folder fsynced: a reader sees the old file or the new one,
-  never half of one, and a failure leaves no sibling behind (:func:`atomic`, :func:`write_atomic`,
-  :func:`stage` with :func:`commit`). A build folder is swapped in with one ``renameat2`` exchange
-  (:func:`swap_folder`).
-- **Ours.** An output file shows that this tool wrote it by its kind's :class:`Marker` (a JSON ``format``
-  value, a text's first line, a PNG's Description); an empty file counts as ours.
-- **Safe replace.** An output may not be a symbolic link, a folder, an input (resolved real paths: equal to,
-  inside or around one), or an existing file that is not ours (:meth:`Output.check`). That is checked before
-  the work and again right before the write; nothing is created before every check passed, and several
-  outputs of one command are written all or none (:func:`write_outputs`).
-
-It imports only the standard library, :mod:`sparkspec.errors` and :mod:`sparkspec.stops`.
 """
 
 from __future__ import annotations

@@ -1,16 +1,5 @@
-"""Progress of a long step as a small JSON file, and the one line a play prints from it.
-
-A long command (a checkpoint fetch, assemble, verify --full, the health wait) given ``--progress-file PATH``
-replaces PATH atomically, at most every few seconds, with::
-
-    {"format": "sparkspec progress", "what": "fetch org/name", "done": 123, "total": 456, "rate": 7.8,
-     "eta_s": 42.0, "time": 1700000000.0}
-
-(``format`` marks the file as sparkspec's own: only such a file, or an empty one, is ever replaced or removed;
-``done``/``total`` in bytes, ``rate`` in bytes/s over the last half minute, ``eta_s`` null while unknown;
-a wait with no bytes writes ``elapsed_s`` and ``note`` instead). The ``sparkspec_progress`` action plugin of
-the ``sparkspec`` role reads that file while the command runs and prints :func:`line` at least once a minute,
-so a 77 GB fetch or a 15 minute load is not silence until the end.
+"""Progress of a long step as a small JSON file (``--progress-file``), and the one line a play prints from
+it.
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
-"""SIGTERM and SIGHUP (a closed SSH session, `systemctl stop`, a CI time-out) unwind like Ctrl-C.
-
-The handler raises KeyboardInterrupt where the main thread stands, so every command's cleanup (temp siblings,
-locks) runs. Third-party C code can swallow that exception: numpy's Cython modules, imported lazily on first
-use, clear an exception raised while they initialise, and the command then ran to the end and exited 0. So the
-signal is also recorded, and every point that makes an output visible calls :func:`check` first: a stop that
-was swallowed still stops there, before anything is swapped in, and the command still exits 130.
+"""SIGTERM and SIGHUP (a closed SSH session, `systemctl stop`, a CI time-out) unwind like Ctrl-C; a stop that
+third-party code swallowed still stops at :func:`check`, before an output is made visible.
 """
 
 from __future__ import annotations

@@ -1,22 +1,7 @@
 """Quoting for the places a value lands in a systemd unit or its environment file: one function per place.
 
-Each function returns the text to write, such that systemd (every version >= 249) reads back exactly the
-value, or raises UserError (one line naming the value's variable and the fix) for what that place cannot
-carry. The rules are systemd's own (src/core/load-fragment.c, src/basic/extract-word.c, escape.c, specifier.c,
-env-file.c, src/shared/conf-parser.c):
-
-- a unit file is read line by line (\\n, \\r and NUL all end a line); a line ending in a backslash
-  continues on the next one; each value is stripped of surrounding whitespace;
-- an Exec line's words are unquoted ('...' or "...", backslash escapes inside and out) and C-unescaped, then
-  ``%`` specifiers are resolved (``%%`` is one ``%``), then at exec time ``$VAR`` and ``${VAR}`` are
-  expanded (``$$`` is one ``$``); the first word loses the prefixes ``@ - : + !`` after unquoting, and a
-  lone ``;`` separates two commands;
-- ReadWritePaths=/ReadOnlyPaths= unquote their words without C escapes, then resolve specifiers;
-- free text (Description=, SyslogIdentifier=) and single paths (WorkingDirectory=, EnvironmentFile=) are taken
-  raw, then specifiers are resolved;
-- in an environment file, inside double quotes only backslash, double quote, backtick and dollar are escapes.
-
-tests/support/systemd_rules.py parses the output back by these rules, independently of this module.
+Each returns the text systemd (every version >= 249) reads back as exactly the value, or raises UserError (one
+line naming the value's variable and the fix) for what that place cannot carry.
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
-"""The one validator of untrusted names and paths.
-
-Every path that sparkspec builds from a string it did not write (a URL segment, a repo id, a revision, a file
-name from an index, a manifest or a mirror) goes through this module: the string must match a strict pattern,
-and the joined path must stay under its root once resolved. Outputs are checked against inputs by resolved
-real paths (symlinks included) before anything is touched (:mod:`sparkspec.outputs`, re-exported here), and
-files that must be regular are opened so that a FIFO or a device cannot hang or feed a command.
+"""The one validator of untrusted names and paths: every path sparkspec builds from a string it did not write
+goes through here, and files that must be regular are opened so that a FIFO or a device cannot hang a command.
 """
 
 from __future__ import annotations

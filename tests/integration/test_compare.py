@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from tasks import inventory
+from tasks.lib import inventory
 from tests.conftest import BIN, ROOT, run_cli
 from tests.counters import counters_from_text
 
@@ -159,7 +159,7 @@ def test_bad_rows_are_refused_before_any_play(methods, message):
 
 def test_rows_are_planned_per_profile():
     """Baseline first in each profile's group; a profile without a baseline row gets one (its reference)."""
-    from tasks import compare_plan as compare
+    from tasks.compare import plan as compare
 
     rows = compare.plan(compare.parse("ngram,mtp@p2,baseline,eagle3@p2", "p1"))
     assert [(r.name, r.added) for r in rows] == [("baseline@p1", False), ("ngram@p1", False),
@@ -169,7 +169,7 @@ def test_rows_are_planned_per_profile():
 
 def test_unstaged_profile_is_refused():
     from sparkspec.errors import UserError
-    from tasks import compare_plan as compare
+    from tasks.compare import plan as compare
 
     values = _sim_vars()
     contract = {f"sparkspec_{k}": v for k, v in {

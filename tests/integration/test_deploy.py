@@ -13,7 +13,7 @@ import urllib.request
 import pytest
 import yaml
 
-from tasks.play import PlayResult, failure_summary, run_playbook
+from tasks.lib.play import PlayResult, failure_summary, run_playbook
 from tests.conftest import BIN, ROOT, run_cli
 from tests.support.sim import Sim
 

@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,7 +34,8 @@ PLAY = """- name: Grafana dashboards on this machine
 def base() -> Iterator[Path]:
     if os.geteuid() != 0:
         pytest.skip("the role writes root-owned files, and the refusal needs a folder of another owner")
-    folder = ROOT / ".cache" / f"grafana-role-{os.getpid()}"
+    # a chain of root's folders whatever the checkout's parents are (a clone under /tmp sits below 1777)
+    folder = Path(tempfile.mkdtemp(prefix="sparkspec-grafana-role-", dir="/var/lib"))
     (folder / "etc-grafana").mkdir(parents=True)
     os.chmod(folder, 0o755)
     try:

@@ -10,8 +10,8 @@ import json
 
 import pytest
 
-from tasks import inventory
-from tasks.play import failure_summary, run_playbook
+from tasks.lib import inventory
+from tasks.lib.play import failure_summary, run_playbook
 from tests.conftest import ROOT, run_cli
 from tests.support import heads
 

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from tasks.play import PlayResult, run_playbook
+from tasks.lib.play import PlayResult, run_playbook
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.sim
@@ -103,7 +103,7 @@ def test_journal_line_fails_the_deploy_and_rolls_back(provisioned) -> None:
     """deploy_journal_fail_patterns on this start's journal. vLLM 0.32 on the tiny model cannot print the
     weight_scale_inv skip warning (no hybrid loads on CPU), so the trigger is a line the real vLLM prints on
     every start of that model, named as the pattern: the same read, fail and rollback path."""
-    from tasks.play import failure_summary
+    from tasks.lib.play import failure_summary
 
     sim = provisioned
     unit = "sparkspec-vllm"

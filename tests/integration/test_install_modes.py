@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tasks.play import PlayResult, failure_summary, run_playbook
+from tasks.lib.play import PlayResult, failure_summary, run_playbook
 from tests.integration.test_vllm_build_badinput import toolkit
 
 ROOT = Path(__file__).resolve().parents[2]

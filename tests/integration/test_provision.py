@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.play import PlayResult, failure_summary, run_playbook
+from tasks.lib.play import PlayResult, failure_summary, run_playbook
 from tests.conftest import ROOT, run_cli
 
 pytestmark = pytest.mark.sim

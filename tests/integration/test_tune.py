@@ -98,7 +98,7 @@ def test_tune_ngram_predicts_from_one_run(provisioned, inventory_copy):
     assert after.get("num_speculative_tokens") == before.get("num_speculative_tokens")
     assert _status()["health"] == 200
     # the key lands where Ansible reads it for sim01 (its entry in hosts.yml), the file's comments kept
-    from tasks import inventory
+    from tasks.lib import inventory
 
     now = (inventory_copy / "hosts.yml").read_text()
     if applied:

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tasks.play import PlayResult, failure_summary, run_playbook
+from tasks.lib.play import PlayResult, failure_summary, run_playbook
 from tests.support.torch_standin import buildenv
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tasks.play import run_playbook
+from tasks.lib.play import run_playbook
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLE = ROOT / "roles" / "vllm_build"

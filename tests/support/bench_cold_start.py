@@ -58,7 +58,7 @@ def _start(host, unit: str, record: dict, cold: bool) -> dict:
 
 
 def measure(inventory: str, name: str, repeats: int, compile_: bool) -> dict:
-    from tasks.remote import connect
+    from tasks.lib.remote import connect
 
     host = connect(inventory, name, extra_vars=("sparkspec_unit_name", "sparkspec_home", "sparkspec_serve"))
     unit = str(host.vars.get("sparkspec_unit_name") or "sparkspec-vllm")

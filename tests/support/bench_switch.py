@@ -100,7 +100,7 @@ def _accepted(host) -> int:
 
 
 def measure(inventory: str, name: str, to: str, back: str, repeats: int) -> dict:
-    from tasks.remote import connect
+    from tasks.lib.remote import connect
 
     host = connect(inventory, name, extra_vars=("sparkspec_unit_name", "sparkspec_home"))
     unit = host.vars.get("sparkspec_unit_name") or "sparkspec-vllm"

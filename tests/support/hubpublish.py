@@ -17,15 +17,16 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import uuid
 from pathlib import Path
 
 from sparkspec import stops, validate
+from sparkspec.checkpoint.selection import REVISION_FILE
 from sparkspec.errors import UserError, os_error
 from sparkspec.hub.repo import (
     CHUNK,
     PUBLISHED_FILE,
-    REVISION_FILE,
     Digests,
     FileStat,
     HashStore,
@@ -34,6 +35,7 @@ from sparkspec.hub.repo import (
     content_revision,
     hash_fd,
     is_published,
+    listed,
     marked_revision,
     scan,
 )
@@ -62,10 +64,11 @@ def publish(root: str | os.PathLike[str], repo_id: str, source: str | os.PathLik
             raise UserError(f"{path} exists and is not a folder; move it away or choose another "
                             "--root/--repo")
     try:
-        wanted = scan(src, strict=True)
+        wanted = scan(src)
+        unsafe = {**_skipped(src), **wanted.unsafe}
     except OSError as exc:
         raise UserError(f"--from {src}: cannot list ({exc.strerror}); check its permissions") from None
-    for rel, why in wanted.unsafe.items():
+    for rel, why in sorted(unsafe.items()):
         raise UserError(f"--from {src}: {rel!r} {why}; the hub serves only regular files with plain names, "
                         "so replace it by a copy of the file, or rename or remove it")
     try:
@@ -75,6 +78,23 @@ def publish(root: str | os.PathLike[str], repo_id: str, source: str | os.PathLik
         return True, *_replace(folder, target, repo_id, src, wanted, revision)
     except OSError as exc:
         raise os_error(exc, target, "check the paths and their permissions") from None
+
+
+def _skipped(src: Path) -> dict[str, str]:
+    """What ``scan`` skips and a publish must not leave out silently: links, and entries that are neither a
+    regular file nor a folder (the repo's listing rules apply first)."""
+    out: dict[str, str] = {}
+    for top, dirs, files in os.walk(src):   # never follows a linked folder
+        for name in dirs + files:
+            rel = os.path.relpath(os.path.join(top, name), src).replace(os.sep, "/")
+            if not listed(rel):
+                continue
+            mode = os.lstat(os.path.join(top, name)).st_mode
+            if stat.S_ISLNK(mode):
+                out[rel] = "is a symbolic link"
+            elif not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                out[rel] = "is not a regular file (a FIFO, socket or device)"
+    return out
 
 
 def _current(target: Path, wanted: Listing, src: Path, revision: str | None

@@ -17,8 +17,7 @@ from conftest import Tree, add_tensor
 
 from sparkspec.checkpoint.assemble import MANIFEST_NAME
 from sparkspec.checkpoint.safetensors_io import INDEX_NAME, read_header
-from sparkspec.checkpoint.selection import EXTRA_FILE
-from sparkspec.hub.repo import REVISION_FILE
+from sparkspec.checkpoint.selection import EXTRA_FILE, REVISION_FILE
 from tests.badinput import refused_untouched
 
 SHARD = "model-00001-of-00002.safetensors"

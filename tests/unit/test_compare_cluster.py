@@ -1,6 +1,7 @@
-"""`invoke compare` on a cluster (tasks.cluster_target, tasks.compare_plan): the group or all its members run
-every play as one, the head answers (status, results, reports/compare/<head>/), part of a cluster is refused
-before anything runs, and a host that serves alone works as before. Inventory parsing only: no container."""
+"""`invoke compare` on a cluster (tasks.lib.cluster_target, tasks.compare.plan): the group or all its members
+run every play as one, the head answers (status, results, reports/compare/<head>/), part of a cluster is
+refused before anything runs, and a host that serves alone works as before. Inventory parsing only: no
+container."""
 
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ from invoke import Context, Exit
 
 import tasks.compare
 from sparkspec.errors import UserError
-from tasks.cluster_target import Target, resolve_target
-from tasks.compare_plan import CONTRACT, Row, check, parse, plan, plays, results
-from tasks.inventory import load
+from tasks.compare.plan import CONTRACT, Row, check, parse, plan, plays, results
+from tasks.lib.cluster_target import Target, resolve_target
+from tasks.lib.inventory import load
 from tests.conftest import ROOT
 
 PAIR = ROOT / "inventories/sim-pair"

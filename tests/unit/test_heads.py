@@ -137,7 +137,7 @@ def test_distillation_runs_after_ansible_patched_the_interpreter(tmp_path: Path)
     this way)."""
     import sys
 
-    from tasks import inventory
+    from tasks.lib import inventory
 
     inventory.load("inventories/sim").host_vars("sim01", ("sparkspec_unit_name",))
     assert type(sys.intern).__name__ != "builtin_function_or_method"   # Ansible's patch is in place

@@ -34,7 +34,7 @@ ONE_PLACE = {
 
 
 def _role_and_task_python() -> list[Path]:
-    return sorted([*ROOT.glob("roles/**/*.py"), *ROOT.glob("tasks/*.py")])
+    return sorted([*ROOT.glob("roles/**/*.py"), *ROOT.glob("tasks/**/*.py")])
 
 
 @pytest.mark.parametrize("needle", sorted(ONE_PLACE))
@@ -128,8 +128,9 @@ def test_atomic_write_keeps_the_mode_and_leaves_no_temp_file(tmp_path: Path) -> 
 
 
 def test_invoke_status_sends_the_status_probe(monkeypatch: pytest.MonkeyPatch) -> None:
-    """tasks/status.py's probe is the host code's status probe: run here as the host would run it (sh -c)."""
-    from tasks import status
+    """tasks/lib/status.py's probe is the host code's status probe: run here as the host would run it
+    (sh -c)."""
+    from tasks.lib import status
 
     def as_root(command: str) -> SimpleNamespace:
         proc = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=False, timeout=60)

@@ -19,8 +19,9 @@ import pytest
 from huggingface_hub import HfApi, HfFileSystem, hf_hub_download, snapshot_download
 from huggingface_hub.errors import RemoteEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
 
+from sparkspec.checkpoint.selection import REVISION_FILE
 from sparkspec.cli import main
-from sparkspec.hub.repo import PUBLISHED_FILE, REVISION_FILE
+from sparkspec.hub.repo import PUBLISHED_FILE
 from sparkspec.hub.server import HubServer
 from tests.support.hubpublish import publish
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import httpx2
 import pytest
 
+from sparkspec.checkpoint.selection import REVISION_FILE
 from sparkspec.errors import UserError
-from sparkspec.hub.repo import REVISION_FILE
 from sparkspec.hub.server import HubServer
 from tests.support.hubfaults import FaultyHub
 from tests.support.hubpublish import publish

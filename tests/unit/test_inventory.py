@@ -1,4 +1,4 @@
-"""tasks.inventory reads inventories through Ansible's inventory API: templated host variables with the
+"""tasks.lib.inventory reads inventories through Ansible's inventory API: templated host variables with the
 contract's defaults underneath, vault-decrypted values, one-line errors for a missing inventory or host."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from sparkspec.errors import UserError
-from tasks.inventory import CONTRACT_DEFAULTS, load
+from tasks.lib.inventory import CONTRACT_DEFAULTS, load
 from tests.conftest import BIN, ROOT
 
 
@@ -64,7 +64,7 @@ def test_missing_inventory_and_host_are_one_line(tmp_path):
 
 VAULT_READ = """
 import sys
-from tasks.inventory import load
+from tasks.lib.inventory import load
 print(load(sys.argv[1]).host_vars("spark01", ("ansible_become_password",))["ansible_become_password"])
 """
 

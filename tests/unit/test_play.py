@@ -1,5 +1,5 @@
-"""tasks.play runs real playbooks (connection=local) through ansible-runner: the one-line failure summary and
-the changed counts come from the runner's events, never from the printed output."""
+"""tasks.lib.play runs real playbooks (connection=local) through ansible-runner: the one-line failure summary
+and the changed counts come from the runner's events, never from the printed output."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tasks.play import failure_summary, run_playbook
+from tasks.lib.play import failure_summary, run_playbook
 from tests.conftest import ROOT
 
 # A line in the play's own output that looks like a failure: a scraper of the printed output would take it.
@@ -122,7 +122,7 @@ def test_a_playbook_that_does_not_parse_gives_ansibles_error(tmp_path, inventory
 INTERRUPTED_RUN = """
 import sys
 from pathlib import Path
-from tasks.play import failure_summary, run_playbook
+from tasks.lib.play import failure_summary, run_playbook
 result = run_playbook(Path(sys.argv[1]), Path(sys.argv[2]), "local1")
 print("INTERRUPTED", result.interrupted, failure_summary(result, "local1"), flush=True)
 """
@@ -157,7 +157,7 @@ def test_sigterm_stops_the_play_and_leaves_nothing(tmp_path, inventory, private_
 BECOME_RUN = """
 import sys
 from pathlib import Path
-from tasks.play import run_playbook
+from tasks.lib.play import run_playbook
 result = run_playbook(Path(sys.argv[1]), Path(sys.argv[2]), "local1", become_password="s3cret-pw")
 print("RC", result.rc, result.changed, flush=True)
 """
@@ -198,7 +198,7 @@ def test_a_play_that_outlives_its_interrupt_is_cancelled(monkeypatch):
     """One signal (systemd's SIGTERM, a CI time-out) gets no second one: a play still running
     INTERRUPT_GRACE_S after the SIGINT was passed on is cancelled (the runner kills it), so the caller's
     restore runs; before that, Ansible is left to stop on its own."""
-    from tasks import play
+    from tasks.lib import play
 
     monkeypatch.setattr(play, "INTERRUPT_GRACE_S", 0.5)
     state = play._Interrupt()

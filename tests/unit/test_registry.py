@@ -506,7 +506,8 @@ def test_compare_row_on_another_profile_serves_that_profiles_settings():
     """`invoke compare --methods eagle3@qwen3-30b-a3b` on spark01 (which stages both example profiles): the
     plan, resolved from the example inventory as Ansible reads it, serves the 30B with its own context length
     and tool parser, not the 122B's 262144 and qwen3_coder; no host is contacted."""
-    from tasks import compare_plan, inventory
+    from tasks.compare import plan as compare_plan
+    from tasks.lib import inventory
 
     inv = inventory.load(ROOT / "inventories/example")
     values = inv.host_vars("spark01", tuple(f"sparkspec_{k}" for k in registry.CONTRACT_KEYS))

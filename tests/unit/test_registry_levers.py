@@ -13,7 +13,7 @@ from sparkspec import registry
 from sparkspec.errors import UserError
 from sparkspec.operate import memfit
 from sparkspec.registry import levers
-from tasks import compare_plan
+from tasks.compare import plan as compare_plan
 
 QWEN35_122B = {   # the model's config.json, the fields the lever reads (docs/spark-facts.md: lm_head_shape)
     "architectures": ["Qwen3_5MoeForConditionalGeneration"], "tie_word_embeddings": False,

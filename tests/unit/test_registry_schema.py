@@ -3,7 +3,7 @@ serve blocks, speculative configs, the contract itself) refuses a bad value, an 
 line naming the full key and the fix, before anything renders; whatever it accepts reaches the resolved host
 and vLLM's argv exactly as written.
 
-The contract is the example inventory's, read as a play reads it (tasks.inventory, the contract's defaults
+The contract is the example inventory's, read as a play reads it (tasks.lib.inventory, the contract's defaults
 underneath). ``resolve`` writes nothing: each refusal also asserts that the inventory data it was given is
 unchanged (a digest before and after)."""
 
@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from sparkspec import registry
 from sparkspec.errors import UserError
-from tasks import inventory
+from tasks.lib import inventory
 from tests.bench.conftest import VLLM_PYTHON, vllm_available
 
 ROOT = Path(__file__).resolve().parents[2]

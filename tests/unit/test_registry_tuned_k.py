@@ -11,7 +11,7 @@ import pytest
 
 from sparkspec import registry
 from sparkspec.errors import UserError
-from tasks import status
+from tasks.lib import status
 
 NOW = "2026-12-01T04:00:00Z"
 SERVICE = {"unit": "sparkspec-vllm", "bind_address": "127.0.0.1", "port": 8000, "user": "sparkspec"}
@@ -20,8 +20,9 @@ KEY = "sparkspec_num_speculative_tokens"
 
 @pytest.fixture(scope="module")
 def sim01() -> dict[str, Any]:
-    """sim01's contract as a play reads it (tasks.inventory: the defaults under the sim inventory's vars)."""
-    from tasks import inventory
+    """sim01's contract as a play reads it (tasks.lib.inventory: the defaults under the sim inventory's
+    vars)."""
+    from tasks.lib import inventory
 
     values = inventory.load("inventories/sim").host_vars(
         "sim01", tuple(f"sparkspec_{k}" for k in registry.CONTRACT_KEYS))

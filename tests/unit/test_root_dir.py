@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -54,8 +55,8 @@ def test_a_file_in_the_way_is_refused(tmp_path: Path) -> None:
 def chain() -> Iterator[Path]:
     if os.geteuid() != 0:
         pytest.skip("giving a folder to another owner needs root (CI runs as root)")
-    base = ROOT / ".cache" / f"root-dir-{os.getpid()}"
-    base.mkdir(mode=0o755)
+    # a chain of root's folders whatever the checkout's parents are (a clone under /tmp sits below 1777)
+    base = Path(tempfile.mkdtemp(prefix="sparkspec-root-dir-", dir="/var/lib"))
     os.chmod(base, 0o755)
     try:
         yield base

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from sparkspec.registry import cluster as registry_cluster
-from tasks.play import failure_summary, run_playbook
+from tasks.lib.play import failure_summary, run_playbook
 from tests.support import facts as facts_file
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""`invoke tune --apply` (tasks.tune_apply): where the winning k is written in an inventory, that the file's
+"""`invoke tune --apply` (tasks.tune.apply): where the winning k is written in an inventory, that the file's
 comments stay, the diff it returns, and the files it refuses (nothing written then)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from sparkspec.errors import UserError
-from tasks import tune_apply
+from tasks.tune import apply as tune_apply
 
 KEY = "sparkspec_num_speculative_tokens"
 

@@ -1,4 +1,4 @@
-"""From bench results to verdicts (tasks.tune_fit): bench-result dicts built by hand in the shape
+"""From bench results to verdicts (tasks.tune.fit): bench-result dicts built by hand in the shape
 `sparkspec bench` writes (sparkspec.bench.metrics.summarize and spec_decode_figures), the expected figures
 computed by hand in the comments with tune_model's formulas: E(k) = 1 + f * (a_0 + ... + a_(k-1)),
 f = drafts / (generation - accepted), t0 = 1 / baseline tok/s, delta = (E(k_max) / tok_s(k_max) - t0) / k_max,
@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from sparkspec.errors import UserError
-from tasks import tune_fit as fit
-from tasks.tune_fit import WHOLE, Case
+from tasks.tune import fit
+from tasks.tune.fit import WHOLE, Case
 
 
 def _result(tok_s: float, std: float = 1.0, completed: int = 100, drafts: int | None = None,

@@ -1,4 +1,4 @@
-"""The arithmetic of choosing k (tasks.tune_model, issue 25), checked against hand computations written
+"""The arithmetic of choosing k (tasks.tune.model, issue 25), checked against hand computations written
 out in the comments, and the worked example of docs/methods.md ("Choosing k") recomputed from its script."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import pytest
 
 from sparkspec.bench.metrics import Snapshot
 from sparkspec.errors import UserError
-from tasks import tune_model as model
-from tasks.tune_model import Measured, StepCost
+from tasks.tune import model
+from tasks.tune.model import Measured, StepCost
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "methods.md"
 

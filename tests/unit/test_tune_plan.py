@@ -1,4 +1,4 @@
-"""`invoke tune`'s plan (tasks.tune_plan): the k and concurrency options, the workload (the owner's prompts
+"""`invoke tune`'s plan (tasks.tune.plan): the k and concurrency options, the workload (the owner's prompts
 file read before any play), the method's k bound, the sweep's rows and each row's extra vars."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 
 from sparkspec import registry
 from sparkspec.errors import UserError
-from tasks import tune_plan as plan
-from tasks.tune_plan import Row, Workload
+from tasks.tune import plan
+from tasks.tune.plan import Row, Workload
 
 GOOD = '{"prompt": "Write a haiku about speculative decoding."}\n{"prompt": "List three primes."}\n'
 
@@ -180,7 +180,7 @@ def test_bad_workload_options_are_one_line(kw: dict[str, Any], match: str) -> No
 
 @pytest.fixture(scope="module")
 def sim01() -> dict[str, Any]:
-    from tasks import inventory
+    from tasks.lib import inventory
 
     inv = inventory.load("inventories/sim")
     return inv.host_vars("sim01", tuple(f"sparkspec_{k}" for k in registry.CONTRACT_KEYS))

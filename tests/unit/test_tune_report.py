@@ -1,4 +1,4 @@
-"""`invoke tune`'s report (tasks.tune_report): the markdown (title, best-k table, a table per case, the
+"""`invoke tune`'s report (tasks.tune.report): the markdown (title, best-k table, a table per case, the
 verdicts, the batch-size schedule), the JSON `--apply` reads, and the three files written all or none through
 sparkspec.outputs."""
 
@@ -13,7 +13,8 @@ import pytest
 
 from sparkspec.errors import UserError
 from sparkspec.outputs import PNG_SIGNATURE
-from tasks import tune_fit, tune_report
+from tasks.tune import fit as tune_fit
+from tasks.tune import report as tune_report
 
 SETTINGS = {"suite": "all", "temperature": 0.0, "k measured": "1,3"}
 HEADER = ("| k | measured tok/s (± s.e.) | a_i of this run (%) | predicted tok/s [95 %] | E(k) | E_geo(k) | "

@@ -14,14 +14,13 @@ from tests.support import systemd_rules as rules
 
 GUARD = {"deploy_memory_guard": True, "deploy_memory_margin_gib": 4, "deploy_memory_floor_gib": None,
          "_deploy_memfit_dir": "/opt/sparkspec/state/memfit",
-         "_deploy_live_files": ["/etc/systemd/system/u.service", "/etc/sparkspec/u.env",
-                                "/etc/sparkspec/u.json"],
+         "_deploy_record_file": "/etc/sparkspec/u.json",
          "_deploy_clustered": False, "_deploy_cluster": None, "_deploy_record": {"url": "http://127.0.0.1:8000"}}
 
 
-def _pre(extra: dict[str, Any], venv: str = "/opt/venvs/vllm") -> list[rules.ExecCommand]:
+def _pre(extra: dict[str, Any], venv: str = "/opt/venvs/vllm", leads: bool = True) -> list[rules.ExecCommand]:
     resolved = registry.resolve(rules.small_contract())
-    resolved["venv"] = venv
+    resolved["venv"], resolved["leads"] = venv, leads
     unit, _ = rules.render_resolved(resolved, extra={**GUARD, **extra})
     return [rules.exec_command(value) for section, key, value in rules.unit_entries(unit)
             if section == "Service" and key == "ExecStartPre"]
@@ -55,7 +54,7 @@ def test_hostile_record_folders_reach_the_guard_as_one_word(folder: str) -> None
 
 
 def test_a_cluster_worker_is_guarded_without_measuring() -> None:
-    guard = _pre({"_deploy_clustered": True, "_deploy_cluster": {"rank": 1}})[-1]
+    guard = _pre({"_deploy_clustered": True, "_deploy_cluster": {"rank": 1}}, leads=False)[-1]
     assert "--measure" not in guard.argv and guard.argv[4:6] == ["memfit", "guard"]
 
 

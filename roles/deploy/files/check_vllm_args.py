@@ -1,19 +1,6 @@
 """Check a vLLM command line with the installed vLLM's own argument parser (run by the deploy role).
 
-Usage: <vllm venv>/bin/python check_vllm_args.py ARG... ; exit 0 when vLLM's parser accepts the
-arguments, else exit 2 with the parser's message as one line on stderr. Nothing is started.
-The parser takes --speculative-config (-sc) as any JSON object; vLLM builds its SpeculativeConfig, which
-forbids unknown keys, only at engine start. So every key of the parsed speculative config (hyphens read as
-underscores, as vLLM does) must also be a field of the installed vLLM's SpeculativeConfig, else one line names
-the key. With --records, reads a JSON list of argument lists on stdin and prints one line per list ("ok" or
-the parser's message), exiting 2 if any was refused (one import of vLLM for many command lines).
-
-With --cache DIR (first), the answer is looked up before vLLM is imported (importing it takes seconds: it
-imports torch): the key is the SHA-256 of the arguments, this venv, the installed vLLM's version and file list
-with hashes (its dist-info RECORD: a reinstall of another build changes it) and this checker's own source.
-Prints "cached KEY" when DIR/KEY exists (a command line this very vLLM accepted before), else "checked KEY"
-after the parser accepted it. The caller (root) writes DIR/KEY; the checker only reads DIR, so the service
-user it runs as cannot vouch for a command line.
+Usage: <vllm venv>/bin/python check_vllm_args.py [--cache DIR] ARG... | --records; exit 0 accepted, 2 refused.
 """
 
 import contextlib

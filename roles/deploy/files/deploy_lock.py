@@ -1,10 +1,6 @@
 """Hold the deploy's lock on a host for as long as this process lives: the lock the watchdog takes too.
 
-Run by the deploy role as a transient systemd unit (``systemd-run -p Type=notify ... deploy_lock.py LOCK
-WAIT``): it takes an exclusive flock on LOCK, waiting at most WAIT seconds (a watchdog restart in progress
-holds it for seconds), tells systemd it is ready (so ``systemd-run`` returns only once the lock is held), and
-sleeps until it is stopped; the kernel drops the lock with the process, so a killed play cannot leave it held
-past the unit's RuntimeMaxSec. Standard library only, any Python >= 3.8 (the host's python3).
+Usage: deploy_lock.py LOCK WAIT_SECONDS (the deploy role runs it under systemd-run -p Type=notify)
 """
 
 from __future__ import annotations

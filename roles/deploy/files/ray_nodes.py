@@ -1,8 +1,8 @@
 """Wait until every node of a Ray cluster is alive in the head's GCS (run by the deploy role with the vLLM
 venv's python, where Ray is installed).
-Usage: python ray_nodes.py GCS_ADDRESS TIMEOUT NAME=ADDRESS... ; exit 0 when a node with each ADDRESS is
-alive, else exit 1 after TIMEOUT seconds with one line naming the nodes that did not join. Reads the GCS
-directly (no driver, no dashboard): the playbook's shell does not share the Ray units' private /tmp."""
+
+Usage: python ray_nodes.py GCS_ADDRESS TIMEOUT NAME=ADDRESS... ; exit 0 when each ADDRESS is alive, else 1.
+"""
 from __future__ import annotations
 
 import json

@@ -1,22 +1,7 @@
-"""Wait until a vLLM unit answers /health with 200, and stop early when the unit crashes (run by the deploy
-role).
+"""Wait until a vLLM unit answers /health with 200; stop early when the unit crashes (run by the deploy role).
 
 Usage: python3 wait_healthy.py URL UNIT TIMEOUT_S DELAY_S [--journal-fail REGEX]... [--journal-need REGEX]...
        [--startup REGEX]... [--progress-file PATH]
-
-Exit 0 with "healthy after N s" once /health answers 200; with --journal-fail, then one "journal: LINE"
-(secrets masked) for each line of this start's journal of the unit (its systemd invocation) that a REGEX
-matches (re.search), for the deploy role to fail and roll back on: a healthy /health can serve a wrongly
-loaded model. With --journal-need, one "journal-has: LINE" (the first match) or "journal-missing: REGEX" per
-REGEX: a lever that did not say it applied. With --startup, one "startup: JSON" line: the unit's activation
-time, when /health first answered, and this start's journal lines a REGEX matches, each with its monotonic
-time (the deploy's report of the start, sparkspec.operate.startup). Exit 1 with one line on stdout as soon as
-the unit has crashed (systemd restarted it, is about to, or marked it failed or inactive), or when TIMEOUT_S
-pass: a start that crashes at once (a wrong flag vLLM's parser lets through, a missing tokenizer, too little
-memory) is rolled back within a restart, not after the whole timeout. With --progress-file (given by the
-role's sparkspec_progress task) PATH is replaced at most every 5 s with the time waited and what the unit is
-doing (its state and last journal line, secrets masked), and removed at the end. Standard library only, and
-the contract role's host code (sparkspec_host.py), which the deploy installs beside this file.
 """
 
 import json

@@ -1,38 +1,5 @@
-"""Run a long command on the host and print its progress in the play at least once a minute.
-
-Used in place of ``ansible.builtin.command`` for the steps that take minutes (a checkpoint fetch, assemble,
-verify --full, the health wait of a model load)::
-
-    - name: Fetch something big
-      sparkspec_progress:
-        argv: [/opt/sparkspec/bin/sparkspec, fetch, repo, ...]
-        interval: 30      # seconds between progress lines, 1-60 (default 30)
-        timeout: 86400    # the command is killed after this many seconds
-      register: _result
-      changed_when: ...
-
-The command runs as an Ansible async job (the task's ``become``, ``environment`` and connection apply as
-for ``command``) and is given ``--progress-file PATH``, a file in the async folder of the user it runs as,
-which it replaces with its counters as it goes (:mod:`sparkspec.progress`) and removes when it ends. The job
-is followed by long polls: each is one run of this role's ``sparkspec_job_wait`` module, which waits on the
-host until the job ends (seen within 0.1 s; the results file is removed in the same run) or the next line is
-due (then it returns the progress file's text). So a short command costs two round trips (start, end), and a
-long one a round trip per line, not one every second. Every ``interval`` seconds one line goes through
-Ansible's Display (``sim01: fetch org/name: 1.2 GiB of 77.0 GiB,
-90.6 MiB/s, 13 min left``); a command that wrote no progress yet still gets ``running for N s``. When the
-job ends the task returns the command's own result (rc, stdout, stderr, failed with ``non-zero return code``
-when rc != 0), exactly what ``command`` would have returned, so ``register``, ``changed_when`` and
-``failed_when`` work unchanged; the job's status file is removed. In check mode the command module runs as
-it would in a plain ``command`` task (it skips).
-
-To run something else meanwhile (the checkpoint download while vLLM is installed or built), a task starts the
-command with ``start: true`` and returns at once with ``job: {jid, progress}``; a later task of the same play
-follows that job to its end with ``job: <that map>`` (no argv), printing progress and returning the command's
-result as above. The job runs as the starting task's user: the following task must use the same ``become``.
-
-One task, not ``async``/``poll: 0`` plus a watcher task: the fetch loops over sources that depend on one
-another (the FP8 subset reads the INT4 folder fetched before it), and ``poll: 0`` in a loop starts every
-item at once.
+"""Action plugin: run a long command on the host as an Ansible async job, print its progress in the play at
+least once a minute, and return the command's own result, as ``ansible.builtin.command`` would.
 """
 
 from __future__ import annotations

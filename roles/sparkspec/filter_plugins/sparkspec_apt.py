@@ -1,12 +1,5 @@
-"""Ansible filter for the monitoring role's webhook preflight: which Alertmanager apt would leave on the host.
-
-A webhook's URL usually carries its token. Alertmanager keeps it out of its API only from 0.26.0 on
-(CHANGELOG: "Webhook Integration: `url` is now marked as a secret", #3228); before, ``/api/v2/status``
-shows the whole configuration, URL included, to anyone who reaches the port, every local user at least. The
-role reads ``apt-cache policy prometheus-alertmanager`` before it installs anything and refuses a webhook
-where the version apt keeps (the installed one) or would install (the candidate) is older: Debian 12 has
-0.25.0, Ubuntu 24.04 0.26.0. The URL stays in alertmanager.yml (root:prometheus 0640): ``url_file`` (0.26.0,
-#3223) crashes Alertmanager when the receiver answers an error until 0.28.0 (#3800).
+"""Ansible filter for the monitoring role's webhook preflight: which Alertmanager apt would leave on the host,
+and whether that one keeps a webhook's URL secret (0.26.0 and later).
 """
 
 from __future__ import annotations

@@ -1,12 +1,5 @@
-"""Ansible filter for the monitoring role's port preflight: which of its listen ports another process holds.
-
-The role reads ``ss -Hltnpe`` (the host's listening TCP sockets, their processes and, with cgroup v2, the
-cgroup, i.e. the systemd unit, of each socket) and ``ps -o pid=,unit= -e`` (each process's unit, for sockets
-without a cgroup) before it installs anything. A port held by the unit meant for it (a second run) is fine; a
-port held by anything else, or by a socket whose unit cannot be told (a process in another PID namespace: a
-container or a host sharing the network), is reported as one line naming the port, the variable and the fix.
-ss cannot always name the process (a hardened service, a container without CAP_SYS_PTRACE): the socket's
-cgroup still names its unit.
+"""Ansible filter for the monitoring role's port preflight: which of its listen ports another process holds
+(from ``ss -Hltnpe`` and ``ps -o pid=,unit= -e``).
 """
 
 from __future__ import annotations

@@ -1,11 +1,5 @@
-"""Ansible filters over sparkspec's registry of methods and profiles (sparkspec.registry), for the roles.
-
-The contract role resolves each host once (``sparkspec_resolve``) into the fact ``sparkspec_resolved``; the
-deploy role turns that into vLLM's command line (``sparkspec_vllm_command``), the fetch role into what to
-download (``sparkspec_downloads``) and, in a cluster, what the head hands its workers (``sparkspec_handoffs``,
-``sparkspec_handoff_items``; ``sparkspec_handoff_folder`` for a source build's wheelhouse). Errors come
-back as one line in ``problems``, which the role asserts on, so the play stops with the line and not a
-traceback.
+"""Ansible filters over sparkspec's registry of methods and profiles (sparkspec.registry), for the roles; an
+error comes back as one line in ``problems``, which the role asserts on.
 """
 
 from __future__ import annotations

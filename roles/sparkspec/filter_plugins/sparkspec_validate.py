@@ -1,12 +1,5 @@
-"""Ansible filters that check what the roles write into environment, config and unit files.
-
-The roles write the unit's environment file, pip's config file and vLLM's command line from inventory values,
-and name the unit and its user after inventory strings (profile folders, repo ids and revisions are checked by
-the resolver: sparkspec_registry.py over sparkspec.registry). A value that systemd or pip would read
-differently from what was written, or that would leave its folder, is reported as one line naming the variable
-and the fix, before anything on the host changes. Every value written into the unit or its environment file
-goes through sparkspec.systemd's function for its place (the sparkspec_sd_* filters; sparkspec_sd_problems
-checks them all in the deploy role's validate.yml, before anything renders).
+"""Ansible filters that check what the roles write into environment, config and unit files (the
+``sparkspec_sd_*`` filters among them): each problem is one line naming the variable and the fix.
 """
 
 from __future__ import annotations

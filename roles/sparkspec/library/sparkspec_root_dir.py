@@ -1,9 +1,7 @@
 #!/usr/bin/python
 """sparkspec_root_dir: check, changing nothing, that a folder root will write into can only be redirected by
-root: every part of its path that exists is a real folder (not a symbolic link) owned by root and writable by
-no one else. A service user that owns a parent (prometheus owns /var/lib/prometheus, grafana /var/lib/grafana)
-could otherwise swap the folder for a link between two runs, and root's later writes, chmods and chowns would
-land where that user chose."""
+root: every existing part of its path a real folder owned by root and writable by no one else.
+"""
 
 from __future__ import annotations
 

@@ -1,36 +1,6 @@
 #!/usr/bin/python
-"""Stage, compare and swap the vLLM unit's files in one module run per step (the deploy role's module, kept
-with the contract role's plugins: every role depends on that role, so Ansible finds it for the deploy).
-
-A method switch used to be about fifteen tasks that each ran a module on the host (a round trip of 0.2-0.8 s
-each): write three staged files, create their folders, read checksums, keep the previous version per file,
-install per file, fix the env file's mode, daemon-reload, restart. This module does each step in one run:
-
-``state: staged``
-    writes the files under ``staged_root`` (at their live paths below it), and the ``assets`` (the helper
-    scripts the role runs on the host) and ``directories`` where they differ; compares each file's content
-    with the live one. Returns ``differs`` (a live file is missing or its content differs), ``differed``
-    (those paths), ``has_live`` (the first file, the unit, is installed) and ``live_present``. The live unit
-    is untouched, so the staged unit can be checked before it replaces the live one. With ``analyze`` (not in
-    check mode) the same run rates the staged unit (``systemd-analyze security --offline``: ``security``, rc,
-    stdout, stderr) and, when it differs, verifies it (``systemd-analyze verify``: ``verify``) and runs
-    ``check_argv`` as ``check_user`` (vLLM's parser on the command line: ``args_check``, rc, stdout, stderr);
-    when the checker printed ``checked KEY`` (it parsed and accepted the line), ``check_cache_dir``/KEY is
-    written as root, so the next switch to the same line and vLLM finds it (the checker, run as the service
-    user, only reads that folder).
-``state: live``
-    when ``differs``: keeps the live files under ``previous_root`` (for rollback), installs the new ones
-    (atomically, with their owner, group and mode) and reloads systemd; then fixes a live file's owner, group
-    or mode that drifted, stops and disables ``stop_units``, enables ``unit`` and restarts it when its files
-    changed (starts it when it is not running); writes ``assets`` and removes ``absent`` as the files step
-    does (the method switch's record goes with the unit it names; rollback.yml puts the record back with the
-    unit). Returns ``restarted`` and ``differed``.
-``state: files``
-    writes the ``assets`` where they differ and removes the ``absent`` paths (rollback.yml: the method
-    switch's record as it was before the deploy).
-
-Check mode changes nothing and reports what would change; diff mode shows the files of ``files`` (never those
-of ``secret_files``, whose content is also kept out of the module's log and result).
+"""The deploy role's module: stage, compare and swap the vLLM unit's files, one run per step (``state``:
+staged, live or files). It lives in the contract role, which every role depends on, so Ansible finds it.
 """
 
 from __future__ import annotations
@@ -48,7 +18,7 @@ from ansible.module_utils.sparkspec_host import atomic_write
 DOCUMENTATION = r"""
 module: sparkspec_unit
 short_description: Stage, compare and swap a systemd unit's files, keep the previous version, restart
-description: The deploy role's unit swap in one module run per step (see the module's docstring).
+description: The deploy role's unit swap in one module run per step (docs/design.md, "Module notes").
 options:
   state:
     description: staged (write the staged copy, compare), live (keep previous, install, reload, restart) or

@@ -1,10 +1,5 @@
-"""lookup('sparkspec_source', 'module_utils/sparkspec_host.py'): the text of a file of the contract role.
-
-Other roles put the contract role's shared host code on a host or run it there: the probes
-(``python -c TEXT PROBE ...``), and ``sparkspec_host.py`` installed beside the scripts that import it. A
-role's
-own ``file`` lookup searches only that role, and ``role_path | dirname`` breaks where a role is installed
-elsewhere; this finds the file next to this plugin, whatever the calling role.
+"""lookup('sparkspec_source', 'module_utils/sparkspec_host.py'): the text of a file of the contract role,
+found next to this plugin whatever the calling role.
 """
 
 from __future__ import annotations

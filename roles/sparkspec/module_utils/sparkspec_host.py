@@ -1,39 +1,6 @@
-"""The host side's shared Python: what the roles' modules, scripts and probes read and write on a host, once.
-
-Standard library only, any Python >= 3.8 (the host's python3, a vLLM venv's, the service user's). Three
-ways in:
-
-- **Modules** import it as Ansible module_utils (``from ansible.module_utils.sparkspec_host import ...``;
-  Ansible ships it inside the module's payload).
-- **Scripts** the roles put on the host (the deploy's health waiter, the vLLM build's helper) import it as
-  ``sparkspec_host``: the role installs this file beside them; run from the checkout, they find it here.
-- **Probes** run this file's text with ``python -c TEXT PROBE ARG...`` in one round trip (the text travels in
-  the command; nothing is copied first) and print one JSON document:
-
-  ``venv PINNED REMOVALS SYSTEM RECORD [MODULES]`` (vllm_install, the venv's python as the service user;
-  stdin: the INC patch's text or nothing): ``pinned`` (the pinned package's installed version or null),
-  ``removals`` (which of the packages to remove are installed), ``missing`` (system packages dpkg does not
-  list as installed), ``record`` (the INC patch's record or null), ``versions`` ({torch, cuda, vllm, site},
-  read from the distributions' metadata and torch/version.py without importing either, or null) and ``error``
-  (why null), ``modules`` ({module: found}), ``patch`` ({applied, fits, output}: ``patch --dry-run`` reversed
-  and forward at site, or null without a patch text, versions or the patch program).
-
-  ``tools WHEEL SYSTEM EXTRAS RECORD`` (sparkspec_tools, the tools venv's python): ``missing``, ``wheel``
-  (sha256 of the wheel on the host or null), ``record`` (the role's record of the wheel installed last),
-  ``unmet`` (requirements of the installed sparkspec with the extras that nothing installed meets;
-  ["sparkspec"] when it is not installed; null: not checked), ``command`` (``sparkspec --version`` runs).
-
-  ``status UNIT PROPERTIES [STATE]`` (``invoke status``, as root): ``show`` (the unit's systemd properties),
-  ``record`` and ``desired`` (/etc/sparkspec/UNIT.json and UNIT.desired.json; {error} when unreadable),
-  ``health`` (/health's status code, asked on the host) and ``health_error``, ``mem_available`` and ``rss``
-  (bytes: the host's available memory, the RSS of the unit's processes), ``memfit`` (the memory guard's newest
-  record under STATE/memfit for the unit's profile, method and k, or null), ``watchdog`` (the
-  ActiveState of UNIT-watchdog.service, null when there is none) and ``headless`` (STATE/headless.json, the
-  headless role's record, or null).
-
-  ``toolchain CUDA_HOME PATH...`` (vllm_build's guards): ``cuda`` (nvcc's release), ``nvcc``, ``ptxas``,
-  ``cuobjdump`` (they exist), ``mem_available_gb``, ``free_disk_gb`` (at the nearest existing folder of each
-  PATH, the least).
+"""The host side's shared Python (standard library only, Python >= 3.8): what the roles' modules, scripts and
+probes read and write on a host, once. Modules import it as module_utils, scripts from beside them; run as
+``python -c TEXT PROBE ARG...`` (PROBE: venv, tools, status, toolchain), it prints one JSON document.
 """
 
 from __future__ import annotations

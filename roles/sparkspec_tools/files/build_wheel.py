@@ -1,13 +1,7 @@
-"""Build the sparkspec wheel (or the levers plugin's, from levers/) on the controller, or reuse the one built
-from this very source (the sparkspec_tools and deploy roles run this with the controller's Python; every
-provision does, so an unchanged tree must not cost a build). One wheel folder per source.
+"""Build the sparkspec wheel (or the levers plugin's) on the controller, or reuse the one built from this very
+source.
 
-argv: the project folder, the wheel folder. Reuses the wheel when the record beside it (sparkspec-source.json)
-names the sha256 of the source (pyproject.toml, README.md and every file under src/ but caches) and of the
-wheel, and the wheel still has those bytes; otherwise clears setuptools' build tree (stale modules would ship
-in the wheel), runs `pip wheel --no-deps --no-build-isolation` (SOURCE_DATE_EPOCH from the environment makes
-the bytes reproducible) and writes the record (atomically, with the contract role's host code). Prints one
-JSON line {wheel, sha256, source, built}; a failure is one line on stderr and exit 1.
+Usage: python build_wheel.py PROJECT_DIR WHEEL_DIR; prints one JSON line {wheel, sha256, source, built}.
 """
 
 import hashlib

@@ -1,31 +1,8 @@
 #!/usr/bin/env python3
-"""The vllm_build role's helper on the host (standard library only, any Python >= 3.8; it imports the contract
-role's host code, sparkspec_host.py, which the role puts beside it). The guards' reading of the toolchain,
-memory and disk is that code's ``toolchain`` probe.
+"""The vllm_build role's helper on the host (standard library only; imports sparkspec_host.py from beside it).
 
-  torch VENV                   torch's version and CUDA release in VENV (read from torch/version.py, without
-                               importing torch), as JSON; exits 1 when there is no torch
-  sass SITE CUOBJDUMP ARCH CORE_JSON
-                               every extension (.so) of the vllm package under SITE: the SASS its device
-                               code carries (cuobjdump --list-elf); which core extensions are missing and
-                               which extensions with device code lack ARCH (sm_121a), as JSON
-  fa-archs FA_SRC ARCH         edit FA_SRC/CMakeLists.txt (vllm-project/flash-attention) in place so that ARCH
-                               (12.1a or 12.1) survives FA's own arch selection: add its base (12.1) to each
-                               CUDA_SUPPORTED_ARCHS list ending at 12.0 and ARCH to the FA2 list of
-                               cuda_archs_loose_intersection(FA2_ARCHS ...); idempotent; prints
-                               {"changed", "file", "edits"} as JSON; exits 1 with one line on stderr when a
-                               line it needs is not there (a symlinked CMakeLists.txt is refused)
-  take-wheels STAGING DEST SUMS_JSON OWNER
-                               a cluster worker's copy of the head's wheels: each file named in SUMS_JSON
-                               ({name: sha256}) from STAGING (OWNER's fetch) into DEST (root's), read through
-                               an O_NOFOLLOW descriptor that must be a regular file of OWNER with one link,
-                               hashed while it streams into a temp name that takes the wheel's name only when
-                               its sha256 matches; prints {"copied": [...]}; exits 1 with one line otherwise
-  run LOG WHAT CMD... [--progress-file P]
-                               run CMD, appending its output to LOG; with --progress-file (appended by the
-                               sparkspec_progress action) keep P updated with the time and the last ninja
-                               step ([123/456]) so the play prints the compile's progress; prints the last
-                               lines of the output and exits with CMD's status
+Usage: vllm_build_helper.py torch VENV | sass SITE CUOBJDUMP ARCH CORE_JSON | fa-archs FA_SRC ARCH
+       | take-wheels STAGING DEST SUMS_JSON OWNER | run LOG WHAT CMD... [--progress-file P]
 """
 
 from __future__ import annotations
@@ -93,7 +70,7 @@ def _ver(item: str) -> tuple[int, int]:
 
 
 def fa_archs(src: str, arch: str) -> dict:
-    """FA_SRC/CMakeLists.txt edited in place so that ARCH survives FA's own arch selection (usage above)."""
+    """FA_SRC/CMakeLists.txt edited in place so that ARCH survives FA's own arch selection (design.md)."""
     path = os.path.join(os.path.abspath(src), "CMakeLists.txt")
     if not re.fullmatch(r"\d+\.\d+a?", arch):
         raise SystemExit(f"fa-archs: ARCH {arch!r} is not of the form 12.1a or 12.1")

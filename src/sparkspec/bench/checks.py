@@ -1,18 +1,4 @@
-"""Checks that catch silent regressions a benchmark cannot see: the prefix cache and tool calls.
-
-``prefix_cache`` sends one long prompt (a fresh nonce first, so the first send cannot hit) twice, greedily,
-for one token each, and reads vLLM's counters ``vllm:prefix_cache_queries_total`` and
-``vllm:prefix_cache_hits_total`` before, between and after: where prefix caching is expected on, the repeat
-must hit. Prefix caching drops to 0 hits with MTP or DFlash on hybrid Gated-DeltaNet models (vLLM #54360,
-#51250); the FAIL line says so for them.
-
-``tool_call`` asks for one tool call with a forced ``tool_choice`` (vLLM's structured outputs make even a
-random tiny model call it), non-streaming and streamed (``delta.tool_calls`` pieces joined by index): each
-answer must carry exactly one call to that function whose arguments parse as a JSON object holding the
-parameter schema's required keys, each of the schema's type.
-
-Whatever the server answers is untrusted: bodies are read up to a bound, quoted server text is cleaned.
-"""
+"""Checks that catch silent regressions a benchmark cannot see: the prefix cache and tool calls."""
 
 from __future__ import annotations
 

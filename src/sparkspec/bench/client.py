@@ -1,17 +1,5 @@
-"""Benchmark client: streamed chat completions against an OpenAI-compatible vLLM server.
-
-Result keys and units follow ``vllm bench serve`` where they mean the same (``completed``, ``duration`` in s,
-``*_ms`` latencies, ``output_throughput`` in tok/s, ``spec_decode_*`` from the server's own counters), plus
-the article's per-request speed: a request's tok/s is its output tokens over its end-to-end time. Output
-tokens come from the server's streamed usage (``stream_options.include_usage``); TPOT = (e2e - TTFT) / (output
-tokens - 1), never inter-chunk gaps, since one chunk carries several tokens under speculative decoding.
-
-What the server sends is untrusted: every stream is parsed line by line with bounds (line length, response
-size, JSON depth), every chunk must have the shape of an OpenAI chat.completion.chunk, and usage counts must
-be integers within max_tokens. The first request that fails in any way (HTTP error, error event, malformed or
-unfinished stream, a connection that breaks) stops the run: one line naming the URL and what was wrong, exit
-1, and nothing is written. Server text quoted in a message is cut short, stripped of control characters and of
-the API key.
+"""Benchmark client: streamed chat completions against an OpenAI-compatible vLLM server, with result keys and
+units as ``vllm bench serve`` gives them, plus the article's per-request speed.
 """
 
 from __future__ import annotations

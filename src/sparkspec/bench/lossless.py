@@ -1,10 +1,4 @@
-"""Lossless check: at temperature 0 a speculative method must produce exactly what baseline produces.
-
-``record`` runs a fixed prompt set greedily against baseline and keeps the outputs as a reference JSON;
-``compare`` runs the same prompts (taken from the reference, with its max_tokens) against another method and
-reports the share of identical outputs, where each mismatch first diverges, and which JSON-asking prompts did
-not parse (a separate figure; it fails the check only with ``require_json``).
-"""
+"""Lossless check: at temperature 0 a speculative method must produce exactly what baseline produces."""
 
 from __future__ import annotations
 

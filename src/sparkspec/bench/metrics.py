@@ -1,14 +1,5 @@
 """The figures of a run: the client's own (``summarize``) and vLLM's /metrics (counter snapshots, deltas over
 a run, and the spec-decode figures they give); and the bounded, key-redacting reads of a server's answers.
-
-Parsed with prometheus_client's text parser; every counter is summed over its label sets (model_name, engine),
-per-position acceptance keeps the ``position`` label. Formulas (as ``vllm bench serve`` reports them):
-acceptance rate = accepted / draft tokens (percent); acceptance length = 1 + accepted / drafts;
-per-position rate i = accepted_per_pos[i] / drafts (fractions). A server without spec-decode counters
-(baseline) gives None for all of them, never 0.
-
-Whatever a server answers is untrusted: bodies are read up to a bound, and counters must be finite and
-non-negative.
 """
 
 from __future__ import annotations

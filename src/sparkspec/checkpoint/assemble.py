@@ -1,14 +1,5 @@
-"""Assemble the hybrid checkpoint: AutoRound INT4 shards with selected layers taken in FP8.
-
-Without ``--fp8`` the hybrid is the INT4 checkpoint alone, rewritten apart from its download so that
-``add-mtp`` can register the MTP head it ships unlisted (the Intel INT4 layout), no layer in FP8.
-
-Plan from headers only, then stream byte ranges into fresh shards (never a whole shard in memory),
-hashing what is written in the same pass. Sources are opened read-only and must hold their own files (no link
-out of the folder, no tensor in two shards); ``--out`` must lie apart from them and is replaced only when it
-holds this command's manifest: the hybrid is built in a hidden sibling and swapped in at the end (ckpt_out).
-The manifest records inputs and, per output file, its digest and stat (ckpt_manifest), so that an unchanged
-re-run is a no-op (also after add-mtp has added its entries to the index) and a changed output is rebuilt.
+"""Assemble the hybrid checkpoint: AutoRound INT4 shards with selected layers taken in FP8 (without ``--fp8``,
+the INT4 checkpoint alone, so that ``add-mtp`` can register its MTP head), planned from headers, streamed.
 """
 
 from __future__ import annotations
@@ -44,6 +35,7 @@ from sparkspec.checkpoint.safetensors_io import (
 )
 from sparkspec.checkpoint.selection import (
     EXTRA_FILE,
+    REVISION_FILE,
     ModelConfig,
     compile_patterns,
     fp8_candidates,
@@ -64,7 +56,6 @@ from sparkspec.checkpoint.stream import (
     write_pieces,
 )
 from sparkspec.errors import UserError
-from sparkspec.hub.repo import REVISION_FILE
 from sparkspec.outputs import fsync_path, write_atomic
 from sparkspec.validate import COMMIT_RE, read_regular, revision, source_file
 

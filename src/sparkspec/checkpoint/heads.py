@@ -1,19 +1,5 @@
-"""Check a draft head (EAGLE3 or DFlash) against its target before the server is touched.
-
-vLLM refuses a wrong head only at engine start, deep in a traceback (a hidden size that differs from the
-target's dies in a matmul: ``CHECK_EQ ... 512 vs 768``), or not at all (a DFlash head without
-``dflash_config`` is taken as another drafter). Reading the two config.json files and the head's safetensors
-headers (no weights) is enough to refuse these in one line naming the field and the fix:
-
-* the head's hidden size (``target_hidden_size`` when set, else ``hidden_size``) equals the target's, and
-  ``fc`` reads exactly one target hidden state per aux layer;
-* EAGLE3: ``architectures`` names an EAGLE3 model; ``eagle_config.eagle_aux_hidden_state_layer_ids`` (when
-  given) are integers from 0 to the target's layer count (id i is the input of target layer i; id L the last
-  output);
-* DFlash: ``architectures`` is ``DFlashDraftModel``; ``dflash_config`` holds ``block_size`` (>= 2),
-  ``mask_token_id`` (inside the head's vocabulary) and ``target_layer_ids`` (zero-based, below the layer
-  count), and the block holds the method's k drafts and the bonus token;
-* the head's vocabulary is the target's (``draft_vocab_size`` may be smaller only with a ``d2t`` map).
+"""Check a draft head (EAGLE3 or DFlash) against its target before the server is touched, from the two
+config.json files and the head's safetensors headers (no weights): one line naming the field and the fix.
 """
 
 from __future__ import annotations

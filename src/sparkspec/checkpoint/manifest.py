@@ -1,13 +1,5 @@
 """The manifest ``checkpoint assemble`` leaves in its output: what it read, what it wrote, and how to tell
 that what it wrote is still there, unchanged.
-
-Right after writing each output file, the manifest records its size, modification and change times and inode
-(any write to the file changes its change time, which no user can set back) and the digest of its bytes; for
-shards also the digest of the header. A re-run is a no-op only when all of that still matches
-(:func:`stale_outputs`). ``add-mtp`` adds the records of the files it writes into the hybrid (the MTP head
-and the index it extends, :func:`record`), so the manifest covers every file. ``verify`` re-hashes the files
-whose record no longer matches, ``verify --full`` every file (:func:`rehash`), with the digest the copy
-computed (ckpt_stream: the whole file's bytes, in order).
 """
 
 from __future__ import annotations

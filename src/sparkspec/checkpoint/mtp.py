@@ -1,13 +1,5 @@
-"""add-mtp: register the MTP head of ``model_extra_tensors.safetensors`` in the target's index.
-
-vLLM reads only the files that ``model.safetensors.index.json`` names; an MTP head that the index does
-not map is never loaded (vLLM 0.32 then refuses MTP at start: "Following weights were not initialized from
-checkpoint", measured on the simulated Qwen3-Next). The tensor list
-comes from the extra file's own header (source indexes in the wild do and do not list it). The target must be
-a hybrid that ``checkpoint assemble`` wrote, apart from the source. Everything is validated first (the head,
-the target's index and headers, no tensor in two files); then the file is hard-linked when source and target
-share a filesystem, else copied, into a fresh hidden temp, the new index is staged beside it, and both are
-renamed into place, the index last (:mod:`sparkspec.outputs`). A failure leaves the target as it was.
+"""add-mtp: register the MTP head of ``model_extra_tensors.safetensors`` in the target's index, so that vLLM
+loads it; the target is a hybrid that ``checkpoint assemble`` wrote, and a failure leaves it as it was.
 """
 
 from __future__ import annotations

@@ -1,12 +1,4 @@
 """Output folders of the checkpoint commands (assemble, generate): claimed, locked, built aside, swapped in.
-
-An output is refused before anything is touched when it is a symbolic link, not a folder, equal to, inside or
-around an input (resolved real paths), or a non-empty folder without the command's own manifest or marker.
-The new content is built in a hidden sibling (``.NAME.<stage>``) and swapped in by
-:func:`sparkspec.outputs.swap_folder` (one ``renameat2`` exchange, two renames where the filesystem lacks it);
-the old content, which the command wrote, is removed after. A lock beside the output keeps two runs apart and
-is removed on the way out. A failure leaves the output as it was and no sibling behind; bad input is exit 2, a
-run-time failure (disk full, I/O error) exit 1.
 """
 
 from __future__ import annotations

@@ -1,10 +1,4 @@
-"""safetensors headers and the sharded index: parse, validate, encode; small-file writer.
-
-The format: an 8-byte little-endian u64 N, N bytes of UTF-8 JSON (space padded), then the data buffer.
-Each entry gives dtype, shape and ``data_offsets`` relative to the buffer; the entries tile the buffer
-contiguously from 0 and the file ends exactly at the buffer end. The header parser takes a ``read(offset,
-length)`` callable so the same validation runs on local files and on HTTP range reads.
-"""
+"""safetensors headers and the sharded index: parse, validate, encode; small-file writer."""
 
 from __future__ import annotations
 

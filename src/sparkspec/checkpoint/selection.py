@@ -19,6 +19,7 @@ from sparkspec.checkpoint.safetensors_io import Header, TensorInfo
 from sparkspec.errors import UserError
 
 EXTRA_FILE = "model_extra_tensors.safetensors"  # the INT4 repo's MTP head: not a model shard
+REVISION_FILE = ".sparkspec-revision"  # a fetched folder's commit id (sparkspec fetch writes it)
 QUANT_SUFFIXES = (".weight", ".qweight", ".qzeros", ".scales", ".g_idx")
 FUSED_GROUPS = ({"q_proj", "k_proj", "v_proj"}, {"gate_proj", "up_proj"}, {"in_proj_qkv", "in_proj_z"},
                 {"in_proj_b", "in_proj_a"})

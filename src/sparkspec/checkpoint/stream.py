@@ -1,19 +1,4 @@
-"""Streaming copy of byte ranges into new files, hashing exactly the bytes written, in one pass over them.
-
-The output (a header prefix, then source ranges, adjacent ranges merged) is gathered chunk by chunk into one
-of a few page-aligned buffers: each chunk is read once from the sources (``preadv``), hashed in place, and
-handed to a pool of writer threads, so that ``IN_FLIGHT`` chunks are on their way to the disk while the next
-one is read. A chunk is written with ``O_DIRECT`` where the filesystem takes it: the device takes the buffer
-by DMA, with no copy into the page cache and no writeback afterwards. Where a filesystem or device refuses
-direct I/O (or its alignment), the chunk is written the ordinary way and at once pushed to the disk and
-dropped from the page cache (``sync_file_range``, then ``posix_fadvise(DONTNEED)``): write-behind, so that the
-page cache never holds more than a few chunks of the output, which a plain buffered copy (``cp``) of a large
-file does, paying for fresh pages and for a writeback burst at the end. Either way several writes are in
-flight, as the kernel's writeback keeps them for ``cp``; a single synchronous write at a time leaves the disk
-idle between writes. Memory stays flat (``BUFFERS`` x ``CHUNK_BYTES``) whatever the file sizes. xxh3_128
-(the ``xxhash`` package) hashes at memory speed; without it the stdlib blake2b is used and the manifest
-records which. Durability is the caller's: it fsyncs every file before making the output visible.
-"""
+"""Streaming copy of byte ranges into new files, hashing exactly the bytes written, in one pass over them."""
 
 from __future__ import annotations
 

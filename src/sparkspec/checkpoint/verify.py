@@ -1,11 +1,5 @@
-"""verify: a sharded safetensors checkpoint is complete and consistent, MTP head included.
-
-Checks: every index entry is in its file; every tensor of every indexed file is in the index; total_size
-matches; headers, offsets and file sizes are sane; every F8_E4M3 ``X.weight`` has its ``weight_scale_inv``;
-the MTP count matches ``--expect-mtp`` or what config.json implies (4 + L x (3 x E + 13)); in a hybrid that
-assemble wrote, every file whose size, times or inode differ from its manifest record is re-hashed against the
-manifest's digest (``--full``: every file, whatever its record says); a sample of tensors loads with
-fastsafetensors (the loader the units use) and equals the bytes on disk.
+"""verify: a sharded safetensors checkpoint is complete and consistent, MTP head included; in a hybrid that
+assemble wrote, its files still hold the bytes the manifest recorded.
 """
 
 from __future__ import annotations

@@ -1,11 +1,5 @@
 """Subcommands of the verify side: ``bench``, ``check-output`` and ``check`` (``report`` moved to the
 controller).
-
-Every flag is checked by its argparse type (finite, in range, printable) and every output path before the run:
-an output may not be a symbolic link, a folder, an input, or an existing file that this command did not write
-(it must carry the command's format marker, or be empty). Outputs are written only after everything succeeded,
-each to a fresh sibling that is renamed over the target. The API key comes from a file (``--api-key-file``,
-not readable by other users) or ``$SPARKSPEC_API_KEY``, never from the command line.
 """
 
 from __future__ import annotations
@@ -228,14 +222,6 @@ def _check_run(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-MOVED = ("sparkspec report moved to the controller: run invoke report with the same options in the project's "
-         "checkout (tasks/report.py)")
-
-
-def _report_moved(args: argparse.Namespace) -> int:
-    raise UserError(MOVED)
-
-
 def _add_server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", required=True, type=arg_type(lambda v, f: check_url(v), "--url"),
                    help="server base URL, http(s)://host[:port], e.g. http://127.0.0.1:8000")
@@ -310,10 +296,3 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                                                                    "256)")
     tc.add_argument("--output", help="report JSON to write")
     tc.set_defaults(func=_check_run)
-
-    # the table and the plot are written on the controller now (`invoke report`): one line saying so, whatever
-    # the flags (a script or a role of an older checkout)
-    rep = sub.add_parser("report", help="moved to the controller: `invoke report`", add_help=False,
-                         prefix_chars="\0")   # no option of its own: every flag given lands in args
-    rep.add_argument("args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
-    rep.set_defaults(func=_report_moved)

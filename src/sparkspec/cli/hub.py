@@ -1,11 +1,4 @@
-"""``sparkspec fetch repo|fp8-subset|batch|plan`` and ``sparkspec hub serve``.
-
-Only argparse registration happens at import; each handler imports what it runs (huggingface_hub and the
-HTTP client load only for ``fetch``). Every value is checked where argparse reads it (repo ids and revisions
-by :mod:`sparkspec.validate`, numbers by :mod:`sparkspec.argtypes`), so bad input ends in one line before
-anything is read or written. No secret is taken on the command line: tokens come from files or the
-environment.
-"""
+"""``sparkspec fetch repo|fp8-subset|batch|plan`` and ``sparkspec hub serve``."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
 """``sparkspec memfit guard|measure|show|forget``, ``sparkspec watchdog``, ``sparkspec startup``: operating
 a deployed unit.
-
-Only argparse registration happens at import; each handler imports its :mod:`sparkspec.operate` module. The
-guard runs as the vLLM unit's ExecStartPre (exit 0 allows the start, 1 refuses it, 2 is bad input, which
-refuses it too); the watchdog is a service of its own. The API key comes from the file ``--api-key-file PATH``
-(one line), else ``$VLLM_API_KEY``; never argv.
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
 """``sparkspec cluster supervise``: the main process of a node's unit in two-node serving, vLLM its child.
-
-vLLM's own state cannot be trusted across nodes: a head whose worker died keeps /health at 200 while idle,
-and a worker whose head died leaves its process spinning. So each node runs this supervisor. It serves a
-beacon (``GET /peer``), starts the child in its own process group, waits until every peer's beacon answers
-with a running child (join), then watches them. A peer lost for --lost-after seconds, or restarted (a new
-instance), stops the child and ends the supervisor with :data:`EXIT_LOST`; systemd's KillMode=control-group
-removes anything left once it exits. Standard library only."""
+It stops vLLM when a peer is lost or restarted, since vLLM's own state cannot be trusted across nodes.
+"""
 
 from __future__ import annotations
 

@@ -1,12 +1,4 @@
 """The destination folder of ``sparkspec fetch``: whose it is, its resumable state, and how files land in it.
-
-A fetch writes only into a folder that is new, empty, or marked as a fetch's own by the state folder
-``.sparkspec-fetch`` (created before the first byte is written) and holding no symbolic link, never a
-symbolic link itself, and never into, around or inside one of its inputs (:func:`claim`, before anything is
-read). The items of a batch are checked against each other first (:func:`check_batch`). Each file is
-written to a hidden temp sibling and renamed when complete (:mod:`sparkspec.outputs`), so a re-run after an
-interruption skips finished files; a failed run removes its temp file and huggingface_hub's ``.lock`` and
-``.incomplete`` files, and a folder this run created that holds nothing finished (:func:`writing`).
 """
 
 from __future__ import annotations
@@ -22,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from sparkspec import figures, outputs, progress, stops, validate
+from sparkspec.checkpoint.selection import REVISION_FILE
 from sparkspec.errors import UserError, os_error
-from sparkspec.hub.repo import FETCH_STATE_DIR, REVISION_FILE
+from sparkspec.hub.repo import FETCH_STATE_DIR
 from sparkspec.jsonfile import loads_bounded
 from sparkspec.validate import COMMIT_RE
 

@@ -1,11 +1,5 @@
 """Fetch checkpoints with pinned revisions: whole repos (snapshot_download) and the FP8 subset that
 ``checkpoint assemble`` needs, read as HTTP byte ranges.
-
-What is read from (a hub repo or an air-gapped local copy) is a :class:`~sparkspec.hub_source.Source`, read
-through a :class:`~sparkspec.hub_source.Reader`. Every transfer writes a hidden temp file and renames it when
-complete, so a re-run after an interruption skips finished files. ``.sparkspec-fetch/fetch.json`` in the
-destination records what was fetched and marks the folder as the fetch's own (:mod:`sparkspec.hub.dest`):
-a fetch never writes into a folder it did not create, nor into or around its inputs.
 """
 
 from __future__ import annotations

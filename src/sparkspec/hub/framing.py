@@ -1,13 +1,6 @@
-"""HTTP/1.1 request framing as RFC 9112 requires, for the hub's handler (:mod:`sparkspec.hub.server`).
-
-``http.server`` splits a request line on any whitespace, speaks HTTP/0.9, takes any version number, folds
-header lines and lets a body it did not read become the next request. :func:`read_head` reads one request's
-head strictly instead, as h11 and nginx do: ``METHOD SP origin-form SP HTTP/1.x`` (``*`` for OPTIONS only),
-token field names with no space before the colon, no obs-fold, no control character but HTAB in a value, a
-bare CR nowhere (a bare LF ends a line, RFC 9112 §2.2), one valid Host for HTTP/1.1, and a body length that
-is one Content-Length of digits or nothing. Any other head raises :class:`FramingError` (400; 414 for a long
-request line, 431 for long or many header fields; 501 for Transfer-Encoding, which the hub does not read),
-and the caller answers it and closes the connection.
+"""HTTP/1.1 request framing as RFC 9112 requires, for the hub's handler (:mod:`sparkspec.hub.server`):
+:func:`read_head` reads one request's head strictly, or raises :class:`FramingError` naming the status to
+answer.
 """
 
 from __future__ import annotations

@@ -1,14 +1,5 @@
-"""A hub repo as a local directory: the files it serves, their hashes and its revision.
-
-Shared by the server (:mod:`sparkspec.hub.server`), ``hub publish`` (:mod:`sparkspec.hub.publish`) and the
-``local_path`` source of ``sparkspec fetch`` (:mod:`sparkspec.hub.source`). A repo's files are its regular
-files whose names are plain relative paths (:func:`sparkspec.validate.relpath`); symbolic links are not
-followed out of it, and FIFOs or devices are never opened as files. The revision is the 40-hex commit id in
-``.sparkspec-revision`` or, without that file, one derived from the files' content.
-
-Hashes (sha256 and the git blob id) are computed once per version of a file, when first needed, and kept
-in ``.sparkspec-hashes.json`` beside the files (hidden from the listing, like every ``.sparkspec*`` name):
-a request hashes only what nobody asked for before, and ``hub publish`` hashes while it copies.
+"""A hub repo as a local directory: the files it serves, their hashes and its revision. Shared by the hub
+server (:mod:`sparkspec.hub.server`) and the ``local_path`` source of ``sparkspec fetch``.
 """
 
 from __future__ import annotations
@@ -25,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from sparkspec import outputs, validate
+from sparkspec.checkpoint.selection import REVISION_FILE
 from sparkspec.errors import UserError
 from sparkspec.jsonfile import loads_bounded
 from sparkspec.validate import COMMIT_RE
 
-REVISION_FILE = ".sparkspec-revision"
 PUBLISHED_FILE = ".sparkspec-published"  # marks a folder as a repo ``hub publish`` made (see is_published)
 FETCH_STATE_DIR = ".sparkspec-fetch"  # marks a folder as ``sparkspec fetch``'s own (see hub_dest)
 HASHES_FILE = ".sparkspec-hashes.json"
@@ -87,12 +78,10 @@ class Listing:
     unsafe: dict[str, str] = field(default_factory=dict)  # names never served or written -> why
 
 
-def scan(directory: Path, follow_inside: bool = False, strict: bool = False) -> Listing:
+def scan(directory: Path, follow_inside: bool = False) -> Listing:
     """The regular files under ``directory``. Symbolic links are skipped or, with ``follow_inside``, followed
     when they resolve to a regular file under ``directory``; FIFOs, sockets and devices are skipped; names
-    that are not plain relative paths, and links leaving the folder, are set apart in ``unsafe``. With
-    ``strict`` (what ``hub publish`` copies), every link and every entry that is not a regular file or a
-    folder is set apart in ``unsafe`` instead of skipped, so nothing is silently left out."""
+    that are not plain relative paths, and links leaving the folder, are set apart in ``unsafe``."""
     base = directory.resolve()
     files: dict[str, FileStat] = {}
     unsafe: dict[str, str] = {}
@@ -106,9 +95,6 @@ def scan(directory: Path, follow_inside: bool = False, strict: bool = False) -> 
                     continue
                 try:
                     if entry.is_symlink():
-                        if strict:
-                            unsafe[rel] = "is a symbolic link"
-                            continue
                         if not follow_inside:
                             continue
                         if not Path(os.path.realpath(entry.path)).is_relative_to(base):
@@ -123,8 +109,6 @@ def scan(directory: Path, follow_inside: bool = False, strict: bool = False) -> 
                 except FileNotFoundError:  # removed while listed
                     continue
                 if not stat.S_ISREG(st.st_mode):
-                    if strict:
-                        unsafe[rel] = "is not a regular file (a FIFO, socket or device)"
                     continue
                 try:
                     validate.relpath(rel)

@@ -1,35 +1,5 @@
 """A small Hugging Face Hub-compatible endpoint that serves local directories: a site's model mirror (an
 air-gapped site), a cluster head's checkpoint for its workers, the simulated Spark's hub (docs/hub.md).
-
-Layout: ``ROOT/<org>/<name>/<files>``. A folder is a repo only when it is marked to be served: it holds a
-regular file ``.sparkspec-published`` (its content is not read), or the ``.sparkspec-revision`` an older
-sparkspec wrote beside no fetch state. Any other folder under ROOT is "repo not found" and nothing is written
-into it. A repo's revision is the 40-hex commit id in ``.sparkspec-revision`` (``sparkspec fetch`` writes the
-upstream commit there) or, without that file, one derived from the files' content.
-``main`` and that commit id are the only revisions. Endpoints are exactly those huggingface_hub 2.4 calls for
-``model_info``/``repo_info``, ``list_repo_tree``, ``get_paths_info``, ``hf_hub_download``,
-``snapshot_download`` and ``HfFileSystem``: ``GET /api/models/{repo}[/revision/{rev}]``,
-``GET /api/models/{repo}/tree/{rev}[/{path}]``, ``POST /api/models/{repo}/paths-info/{rev}`` and
-``HEAD|GET /{repo}/resolve/{rev}/{path}`` (ETag, X-Repo-Commit, Content-Length, single ``Range`` -> 206).
-Errors carry the hub's ``X-Error-Code``/``X-Error-Message`` headers so huggingface_hub raises its own
-exception types. olah 0.5.4 was checked first: its local-mirror path answers a ranged GET with the whole file
-(200) and reads whole files into memory, so it cannot carry the ranged FP8 fetch.
-
-What it serves: only regular files under ROOT, reached without following a symbolic link (``org``, ``name``
-and every folder below are opened with O_NOFOLLOW), named by segments that :mod:`sparkspec.validate` accepts.
-A segment that decodes to a separator, a dot, a control character or nothing, or a name starting with a dot
-(other than ``.gitattributes``), is answered with 404 before any file is touched. Hashes are computed per
-file when first needed and persisted (:class:`HashStore`), so model info without blobs or the resolve of a
-small file hashes nothing large; ``ServerStats.bytes_hashed`` counts it. Tokens are compared in constant time.
-
-How it reads requests: ``http.server`` for the connection, but each request's head framed strictly by
-:func:`sparkspec.hub.framing.read_head` (RFC 9112: one request line ``METHOD SP /path SP HTTP/1.x``, token
-field names, no folding or control characters, one Host for HTTP/1.1, Content-Length digits only,
-Transfer-Encoding refused). A malformed head is answered 400 (414 a long request line, 431 long or many
-header fields, 501 Transfer-Encoding or an unknown method) with ``Connection: close``, and the connection is
-closed after a short drain of what the client still sends. Every request's body, up to ``MAX_FORM_BYTES``
-(413 and closed over that), is read before the request is answered, so a body is never taken for the next
-request; a body cut short is not answered. No traceback reaches stderr.
 """
 
 from __future__ import annotations

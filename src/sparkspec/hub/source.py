@@ -1,10 +1,5 @@
 """Where ``sparkspec fetch`` reads from: a :class:`Source` (a hub repo pinned to a revision, or an air-gapped
 local copy) and its :class:`Reader` (file sizes and streamed byte-range reads of one resolved commit).
-
-The hub is huggingface.co or the mirror in ``HF_ENDPOINT`` / ``endpoint``; a local directory (``local_path``)
-holds the same files. The token comes from the caller (a token file written from Ansible Vault) or from
-huggingface_hub's own lookup (``HF_TOKEN``); it is never printed. :func:`hub_errors` turns hub and network
-failures into one-line UserErrors.
 """
 
 from __future__ import annotations
@@ -32,8 +27,9 @@ from huggingface_hub.hf_api import RepoFile
 from huggingface_hub.utils import build_hf_headers, hf_raise_for_status, http_stream_backoff
 
 from sparkspec import validate
+from sparkspec.checkpoint.selection import REVISION_FILE
 from sparkspec.errors import RunFailure, UserError, os_error
-from sparkspec.hub.repo import REVISION_FILE, check_private, listed, scan
+from sparkspec.hub.repo import check_private, listed, scan
 from sparkspec.validate import COMMIT_RE
 
 CHUNK = 1 << 20

@@ -1,10 +1,6 @@
 """``sparkspec memfit measure``: the MemAvailable low-water mark of one start, from the guard's reading before
 the load through /health's first 200 and a warm-up window, written as the start key's memory record.
-
-:class:`LowWater` is the decision (fed samples and times, no sleeping); :func:`measure` the loop around it.
-It is tied to the start it measures: the unit's InvocationID is read first, and it stops without writing when
-that changes or the unit is no longer active or activating, at the time-out, or when the start key read again
-before writing is not the one it began with. The record keeps only memfit.KV_LABELS of the KV cache config."""
+"""
 
 from __future__ import annotations
 

@@ -1,13 +1,7 @@
 """The memory fit: measured at the first start of each (profile, method, k, vLLM build), enforced at every
-later one. On a Spark's unified memory an allocation past what is free wedges the host instead of raising
-OOM, and only MemAvailable in /proc/meminfo can be trusted (NVML says Not Supported, cudaMemGetInfo
-misleads); so the vLLM unit's ExecStartPre (``sparkspec memfit guard``, after the page cache was dropped)
-compares MemAvailable with the record's need plus a margin and refuses a start that would not fit, in one
-journal line.
-
-A record is ``DIR/<32 hex of sha256 of the canonical key JSON>.json``; its name is never built from the key's
-strings. The measurement (``sparkspec memfit measure``) runs in a transient unit of its own beside the vLLM
-unit and writes the record once the server is healthy and warmed up."""
+later one by the vLLM unit's ExecStartPre (``sparkspec memfit guard``), which refuses a start that would not
+fit.
+"""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
 """The watchdog's configuration and decisions, as pure code fed snapshots and times (no sleeping, no I/O);
 :mod:`sparkspec.operate.watchrun` is the loop that feeds them.
-
-It restarts the vLLM unit when requests are running but generation tokens stop advancing for a window (a stuck
-engine behind a green /health), when speculative decoding's acceptance stays below the method's floor over a
-window (a collapsed drafter), or when /health answers 200 while a one-token completion times out again and
-again (a frozen engine process). A grace period after each start covers the load; at most ``max_restarts``
-restarts within ``restart_window_s``, then it stops and says why."""
+"""
 
 from __future__ import annotations
 

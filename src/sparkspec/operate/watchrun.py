@@ -1,13 +1,6 @@
-"""The watchdog's loop (``sparkspec watchdog``): every ``interval_s`` it checks that no deploy holds the lock,
-reads the unit's state, /metrics and, every ``probe_interval_s``, /health and a one-token completion, feeds
-:class:`sparkspec.operate.watchdog.Watch`, and restarts the unit when it says so.
-
-The deploy lock is held only around the restart: taken without waiting, the unit's state read again (the same
-invocation, still active), then the restart; never across a network read. A lock held by someone else is a
-deploy in progress: the windows reset and nothing is checked. Every HTTP request has an overall deadline and
-/metrics is read up to MAX_METRICS bytes. The restart times live in the state file (wall clock, written
-atomically), so the cap survives the watchdog's own restart. Every decision is one line on stdout (the
-journal), flushed."""
+"""The watchdog's loop (``sparkspec watchdog``): it reads the unit's state, /metrics and the probes, feeds
+:class:`sparkspec.operate.watchdog.Watch`, and restarts the unit, under the deploy lock, when it says so.
+"""
 
 from __future__ import annotations
 

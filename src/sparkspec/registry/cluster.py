@@ -1,13 +1,5 @@
 """Two or more Sparks as one server, through vLLM's own multi-node serving: the cluster's layout and each
 node's place in it, resolved once per host like methods and profiles.
-
-The inventory names a group (``sparkspec_cluster.group``) holding one head and its workers; each member
-says its role and its link (``sparkspec_cluster_node``: role, interface, address, RDMA devices). Every node
-runs the same ``vllm serve`` command with ``--nnodes N --node-rank R --master-addr HEAD --master-port P``
-(vLLM 0.32's native path, the multiprocessing executor); ranks above 0 add ``--headless`` and run no API
-server. The head is rank 0, the workers follow in the group's order. Each rule below says where it comes from
-(docs/cluster.md and docs/spark-facts.md cite the vLLM files); each failure is one line naming the node or
-key and the fix.
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
 """The registry's data: the one home of the built-in methods, the serve defaults and the verify floors, and of
 the names every other place used to list by hand (head kinds, contract keys, serve knob names).
-
-docs/spark-facts.md cites where each value comes from (the pinned vLLM release, a model card, a public
-measurement); tests/unit/test_spark_facts.py ties every value here to a citation there. A newcomer adding a
-sixth built-in method adds it to :data:`BUILTIN_METHODS`, adds ``playbooks/deploy-<name>.yml`` and documents
-it in docs/methods.md (docs/methods.md says so); nothing else lists methods.
 """
 
 from __future__ import annotations

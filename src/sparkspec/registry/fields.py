@@ -1,8 +1,5 @@
-"""The registry's typed values, each checked whole: names (one pattern per kind, :data:`.data.NAMES`), folders
-(absolute, normalised), the serve knobs' values (:data:`.data.SERVE`'s kinds), the values of a
-speculative_config, the service's port and address, and vLLM's secret options. Each check returns the value or
-raises one line naming the full inventory key and the fix; pure functions over plain data. The structures
-(which keys a method, profile or block has) are :mod:`sparkspec.registry.schema`'s.
+"""The registry's typed values, each checked whole: names, folders, serve knob values, speculative_config
+values, the service's port and address, and vLLM's secret options.
 """
 
 from __future__ import annotations

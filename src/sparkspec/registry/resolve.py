@@ -1,15 +1,6 @@
 """Resolving a host once: which method it serves (the inventory, a switch, or the switch recorded on the
 host), its profile and staged profiles with their folders, the merged serve knobs and verify floors, and what
 it downloads.
-
-Which method a host serves (:func:`choose_method`): an explicit switch (``deploy-<method>.yml``, ``invoke
-deploy/provision --method``) wins and is recorded on the host; later runs without a switch keep the recorded
-one while the inventory's ``sparkspec_method`` is still what it was when the switch was made; once the
-inventory's method changes, the inventory wins (a newer decision) and the record goes.
-
-Serve knobs, verify floors and levers are applied in one order: the contract defaults
-(:mod:`sparkspec.registry.data`) < the profile's block < the method's block < the host's own
-(``sparkspec_serve``, ``sparkspec_verify``, ``sparkspec_levers``).
 """
 
 from __future__ import annotations
@@ -192,7 +183,8 @@ def resolve(contract: Mapping[str, Any], record: Mapping[str, Any] | None = None
             "verify": floors[name], "floors": floors,
             "venv": venv,
             "profile": profile, "staged": staged, "disk_gb": sum(p["disk_gb"] for p in staged),
-            "cluster": placed}
+            # one Spark, or a cluster's head (rank 0): the node that serves HTTP, verifies and reports
+            "cluster": placed, "leads": placed is None or placed["rank"] == 0}
 
 
 def _dflash(spec: dict[str, Any], k_source: str | None, head: Mapping[str, Any] | None,

@@ -1,8 +1,5 @@
-"""Prompt suites: the built-in ones (``structured``, ``open``) and JSON-lines files a user gives.
-
-A suite file is untrusted input: it is read only when it is a regular file of bounded size, as UTF-8; every
-line is bounded JSON (``jsonfile.loads_bounded``), an object whose fields have the documented types. Anything
-else is one line naming the file, the line and the fix.
+"""Prompt suites: the built-in ones (``structured``, ``open``) and JSON-lines files a user gives, checked as
+untrusted input.
 """
 
 from __future__ import annotations

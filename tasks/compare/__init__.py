@@ -1,6 +1,6 @@
-"""`invoke compare`: deploy each row of the plan (tasks.compare_plan) in turn, verify it, restore what ran,
-and write one table and plot of the rows (tasks.report). On a cluster (tasks.cluster_target) every play runs
-on the whole group and the head answers: its status, its results, reports under its name."""
+"""`invoke compare`: deploy each row of the plan (tasks.compare.plan) in turn, verify it, restore what ran,
+and write one table and plot of the rows (tasks.report). On a cluster (tasks.lib.cluster_target) every play
+runs on the whole group and the head answers: its status, its results, reports under its name."""
 
 from __future__ import annotations
 
@@ -10,12 +10,13 @@ from pathlib import Path
 from invoke import Exit, task
 
 from sparkspec.errors import UserError
-from tasks.cluster_target import Target, resolve_target
-from tasks.common import ROOT, ask_become_pass, fail, inventory_of, require_host
-from tasks.compare_plan import CONTRACT, Row, check, parse, plan, plays, results
+from tasks.compare.plan import CONTRACT, Row, check, parse, plays, results
+from tasks.compare.plan import plan as plan_rows  # the package's `plan` stays the submodule
 from tasks.host import method_playbook, run_play
+from tasks.lib.cluster_target import Target, resolve_target
+from tasks.lib.common import ROOT, ask_become_pass, fail, inventory_of, require_host
+from tasks.lib.status import host_status
 from tasks.report import write as write_report
-from tasks.status import host_status
 
 
 @task(positional=[], auto_shortflags=False, help={
@@ -35,7 +36,7 @@ def compare(c, host=None, methods="baseline,ngram", inventory=None):
     try:
         target = resolve_target(inv, host)
         values = inv.host_vars(target.head, names)
-        rows = plan(parse(methods, values.get("sparkspec_profile", "")))
+        rows = plan_rows(parse(methods, values.get("sparkspec_profile", "")))
         check(sorted(rows, key=lambda r: r.added), values, target.placement)   # the rows asked for first
         now = host_status(inventory_of(c, inventory), target.head, ask_become_pass=ask_become_pass(c))
     except UserError as exc:

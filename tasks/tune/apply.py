@@ -1,13 +1,5 @@
 """`invoke tune --apply`: write the winning k into the inventory as ``sparkspec_num_speculative_tokens``
-(the contract key, docs/methods.md "Choosing k"), keeping the file's comments and layout (ruamel.yaml's
-round trip), and return the diff.
-
-Where: a host's own file (host_vars/<host>.yml, .yaml or host_vars/<host>/main.yml) when it has one, else
-the host's entry in the inventory file that lists it, else a new host_vars/<host>.yml. A cluster's k is the
-group's (every node serves one k): group_vars/<group>.yml (or .yaml, or <group>/main.yml), made when
-missing. The value written is the host's (group's) current mapping with this method's k set, so the other
-methods' k stay. A file that is a link, not YAML, or whose key is a template is refused in one line, with
-nothing written.
+(the contract key, docs/methods.md "Choosing k"), keeping the file's comments and layout, and return the diff.
 """
 
 from __future__ import annotations
@@ -26,7 +18,7 @@ from ruamel.yaml.error import YAMLError
 
 from sparkspec.errors import UserError
 from sparkspec.outputs import refuse_link, write_atomic
-from tasks.inventory import load as load_inventory
+from tasks.lib.inventory import load as load_inventory
 
 KEY = "sparkspec_num_speculative_tokens"
 MAX_BYTES = 4 << 20

@@ -8,9 +8,9 @@ from pathlib import Path
 from invoke import Context, Exit
 
 from sparkspec.errors import UserError
-from tasks.inventory import Inventory, load
+from tasks.lib.inventory import Inventory, load
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def inventory_of(c: Context, inventory: str | None) -> str:

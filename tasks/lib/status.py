@@ -11,14 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from sparkspec.errors import UserError
-from tasks.remote import Host, connect
+from tasks.lib.remote import Host, connect
 
 UNIT_PROPERTIES = ("LoadState", "ActiveState", "SubState", "MainPID", "MemoryCurrent", "NRestarts",
                    "ActiveEnterTimestamp", "ControlGroup")
 
 # Runs on the host as root with its python3: the status probe of the contract role's host code (one source
 # with the roles' probes: docs/design.md), sent as the command's text; it prints one JSON object.
-HOST_CODE = Path(__file__).resolve().parents[1] / "roles/sparkspec/module_utils/sparkspec_host.py"
+HOST_CODE = Path(__file__).resolve().parents[2] / "roles/sparkspec/module_utils/sparkspec_host.py"
 
 
 @dataclass

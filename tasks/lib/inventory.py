@@ -12,7 +12,7 @@ from typing import Any
 
 from sparkspec.errors import UserError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # Ansible reads its configuration once, at import: it must be the project's (roles path, callbacks, vault).
 os.environ["ANSIBLE_CONFIG"] = str(ROOT / "ansible.cfg")
 

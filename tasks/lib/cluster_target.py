@@ -11,7 +11,7 @@ from typing import Any
 
 from sparkspec.errors import UserError
 from sparkspec.registry.cluster import resolve_cluster
-from tasks.inventory import Inventory
+from tasks.lib.inventory import Inventory
 
 
 @dataclass(frozen=True)

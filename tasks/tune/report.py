@@ -20,7 +20,7 @@ from sparkspec.outputs import (
     write_outputs,
 )
 from tasks.report import cell, png_bytes
-from tasks.tune_fit import WHOLE, Case, batch_schedule
+from tasks.tune.fit import WHOLE, Case, batch_schedule
 
 TITLE = "# sparkspec tune"
 MARKDOWN: Marker = starts_with(TITLE)

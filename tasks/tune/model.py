@@ -1,26 +1,6 @@
 """Tokens per verification step and tok/s for every k, from one run at k_max and a baseline (pure, no I/O).
 
-Survival: ``accepted_per_pos[i]`` counts drafts that accepted more than i tokens, so
-a_i = accepted_per_pos[i] / num_drafts is the share of drafts whose token i survived. A chain drafter proposes
-token i alike whatever k is (the prefix rule), so a run at k_max gives every k <= k_max. Steps S = generation
-- accepted tokens (a step emits 1 + its accepted tokens; one without a draft, an n-gram miss or a prefill,
-emits 1); draft fraction f = num_drafts / S; tokens per step E(k) = 1 + f * (a_0 + ... + a_(k-1)).
-
-Step cost: t(k) = t0 + k * delta, fitted from measured per-sequence speeds, not assumed: t0 = 1 / baseline
-tok/s, t(k_max) = E(k_max) / the k_max run's tok/s, delta = (t(k_max) - t0) / k_max; or least squares over
-more runs. Predicted tok/s(k) = E(k) / t(k).
-
-Interval: a Wilson 95 % interval per a_i (a binomial proportion over num_drafts); E(k)'s low (high) sums the
-lows (highs) of every a_i, a conservative bound, and tok/s divides them by t(k): only acceptance-count noise
-is carried, the fitted cost is taken as exact.
-
-Geometric model: with i.i.d. conditional acceptance a, E_geo(k) = (1 - a^(k+1)) / (1 - a) at f = 1. a is the
-maximum-likelihood estimate, accepted tokens / positions tried (position i is tried by the drafts that
-accepted 0..i-1), not vLLM's accepted / draft tokens, which counts the untried positions after a first
-rejection as failures (an n-gram proposal shorter than k_max still counts as tried: a lower a).
-
-DFlash drafts a block in one pass: k <= block_size - 1, one draft pass per step whatever k (the linear cost
-then flatters a k below the measured one), and ``prefix_rule`` tells from two runs whether its a_i hold.
+The model and its formulas: docs/methods.md, "Choosing k".
 """
 
 from __future__ import annotations
@@ -69,7 +49,7 @@ class Survival(_AsDict):
     steps: float
     draft_fraction: float
     rates: tuple[Interval, ...]  # a_0 .. a_(k_max-1), Wilson 95 %
-    geometric_rate: float  # conditional acceptance a, maximum likelihood (module docstring)
+    geometric_rate: float  # conditional acceptance a, maximum likelihood (docs/methods.md, "Choosing k")
     block_size: int | None  # DFlash's block; None for a chain drafter
     notes: tuple[str, ...]  # what was kept as measured and why
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import ansible_runner
 
-from tasks.inventory import ROOT, C
+from tasks.lib.inventory import ROOT, C
 
 # ansible-playbook's prompt for --ask-become-pass, answered by the runner from memory
 BECOME_PROMPT = r"^BECOME password.*:\s*?$"

@@ -1,8 +1,7 @@
-"""`invoke tune`: measure a method at several k (each deployed through the normal safe path, measured by the
-verify role with floors off), predict every k from the k_max run alone (tasks.tune_model, tasks.tune_fit),
-check the prediction against the k measured, write reports/<head>/tune-<method>.{md,png} (figures:
-reports/<head>/tune/<method>.json), and put back what served before, also after a failure or Ctrl-C.
-``--apply`` writes the best k into the inventory."""
+"""`invoke tune`: measure a method at several k, predict every k from the k_max run alone, check the
+prediction against the k measured, write the report, and put back what served before. ``--apply`` writes the
+best k.
+"""
 
 from __future__ import annotations
 
@@ -15,19 +14,19 @@ from typing import Any
 
 from invoke import Exit, task
 
-import tasks.tune_apply as tune_apply
-import tasks.tune_fit as tune_fit
-import tasks.tune_plan as tune_plan
-import tasks.tune_report as tune_report
+import tasks.tune.apply as tune_apply
+import tasks.tune.fit as tune_fit
+import tasks.tune.plan as tune_plan
+import tasks.tune.report as tune_report
 from sparkspec import registry
 from sparkspec.errors import UserError
 from sparkspec.jsonfile import loads_bounded
-from tasks.cluster_target import Target, resolve_target
-from tasks.common import ROOT, ask_become_pass, fail, inventory_of, require_host
 from tasks.host import method_playbook, run_play
-from tasks.remote import connect
+from tasks.lib.cluster_target import Target, resolve_target
+from tasks.lib.common import ROOT, ask_become_pass, fail, inventory_of, require_host
+from tasks.lib.remote import connect
+from tasks.lib.status import host_status
 from tasks.report import load_result
-from tasks.status import host_status
 
 REPORTS = ROOT / "reports" / "tune"
 

@@ -1,12 +1,5 @@
 """`invoke tune`'s plan: which k to deploy, at which concurrency levels, on which workload, each input checked
 in one line before anything changes (pure, no I/O beyond reading the owner's prompts file).
-
-A sweep is a baseline row (the step cost's t0, on the same profile and workload), the k_max row (the one run
-the prediction comes from: measured right after baseline, so an interrupted sweep still predicts), then every
-other k asked for. Each k is one deploy (the normal safe path: stage, check, swap, rollback) whose verify
-measures the first concurrency level; every further level is a verify-only pass on what serves. k reaches
-the play as ``sparkspec_num_speculative_tokens`` (the contract key `--apply` writes), so a sweep row is the
-method the owner serves, only its k changed.
 """
 
 from __future__ import annotations

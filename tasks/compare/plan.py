@@ -1,12 +1,5 @@
 """`invoke compare`'s plan: which (method, profile) rows to deploy on one target (a host, or a whole cluster:
-tasks.cluster_target), in which order, each checked by the play's own resolver before anything changes.
-
-A row is ``METHOD[+LEVER...][@PROFILE]``: a method, exactly the levers named (every other off), on the host's
-inventory profile or another it stages. Each speculative row's lossless check compares it with baseline on
-the same profile with the same levers at temperature 0, so each such group gets a baseline row: the one the
-user listed, else one the plan adds. Rows run group by group, baseline first within each. On a cluster
-every row's play runs on the whole group (a switch rolls back on every node together) and the head answers
-for the cluster: its status decides what serves, its results are the table's (reports/compare/<head>/).
+tasks.lib.cluster_target), in which order, each checked by the play's own resolver before anything changes.
 """
 
 from __future__ import annotations
@@ -18,7 +11,7 @@ from typing import Any
 from sparkspec import registry
 from sparkspec.errors import UserError
 from sparkspec.registry.levers import exact_block
-from tasks.cluster_target import Target
+from tasks.lib.cluster_target import Target
 
 CONTRACT = registry.CONTRACT_KEYS   # the registry's list of the contract's keys (sparkspec_<key>)
 

@@ -16,7 +16,7 @@ from invoke.exceptions import Failure as InvokeFailure
 from invoke.runners import Result
 
 from sparkspec.errors import RunFailure, UserError
-from tasks.inventory import C, load
+from tasks.lib.inventory import C, load
 
 CONNECTION_VARS = ("ansible_host", "ansible_port", "ansible_user", "ansible_ssh_private_key_file",
                    "ansible_ssh_common_args", "ansible_ssh_extra_args", "ansible_become_password",

@@ -1,12 +1,5 @@
 """From a sweep's bench results to the verdict per workload: for each suite (and the whole run) at each
-concurrency level, the prediction from the k_max run (tasks.tune_model), set against every k measured.
-
-A bench result (``sparkspec bench`` JSON) is read as untrusted: every field used is checked for its type and
-range, one line naming the file and key otherwise. Its counters (drafts, accepted tokens, accepted per
-position as fractions of drafts, the server's generated tokens) give the run's counter delta; its
-per-request speeds give the tok/s and their spread. "Best within spread": the best measured k and the
-predicted one are told apart only when their measured means differ by more than 1.96 standard errors of the
-difference (each k's standard error is the per-request std / sqrt(requests)).
+concurrency level, the prediction from the k_max run (tasks.tune.model), set against every k measured.
 """
 
 from __future__ import annotations
@@ -18,7 +11,7 @@ from typing import Any
 from sparkspec.bench.metrics import Snapshot
 from sparkspec.errors import UserError
 from sparkspec.jsonfile import expect
-from tasks.tune_model import Tuning, tune
+from tasks.tune.model import Tuning, tune
 
 FIX = "run the sweep again (the file is not a `sparkspec bench` result)"
 MAX_COUNT = 2**53        # requests, drafts, tokens: exact as a float, far above any run

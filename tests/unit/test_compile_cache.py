@@ -124,3 +124,25 @@ def test_bad_arguments_change_nothing(argv: list[str]) -> None:
     run = subprocess.run([sys.executable, "-I", str(KEEPER), *argv], capture_output=True, text=True,
                          check=False)
     assert run.returncode == 2 and run.stderr.startswith("usage: compile_cache.py ROOT KEY KEEP")
+
+
+def test_the_deploy_checks_the_folder_and_the_count_before_anything_changes() -> None:
+    """validate.yml passes deploy_compile_cache_dir through the unit's path rule (nullable: "" is off) and
+    deploy_compile_cache_keep through the count rule (>= 1): the generic checks every unit value gets."""
+    import yaml
+
+    tasks = yaml.safe_load((KEEPER.parents[1] / "tasks" / "validate.yml").read_text())
+    checks = {t["name"]: t.get("vars", {}) for t in tasks}
+    unit = next(v for name, v in checks.items() if name.startswith("Check the unit's values against systemd"))
+    assert ["single_path", "deploy_compile_cache_dir?", "{{ deploy_compile_cache_dir }}"] in \
+        unit["_deploy_unit_checks"]
+    numbers = checks["Check the memory guard's and the watchdog's numbers"]["_deploy_number_checks"]
+    assert ["deploy_compile_cache_keep", "{{ deploy_compile_cache_keep }}", "count", False] in numbers
+    sys.path.insert(0, str(KEEPER.parents[2] / "sparkspec" / "filter_plugins"))
+    import sparkspec_validate
+
+    assert sparkspec_validate.number_problems([["deploy_compile_cache_keep", 0, "count", False]]) == [
+        "deploy_compile_cache_keep: 0 must be >= 1; give a whole number >= 1 and <= 1.099511628e+12"]
+    assert sparkspec_validate.sd_problems([["single_path", "deploy_compile_cache_dir?", ""]]) == []
+    (line,) = sparkspec_validate.sd_problems([["single_path", "deploy_compile_cache_dir?", "/var/s/../x"]])
+    assert line.startswith("deploy_compile_cache_dir: the path '/var/s/../x' is not a normalised path")

@@ -121,8 +121,9 @@ def test(c, k="", x=False, workers=2):
     if int(workers) > 1:
         # the scopes of tests/conftest.py pytest_xdist_make_scheduler, in collection order (sim first)
         args += f" -n {int(workers)} --no-loadscope-reorder"
-    # the slowest tests, printed every run, so the cost of the suite stays visible in CI
-    c.run(f"{bindir}/pytest --durations=25{args}", pty=False)
+    # the slowest tests, printed every run, so the cost of the suite stays visible in CI; every test's time
+    # in reports/pytest.xml
+    c.run(f"{bindir}/pytest --durations=25 --junitxml=reports/pytest.xml{args}", pty=False)
 
 
 @task(positional=[], auto_shortflags=False,

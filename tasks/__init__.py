@@ -1,5 +1,6 @@
-"""Invoke tasks, the commands a Spark owner types: this module assembles the collection from host, compare/,
-tune/, report, observe, dev and molecule_tasks, over the shared libraries in lib/ (docs/design.md)."""
+"""Invoke tasks, the commands a Spark owner types: this module assembles the collection from host,
+compare/, tune/, report, observe, dev and molecule_tasks, over the shared libraries in lib/
+(docs/design.md)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from invoke import Collection
 
 from tasks import compare, dev, host, molecule_tasks, observe, report, tune
 
-# Each line reaches a pipe or a log when it is printed (`invoke tune ... | tee tune.log` shows each step as it
-# starts, in order with the play's output, which the runner writes to the same stream), not in 8 KiB blocks.
+# Each line reaches a pipe or a log when it is printed (`invoke tune ... | tee tune.log` shows each
+# step as it starts, in order with the play's output, which the runner writes to the same stream),
+# not in 8 KiB blocks.
 for _stream in (sys.stdout, sys.stderr):
     if isinstance(_stream, io.TextIOWrapper):
         _stream.reconfigure(line_buffering=True)
@@ -30,8 +32,8 @@ sim.add_task(dev.sim_pair_up, "pair-up")
 sim.add_task(dev.sim_pair_down, "pair-down")
 sim.add_task(dev.sim_ssh, "ssh")
 
-ns = Collection(host.provision, host.deploy, host.render, host.teardown, observe.status, host.verify,
-                host.monitoring,
+ns = Collection(host.provision, host.deploy, host.render, host.teardown, observe.status,
+                host.verify, host.monitoring,
                 observe.logs, compare.compare, tune.tune, report.report, dev.lint, dev.test,
                 molecule_tasks.molecule,
                 sim, bench)

@@ -22,22 +22,25 @@ INVENTORY_HELP = "inventory folder (default from invoke.yaml)"
 def run_play(c: Context, playbook: str, host: str | None, inventory: str | None,
              extra_vars: dict[str, Any] | None = None, tags: str = "", skip_tags: str = "",
              check: bool = False) -> PlayResult:
-    """One playbook on the hosts --host names (a host, a cluster's group or a comma-separated list: a
-    cluster runs as one play); a failure ends the task with the play's one-line summary."""
+    """One playbook on the hosts --host names (a host, a cluster's group or a comma-separated list:
+    a cluster runs as one play); a failure ends the task with the play's one-line summary."""
     inv = require_host(c, host, inventory, many=True)
     assert host is not None
     hosts = inv.hosts_of(host)
     book = ROOT / "playbooks" / playbook
     if not book.is_file():
         raise Exit(f"sparkspec: error: {book}: playbook not found", code=2)
-    # sudo on the host asks for a password unless NOPASSWD or ansible_become_password (vault) is set: the
-    # runner answers ansible-playbook's prompt with what getpass read here (it gives the play no terminal)
-    password = getpass.getpass("BECOME password: ") if c.config.sparkspec.get("ask_become_pass") else None
+    # sudo on the host asks for a password unless NOPASSWD or ansible_become_password (vault) is
+    # set: the runner answers ansible-playbook's prompt with what getpass read here (it gives the
+    # play no terminal)
+    password = (getpass.getpass("BECOME password: ") if c.config.sparkspec.get("ask_become_pass")
+                else None)
     result = run_playbook(book, inv.path, ",".join(hosts), extra_vars=extra_vars,
                           tags=[t for t in tags.split(",") if t],
                           skip_tags=[t for t in skip_tags.split(",") if t], check=check,
                           become_password=password)
-    # the host that failed first (its own line: in a cluster the others stop naming it), else the first
+    # the host that failed first (its own line: in a cluster the others stop naming it), else the
+    # first
     first = [f.host for f in result.failures if f.host in hosts]
     failed = next((h for h in hosts if h in result.unreachable), first[0] if first else hosts[0])
     if result.interrupted:
@@ -63,13 +66,16 @@ def defined_methods(c: Context, inventory: str | None, host: str | None) -> list
 
 def method_playbook(c: Context, method: str | None, inventory: str | None,
                     host: str | None) -> tuple[str, dict[str, Any]]:
-    """The playbook and extra vars that switch a host to a method: the thin deploy-<method>.yml of a built-in,
-    else deploy.yml with the switch (an inventory's own method, e.g. ngram5 in sparkspec_methods)."""
+    """The playbook and extra vars that switch a host to a method: the thin deploy-<method>.yml of a
+    built-in, else deploy.yml with the switch (an inventory's own method, e.g. ngram5 in
+    sparkspec_methods)."""
     known = defined_methods(c, inventory, host)
     if not method:
-        raise Exit(f"sparkspec: error: --method is required; choose one of {', '.join(known)}", code=2)
+        raise Exit(f"sparkspec: error: --method is required; choose one of {', '.join(known)}",
+                   code=2)
     if method not in known:
-        raise Exit(f"sparkspec: error: unknown method {method!r}; choose one of {', '.join(known)}", code=2)
+        raise Exit(f"sparkspec: error: unknown method {method!r}; choose one of "
+                   f"{', '.join(known)}", code=2)
     if (ROOT / "playbooks" / f"deploy-{method}.yml").is_file():
         return f"deploy-{method}.yml", {}
     return "deploy.yml", {"sparkspec_method_switch": method}
@@ -83,40 +89,52 @@ def method_playbook(c: Context, method: str | None, inventory: str | None,
 def provision(c, host=None, inventory=None, method=None, tags="", skip_tags="", check=False):
     """Run the whole pipeline on a host: preflight, tools, checkpoints, vLLM, deploy, verify."""
     if method:
-        method_playbook(c, method, inventory, host)   # an unknown method: one line naming the known ones
+        # an unknown method: one line naming the known ones
+        method_playbook(c, method, inventory, host)
     extra = {"sparkspec_method_switch": method} if method else None
     run_play(c, "provision.yml", host, inventory, extra, tags, skip_tags, check)
 
 
 @task(positional=[], auto_shortflags=False, help={
-    "host": "inventory host", "method": "baseline, ngram, mtp, eagle3, dflash or one the inventory defines",
+    "host": "inventory host",
+    "method": "baseline, ngram, mtp, eagle3, dflash or one the inventory defines",
     "inventory": INVENTORY_HELP, "check": "dry run", "skip-tags": "phases to skip, e.g. verify"})
 def deploy(c, host=None, method=None, inventory=None, check=False, skip_tags=""):
-    """Switch a host to a method: validate, stage, check with vLLM's parser, restart, wait for health, roll
-    back, then verify (lossless check against baseline, benchmark, report)."""
+    """Switch a host to a method, with its checks, roll back and verify.
+
+    In order: validate, stage, check with vLLM's parser, restart, wait for health, roll back, then
+    verify (lossless check against baseline, benchmark, report)."""
     playbook, extra = method_playbook(c, method, inventory, host)
     run_play(c, playbook, host, inventory, extra, skip_tags=skip_tags, check=check)
 
 
 @task(positional=[], auto_shortflags=False, help={
-    "host": "inventory host", "method": "method to render", "dest": "folder to write the files under",
-    "inventory": INVENTORY_HELP, "model-config": "local copy of the model's config.json (checks MTP k)",
-    "show-secrets": "write the real API key and secret-named deploy_env values (default: <redacted>)"})
-def render(c, host=None, method=None, dest=None, inventory=None, model_config="", show_secrets=False):
-    """Write the files the deploy would install for a host and method under DEST, touching no host. DEST must
-    be new, empty or an earlier render's (its .sparkspec-render marker), with no link in or under it. Secrets
-    (the API key, deploy_env values named *KEY*, *TOKEN*, *SECRET*, *PASSWORD*...) are written as <redacted>
-    unless --show-secrets."""
+    "host": "inventory host", "method": "method to render",
+    "dest": "folder to write the files under",
+    "inventory": INVENTORY_HELP,
+    "model-config": "local copy of the model's config.json (checks MTP k)",
+    "show-secrets": "write the real API key and secret-named deploy_env values "
+                    "(default: <redacted>)"})
+def render(c, host=None, method=None, dest=None, inventory=None, model_config="",
+           show_secrets=False):
+    """Write the files the deploy would install for a host and method under DEST, touching no host.
+
+    DEST must be new, empty or an earlier render's (its .sparkspec-render marker), with no link in
+    or under it. Secrets (the API key, deploy_env values named *KEY*, *TOKEN*, *SECRET*,
+    *PASSWORD*...) are written as <redacted> unless --show-secrets."""
     method_playbook(c, method, inventory, host)
     if not dest:
-        raise Exit("sparkspec: error: --dest is required; name a folder to write the files under", code=2)
+        raise Exit("sparkspec: error: --dest is required; name a folder to write the files under",
+                   code=2)
     inv = require_host(c, host, inventory)
     folder = inv.path if inv.path.is_dir() else inv.path.parent
-    try:  # the play reads the inventory folder: rendered files (a .json among them) must not land in it
+    # the play reads the inventory folder: rendered files (a .json among them) must not land in it
+    try:
         check_disjoint(os.path.abspath(dest), {"--inventory": folder}, "--dest")
     except UserError as exc:
         raise fail(exc) from None
-    # absolute but not resolved: a --dest that is a link reaches the role's check as the link, and is refused
+    # absolute but not resolved: a --dest that is a link reaches the role's check as the link, and
+    # is refused
     extra = {"sparkspec_method_switch": method, "deploy_render_root": os.path.abspath(dest),
              "deploy_render_show_secrets": bool(show_secrets)}
     if model_config:
@@ -130,16 +148,21 @@ def render(c, host=None, method=None, dest=None, inventory=None, model_config=""
     "remove-models": "also delete the checkpoints and heads",
     "keep-token": "keep the hub token file (for a later fetch without the vault)"})
 def teardown(c, host=None, inventory=None, remove_models=False, keep_token=False):
-    """Stop and remove the vLLM unit on a host, with its secret files: the API key, pip's options and the hub
-    token (unless --keep-token). Checkpoints stay unless --remove-models."""
+    """Stop and remove the vLLM unit on a host, with its secret files.
+
+    The secret files are the API key, pip's options and the hub token (unless --keep-token).
+    Checkpoints stay unless --remove-models."""
     run_play(c, "teardown.yml", host, inventory, {"teardown_remove_models": bool(remove_models),
                                                   "teardown_keep_token": bool(keep_token)})
 
 
-@task(positional=[], auto_shortflags=False, help={"host": "inventory host", "inventory": INVENTORY_HELP})
+@task(positional=[], auto_shortflags=False,
+      help={"host": "inventory host", "inventory": INVENTORY_HELP})
 def verify(c, host=None, inventory=None):
-    """Check what a host serves now (the verify role): lossless against baseline, benchmark, Results Summary
-    table and plot under reports/<host>/."""
+    """Check what a host serves now (the verify role): lossless check, benchmark, Results Summary.
+
+    The lossless check is against baseline; the Results Summary table and plot go under
+    reports/<host>/."""
     run_play(c, "verify.yml", host, inventory)
 
 
@@ -148,7 +171,9 @@ def verify(c, host=None, inventory=None):
     "grafana": "also install sparkspec's Grafana dashboards (the host must run Grafana)",
     "check": "dry run (Ansible check mode with diff)"})
 def monitoring(c, host=None, inventory=None, grafana=False, check=False):
-    """Install Prometheus, the node exporter and Alertmanager (the distribution's packages) on a host,
-    scraping its vLLM, with sparkspec's recording and alert rules (docs/monitoring.md); bound to 127.0.0.1
-    unless monitoring_listen_address says otherwise."""
-    run_play(c, "monitoring.yml", host, inventory, {"grafana_dashboards_enabled": bool(grafana)}, check=check)
+    """Install Prometheus, the node exporter and Alertmanager on a host, scraping its vLLM.
+
+    They come from the distribution's packages, with sparkspec's recording and alert rules
+    (docs/monitoring.md), bound to 127.0.0.1 unless monitoring_listen_address says otherwise."""
+    run_play(c, "monitoring.yml", host, inventory, {"grafana_dashboards_enabled": bool(grafana)},
+             check=check)

@@ -17,12 +17,15 @@ from tasks.lib.status import as_json, host_status, table
 MAX_LOG_LINES = 100_000
 
 
-@task(positional=[], auto_shortflags=False, help={"host": "inventory host (default: every host)",
-                                                  "inventory": "inventory folder",
-                                                  "json": "print JSON for scripts instead of the table"})
+@task(positional=[], auto_shortflags=False,
+      help={"host": "inventory host (default: every host)",
+            "inventory": "inventory folder",
+            "json": "print JSON for scripts instead of the table"})
 def status(c, host="all", inventory=None, json=False):
-    """A quick look over SSH, no playbook: unit state, method and profile (running, desired, inventory),
-    model, /health, memory in use. An unreachable host is one line and exit 1."""
+    """A quick look over SSH, no playbook: unit state, method, profile, model, /health, memory.
+
+    The profile is shown running, desired and in the inventory; memory is the memory in use. An
+    unreachable host is one line and exit 1."""
     try:
         names = load(inventory_of(c, inventory)).select(host)
     except UserError as exc:
@@ -30,7 +33,8 @@ def status(c, host="all", inventory=None, json=False):
     found, errors = [], []
     for name in names:
         try:
-            found.append(host_status(inventory_of(c, inventory), name, ask_become_pass=ask_become_pass(c)))
+            found.append(host_status(inventory_of(c, inventory), name,
+                                     ask_become_pass=ask_become_pass(c)))
         except UserError as exc:
             errors.append(exc)
     if json:
@@ -45,15 +49,16 @@ def status(c, host="all", inventory=None, json=False):
         raise fail(errors[-1])
 
 
-@task(positional=[], auto_shortflags=False, help={"host": "inventory host", "inventory": "inventory folder",
-                                                  "lines": f"journal lines to show (1-{MAX_LOG_LINES})",
-                                                  "follow": "keep printing new lines (Ctrl-C stops)"})
+@task(positional=[], auto_shortflags=False,
+      help={"host": "inventory host", "inventory": "inventory folder",
+            "lines": f"journal lines to show (1-{MAX_LOG_LINES})",
+            "follow": "keep printing new lines (Ctrl-C stops)"})
 def logs(c, host=None, inventory=None, lines="50", follow=False):
     """The vLLM unit's journal on a host, over SSH (journalctl -u <unit>.service)."""
     count = str(lines).strip()
     if not count.isdigit() or not 1 <= int(count) <= MAX_LOG_LINES:
-        raise Exit(f"sparkspec: error: --lines {lines!r} is not a whole number from 1 to {MAX_LOG_LINES}; "
-                   f"pass e.g. --lines 50", code=2)
+        raise Exit(f"sparkspec: error: --lines {lines!r} is not a whole number from 1 to "
+                   f"{MAX_LOG_LINES}; pass e.g. --lines 50", code=2)
     inv = require_host(c, host, inventory)
     assert host is not None
     try:
@@ -68,5 +73,5 @@ def logs(c, host=None, inventory=None, lines="50", follow=False):
     except UserError as exc:
         raise fail(exc) from None
     if result.exited != 0 and not follow:
-        raise Exit(f"sparkspec: error: host {host}: journalctl exited {result.exited}; check the unit {unit}",
-                   code=1)
+        raise Exit(f"sparkspec: error: host {host}: journalctl exited {result.exited}; "
+                   f"check the unit {unit}", code=1)

@@ -1,4 +1,4 @@
-"""The Results Summary table (markdown) and a bar plot (PNG) of bench results, written on the controller.
+"""The Results Summary table (markdown) and bar plot (PNG) of bench results, made on the controller.
 
 Run by `invoke report`, `invoke compare` (a call) and the verify role (`python -m tasks report`).
 """
@@ -21,11 +21,20 @@ from sparkspec.bench import lossless as lossless_check
 from sparkspec.cli.common import Parser, emit_json
 from sparkspec.errors import UserError
 from sparkspec.jsonfile import expect, read_json
-from sparkspec.outputs import PNG, PNG_MARKER, Marker, Output, check_outputs, starts_with, write_outputs
+from sparkspec.outputs import (
+    PNG,
+    PNG_MARKER,
+    Marker,
+    Output,
+    check_outputs,
+    starts_with,
+    write_outputs,
+)
 from tasks.lib.common import fail
 
 COLUMNS = ("Method", "Model", "Avg tok/s", "Peak tok/s", "Drafts", "Draft tokens", "Accepted",
-           "Acceptance Rate", "Acceptance per position", "Mean acceptance length", "Lossless", "Notes")
+           "Acceptance Rate", "Acceptance per position", "Mean acceptance length", "Lossless",
+           "Notes")
 HEADER = "| " + " | ".join(COLUMNS) + " |"
 COUNT = (int, type(None))
 MARKDOWN: Marker = starts_with(HEADER)  # a table is ours to replace when it starts with this header
@@ -35,11 +44,15 @@ TEXT = (str, type(None))
 # key -> the types a bench result may hold there (a missing optional key reads as None)
 FIELDS: dict[str, tuple[type, ...]] = {
     "completed": (int,), "per_request_tok_s_mean": NUMBER, "failed": (int, type(None)),
-    "per_request_tok_s_max": NUMBER, "output_throughput": NUMBER, "spec_decode_acceptance_rate": NUMBER,
-    "spec_decode_acceptance_length": NUMBER, "temperature": NUMBER, "max_concurrency": (int, type(None)),
+    "per_request_tok_s_max": NUMBER, "output_throughput": NUMBER,
+    "spec_decode_acceptance_rate": NUMBER,
+    "spec_decode_acceptance_length": NUMBER, "temperature": NUMBER,
+    "max_concurrency": (int, type(None)),
     "method": TEXT, "model_id": TEXT, "suite": TEXT, "error": TEXT, "partial": (bool, type(None)),
-    "served_model": (dict, type(None)), "suites": (dict, type(None)), "max_tokens": (int, type(None)),
-    "spec_decode_num_drafts": COUNT, "spec_decode_draft_tokens": COUNT, "spec_decode_accepted_tokens": COUNT,
+    "served_model": (dict, type(None)), "suites": (dict, type(None)),
+    "max_tokens": (int, type(None)),
+    "spec_decode_num_drafts": COUNT, "spec_decode_draft_tokens": COUNT,
+    "spec_decode_accepted_tokens": COUNT,
     "spec_decode_per_position_acceptance_rates": (list, type(None)), "profile": TEXT,
 }
 REQUIRED = ("completed", "per_request_tok_s_mean")
@@ -66,7 +79,8 @@ class Row:
 
 
 def _number(value: Any, where: str, key: str, fix: str, high: float = math.inf) -> float | None:
-    if value is None or isinstance(value, bool):  # bools were refused by expect where they do not belong
+    # bools were refused by expect where they do not belong
+    if value is None or isinstance(value, bool):
         return value
     if not math.isfinite(value) or not 0 <= value <= high:
         bound = "non-negative" if high == math.inf else f"from 0 to {high:g}"
@@ -75,7 +89,8 @@ def _number(value: Any, where: str, key: str, fix: str, high: float = math.inf) 
 
 
 def load_result(path: str | Path) -> dict[str, Any]:
-    """A bench result with every field the table reads checked, else one line naming the file and key."""
+    """A bench result with every field the table reads checked, else one line naming the file and
+    key."""
     fix = "pass files written by `sparkspec bench` (or run the bench again)"
     where = str(path)
     doc = read_json(path, f"no such bench result; run `sparkspec bench --output {path}` first", fix)
@@ -87,13 +102,14 @@ def load_result(path: str | Path) -> dict[str, Any]:
             _number(value, where, key, fix, UPPER.get(key, math.inf))
     for n, rate in enumerate(doc.get("spec_decode_per_position_acceptance_rates") or []):
         if isinstance(rate, bool) or not isinstance(rate, (int, float, type(None))):
-            raise UserError(f"{where}: 'spec_decode_per_position_acceptance_rates'[{n}] is not a number; "
-                            f"{fix}")
+            raise UserError(f"{where}: 'spec_decode_per_position_acceptance_rates'[{n}] is not a "
+                            f"number; {fix}")
         _number(rate, where, f"spec_decode_per_position_acceptance_rates[{n}]", fix, 1.0)
     served = doc.get("served_model") or {}
     expect(served, "id", TEXT, f"{where}: served_model", fix, required=False)
     for name, suite in (doc.get("suites") or {}).items():
-        mean = expect(suite, "per_request_tok_s_mean", NUMBER, f"{where}: suites.{name}", fix, required=False)
+        mean = expect(suite, "per_request_tok_s_mean", NUMBER, f"{where}: suites.{name}", fix,
+                      required=False)
         _number(mean, where, f"suites.{name}.per_request_tok_s_mean", fix)
     return doc
 
@@ -108,38 +124,44 @@ def row_for(result: dict[str, Any], path: str = "", lossless: dict[str, Any] | N
     if result.get("profile"):
         model += f" (profile {result['profile']})"
     notes = [f"suite {result.get('suite')}", f"c={result.get('max_concurrency')}",
-             f"T={result.get('temperature')}", f"{_fmt(result.get('output_throughput'))} tok/s total"]
-    suites = {name: s.get("per_request_tok_s_mean") for name, s in (result.get("suites") or {}).items()}
+             f"T={result.get('temperature')}",
+             f"{_fmt(result.get('output_throughput'))} tok/s total"]
+    suites = {name: s.get("per_request_tok_s_mean")
+              for name, s in (result.get("suites") or {}).items()}
     notes += [f"{name} {_fmt(v)} tok/s" for name, v in suites.items()]
     if result.get("failed"):
         notes.append(f"{result['failed']} failed")
     if result.get("partial"):
         notes.append(f"PARTIAL: {result.get('error')}")
     method = str(result.get("method") or Path(path).stem or "?")
-    verdict = "reference" if method.split("+", 1)[0] == "baseline" else "n/a"   # baseline, or with levers
+    # baseline, or with levers
+    verdict = "reference" if method.split("+", 1)[0] == "baseline" else "n/a"
     if lossless is not None:
         verdict, note = lossless_cells(lossless)
         notes[:0] = [note] if note else []
     per_pos = result.get("spec_decode_per_position_acceptance_rates")
-    return Row(method, model, result.get("per_request_tok_s_mean"), result.get("per_request_tok_s_max"),
+    return Row(method, model, result.get("per_request_tok_s_mean"),
+               result.get("per_request_tok_s_max"),
                result.get("spec_decode_acceptance_rate"), "; ".join(notes), suites,
                result.get("spec_decode_num_drafts"), result.get("spec_decode_draft_tokens"),
-               result.get("spec_decode_accepted_tokens"), None if per_pos is None else tuple(per_pos),
+               result.get("spec_decode_accepted_tokens"),
+               None if per_pos is None else tuple(per_pos),
                result.get("spec_decode_acceptance_length"), verdict)
 
 
 def lossless_cells(report: dict[str, Any]) -> tuple[str, str]:
-    """The Lossless cell (identical of total, pass or FAIL against the allowed share) and, below 100 %, a note
-    naming the first divergence: the prompt, the token index with the expected and the produced token id where
-    the server returned ids, else the character offset, with the text around it."""
+    """The Lossless cell (identical of total, pass or FAIL against the allowed share) and, below
+    100 %, a note naming the first divergence: the prompt, the token index with the expected and the
+    produced token id where the server returned ids, else the character offset, with the text
+    around it."""
     share = f"{report['identical']}/{report['total']}"
     verdict = f"{share} {'pass' if report.get('passed') else 'FAIL'}"
     first = next(iter(report.get("mismatches") or []), None)
     if first is None:
         return verdict, ""
     if first.get("token_index") is not None:
-        where = (f"token {first['token_index']}: expected id {first.get('expected_token')} vs got id "
-                 f"{first.get('actual_token')}")
+        where = (f"token {first['token_index']}: expected id {first.get('expected_token')} "
+                 f"vs got id {first.get('actual_token')}")
     else:
         where = f"char {first['offset']}"
     return verdict, (f"first divergence in {first['id']} at {where} "
@@ -147,7 +169,8 @@ def lossless_cells(report: dict[str, Any]) -> tuple[str, str]:
 
 
 def cell(text: str) -> str:
-    """``text`` as one table cell: control characters (newlines, escapes) become spaces, '|' is escaped."""
+    """``text`` as one table cell: control characters (newlines, escapes) become spaces, '|' is
+    escaped."""
     return "".join(c if c.isprintable() else " " for c in text).replace("|", "\\|")
 
 
@@ -157,14 +180,15 @@ def markdown(rows: list[Row]) -> str:
         per_pos = ("n/a" if r.per_position is None
                    else " / ".join(_fmt(100.0 * p, suffix="%") for p in r.per_position))
         counts = ("n/a" if v is None else str(v) for v in (r.drafts, r.draft_tokens, r.accepted))
-        cells = (r.method, r.model, _fmt(r.avg), _fmt(r.peak), *counts, _fmt(r.acceptance, suffix="%"),
-                 per_pos, _fmt(r.length, 2), r.lossless, r.notes)
+        cells = (r.method, r.model, _fmt(r.avg), _fmt(r.peak), *counts,
+                 _fmt(r.acceptance, suffix="%"), per_pos, _fmt(r.length, 2), r.lossless, r.notes)
         lines.append("| " + " | ".join(map(cell, cells)) + " |")
     return "\n".join(lines) + "\n"
 
 
 def plot_png(rows: list[Row], title: str = "Per-request output speed") -> bytes:
-    """Grouped bars per method: average and peak tok/s, and per-suite averages when the bench had suites."""
+    """Grouped bars per method: average and peak tok/s, and per-suite averages when the bench had
+    suites."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -179,7 +203,8 @@ def plot_png(rows: list[Row], title: str = "Per-request output speed") -> bytes:
     width = 0.8 / len(series)
     labels = [f"{cell(r.method)}\n{_fmt(r.acceptance, suffix='%')} acc.\nlen {_fmt(r.length, 2)}"
               for r in rows]
-    fig, (ax, acc) = plt.subplots(1, 2, figsize=(2 * max(5.0, 1.6 * len(rows) + 2), 4.4), dpi=100)
+    fig, (ax, acc) = plt.subplots(1, 2, figsize=(2 * max(5.0, 1.6 * len(rows) + 2), 4.4),
+                                  dpi=100)
     try:
         for i, (label, values) in enumerate(series.items()):
             bars = ax.bar(x + (i - (len(series) - 1) / 2) * width, values, width, label=label)
@@ -188,15 +213,18 @@ def plot_png(rows: list[Row], title: str = "Per-request output speed") -> bytes:
         ax.set_ylabel("tok/s per request")
         ax.set_title(title)
         ax.legend(fontsize=8)
-        # acceptance per position (accepted at position i / drafts, from the server's counters) per method
+        # acceptance per position (accepted at position i / drafts, from the server's counters) per
+        # method
         positions = max((len(r.per_position or ()) for r in rows), default=0)
         pwidth = 0.8 / max(1, positions)
         for i in range(positions):
             has = [r.per_position is not None and i < len(r.per_position) for r in rows]
             values = [100.0 * r.per_position[i] if r.per_position and ok else 0.0
                       for r, ok in zip(rows, has, strict=True)]
-            bars = acc.bar(x + (i - (positions - 1) / 2) * pwidth, values, pwidth, label=f"position {i}")
-            acc.bar_label(bars, labels=[f"{v:.0f}" if ok else "" for v, ok in zip(values, has, strict=True)],
+            bars = acc.bar(x + (i - (positions - 1) / 2) * pwidth, values, pwidth,
+                           label=f"position {i}")
+            acc.bar_label(bars, labels=[f"{v:.0f}" if ok else ""
+                                        for v, ok in zip(values, has, strict=True)],
                           fontsize=7)
         acc.set_xticks(x, labels)
         acc.set_ylim(0, 100)
@@ -210,7 +238,8 @@ def plot_png(rows: list[Row], title: str = "Per-request output speed") -> bytes:
 
 
 def png_bytes(fig: Any) -> bytes:
-    """A figure laid out and saved as PNG, marked as sparkspec's by its Description (outputs.PNG)."""
+    """A figure laid out and saved as PNG, marked as sparkspec's by its Description
+    (outputs.PNG)."""
     fig.tight_layout()
     out = io.BytesIO()
     fig.savefig(out, format="png", metadata={"Software": None, "Description": PNG_MARKER})
@@ -218,14 +247,16 @@ def png_bytes(fig: Any) -> bytes:
 
 
 def load_lossless(path: str) -> dict[str, Any]:
-    """A `sparkspec check-output compare` report with what the table reads checked, else one line."""
+    """A `sparkspec check-output compare` report with what the table reads checked, else one
+    line."""
     fix = "pass files written by `sparkspec check-output compare --output`"
-    doc = read_json(path, "no such lossless report; run `sparkspec check-output compare --output` first", fix)
+    doc = read_json(path, "no such lossless report; run `sparkspec check-output compare --output` "
+                    "first", fix)
     if not isinstance(doc, dict) or doc.get("format") != lossless_check.REPORT_FORMAT:
         raise UserError(f"{path}: not a {lossless_check.REPORT_FORMAT} file; {fix}")
     required: tuple[tuple[str, tuple[type, ...]], ...] = (
-        ("method", (str,)), ("model", (str,)), ("identical", (int,)), ("total", (int,)), ("passed", (bool,)),
-        ("mismatches", (list,)))
+        ("method", (str,)), ("model", (str,)), ("identical", (int,)), ("total", (int,)),
+        ("passed", (bool,)), ("mismatches", (list,)))
     for key, kinds in required:
         expect(doc, key, kinds, path, fix)
     for n, m in enumerate(doc["mismatches"]):
@@ -234,7 +265,8 @@ def load_lossless(path: str) -> dict[str, Any]:
             ("id", (str,)), ("offset", (int,)), ("expected", (str,)), ("actual", (str,)),
             ("token_index", COUNT), ("expected_token", COUNT), ("actual_token", COUNT))
         for key, kinds in fields:
-            expect(m, key, kinds, where, fix, required=key in ("id", "offset", "expected", "actual"))
+            expect(m, key, kinds, where, fix,
+                   required=key in ("id", "offset", "expected", "actual"))
     return doc
 
 
@@ -243,15 +275,17 @@ def _unique(paths: list[str], flag: str) -> None:
     for p in paths:
         real = os.path.realpath(p)
         if real in seen:
-            raise UserError(f"{flag} {p}: the same file as {seen[real]} given twice; give each file once")
+            raise UserError(f"{flag} {p}: the same file as {seen[real]} given twice; "
+                            "give each file once")
         seen[real] = p
 
 
 def build(inputs: list[str], lossless: Sequence[str] = ()) -> list[Row]:
-    """A row per bench result, with the lossless report of the same method and served model where one is
-    given; every input is read and checked before any row is used."""
+    """A row per bench result, with the lossless report of the same method and served model where
+    one is given; every input is read and checked before any row is used."""
     if not inputs:
-        raise UserError("--inputs: no bench result given; pass one or more files from `sparkspec bench`")
+        raise UserError("--inputs: no bench result given; pass one or more files from "
+                        "`sparkspec bench`")
     _unique(list(inputs), "--inputs")
     _unique(list(lossless), "--lossless")
     results = [load_result(p) for p in inputs]
@@ -261,17 +295,18 @@ def build(inputs: list[str], lossless: Sequence[str] = ()) -> list[Row]:
         doc = load_lossless(path)
         key = (doc["method"], doc["model"])
         if keys.count(key) != 1 or key in reports:
-            raise UserError(f"--lossless {path}: method {cell(key[0])} on model {cell(key[1])} is not "
-                            "exactly one bench result's, or given twice; pass one lossless report per bench "
-                            "row")
+            raise UserError(f"--lossless {path}: method {cell(key[0])} on model {cell(key[1])} is "
+                            "not exactly one bench result's, or given twice; pass one lossless "
+                            "report per bench row")
         reports[key] = doc
     return [row_for(r, p, reports.get(k)) for r, p, k in zip(results, inputs, keys, strict=True)]
 
 
 def write(inputs: Sequence[str], lossless: Sequence[str] = (), markdown_path: str | None = None,
           plot_path: str | None = None) -> tuple[list[Row], str]:
-    """The rows and the table of the bench results; the table and the plot written where asked (both outputs
-    checked before any input is read, and again right before the write). One line on bad input."""
+    """The rows and the table of the bench results; the table and the plot written where asked
+    (both outputs checked before any input is read, and again right before the write). One line on
+    bad input."""
     named = tuple(("--inputs", p) for p in inputs) + tuple(("--lossless", p) for p in lossless)
     md = None if markdown_path is None else Output(markdown_path, "--markdown", MARKDOWN, named)
     png = None if plot_path is None else Output(plot_path, "--plot", PNG,
@@ -289,8 +324,8 @@ def _show(rows: list[Row], text: str, markdown_path: str | None, plot_path: str 
     if markdown_path is None:
         print(text, end="")
     if as_json:
-        emit_json({"changed": markdown_path is not None or plot_path is not None, "rows": len(rows),
-                   "markdown": markdown_path, "plot": plot_path})
+        emit_json({"changed": markdown_path is not None or plot_path is not None,
+                   "rows": len(rows), "markdown": markdown_path, "plot": plot_path})
 
 
 class ReportParser(Parser):
@@ -298,13 +333,14 @@ class ReportParser(Parser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The report's own command line, for the verify role on the controller; `invoke report` takes the
-    same options."""
-    parser = ReportParser(prog=ReportParser.program, description=(__doc__ or "").splitlines()[0])
+    """The report's own command line, for the verify role on the controller; `invoke report` takes
+    the same options."""
+    parser = ReportParser(prog=ReportParser.program,
+                          description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--inputs", nargs="+", required=True, help="bench result JSON files")
     parser.add_argument("--lossless", nargs="+", default=[],
-                        help="lossless reports (`check-output compare --output`) of the same rows: the "
-                             "Lossless column and the first divergence in the notes")
+                        help="lossless reports (`check-output compare --output`) of the same rows: "
+                             "the Lossless column and the first divergence in the notes")
     parser.add_argument("--markdown", help="markdown file to write (default: print the table)")
     parser.add_argument("--plot", help="PNG file to write")
     parser.add_argument("--json", action="store_true", help="print a final JSON line")
@@ -324,13 +360,15 @@ def main(argv: list[str] | None = None) -> int:
 
 @task(positional=[], auto_shortflags=False, iterable=["inputs", "lossless"], help={
     "inputs": "a bench result JSON file (repeat the flag for each)",
-    "lossless": "a lossless report (`check-output compare --output`) of one of the rows: the Lossless "
-                "column and the first divergence in the notes (repeat the flag for each)",
+    "lossless": "a lossless report (`check-output compare --output`) of one of the rows: the "
+                "Lossless column and the first divergence in the notes (repeat the flag for each)",
     "markdown": "markdown file to write (default: print the table)", "plot": "PNG file to write",
     "json": "print a final JSON line"})
 def report(c, inputs=None, lossless=None, markdown=None, plot=None, json=False):
-    """The Results Summary table (markdown) and plot (PNG) from bench results fetched to this machine
-    (reports/): speeds, drafts, acceptance per position, mean acceptance length, the lossless verdict."""
+    """The Results Summary table (markdown) and plot (PNG) from bench results on this machine.
+
+    The bench results are those fetched to reports/; the table shows speeds, drafts, acceptance per
+    position, mean acceptance length and the lossless verdict."""
     try:
         rows, text = write(inputs or [], lossless or [], markdown or None, plot or None)
     except UserError as exc:

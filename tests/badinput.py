@@ -1,6 +1,7 @@
-"""The harness of the bad-input tests: run a sparkspec command in-process, then assert the promised outcome:
-one line ``sparkspec: error: ...`` on stderr, the exit code, inputs unchanged by content hash, nothing left
-behind. Every table-driven bad-input test uses these helpers, so "handled" means the same everywhere."""
+"""The harness of the bad-input tests: run a sparkspec command in-process, then assert the promised
+outcome: one line ``sparkspec: error: ...`` on stderr, the exit code, inputs unchanged by content
+hash, nothing left behind. Every table-driven bad-input test uses these helpers, so "handled" means
+the same everywhere."""
 
 from __future__ import annotations
 
@@ -27,8 +28,8 @@ class Outcome:
 
 
 def run(*argv: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> Outcome:
-    """``sparkspec ARGV`` in this process (fast: no interpreter start), with stdout/stderr captured; the
-    generators' commands (``checkpoint generate``, ``model tiny``) go to their dev CLI,
+    """``sparkspec ARGV`` in this process (fast: no interpreter start), with stdout/stderr captured;
+    the generators' commands (``checkpoint generate``, ``model tiny``) go to their dev CLI,
     ``python -m tests.support``, and ``report`` to the controller's (``python -m tasks report``)."""
     if argv[:1] == ("report",):
         argv, main = argv[1:], report.main
@@ -53,14 +54,15 @@ def run(*argv: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> 
 
 
 def fingerprint(*roots: str | os.PathLike[str]) -> dict[str, str]:
-    """Every path under each root (the root itself included, links not followed): its kind and, for files, the
-    sha256 of its content; for links, the target."""
+    """Every path under each root (the root itself included, links not followed): its kind and, for
+    files, the sha256 of its content; for links, the target."""
     prints: dict[str, str] = {}
     for root in map(Path, roots):
         if not os.path.lexists(root):
             prints[str(root)] = "absent"
             continue
-        paths = [root] + (sorted(root.rglob("*")) if root.is_dir() and not root.is_symlink() else [])
+        paths = [root] + (sorted(root.rglob("*")) if root.is_dir() and not root.is_symlink()
+                          else [])
         for path in paths:
             st = path.lstat()
             if stat.S_ISLNK(st.st_mode):
@@ -75,8 +77,8 @@ def fingerprint(*roots: str | os.PathLike[str]) -> dict[str, str]:
 
 
 def assert_refused(outcome: Outcome, rc: int = 2, match: str | None = None) -> None:
-    """Exactly one line on stderr, ``sparkspec: error: ...``, the exit code ``rc``; ``match`` is a regex the
-    line must contain."""
+    """Exactly one line on stderr, ``sparkspec: error: ...``, the exit code ``rc``; ``match`` is a
+    regex the line must contain."""
     lines = [line for line in outcome.stderr.splitlines() if line.strip()]
     assert outcome.rc == rc, f"exit {outcome.rc}, expected {rc}; stderr: {outcome.stderr[-2000:]}"
     assert "Traceback" not in outcome.stderr, outcome.stderr
@@ -92,11 +94,12 @@ def assert_unchanged(before: Mapping[str, str], *roots: str | os.PathLike[str]) 
     assert not changed, f"changed by a refused command: {changed[:10]}"
 
 
-def refused_untouched(argv: Iterable[str | os.PathLike[str]], roots: Iterable[str | os.PathLike[str]],
+def refused_untouched(argv: Iterable[str | os.PathLike[str]],
+                      roots: Iterable[str | os.PathLike[str]],
                       rc: int = 2, match: str | None = None,
                       env: Mapping[str, str] | None = None) -> Outcome:
-    """Run a command that must be refused; assert the one line and that nothing under ``roots`` changed
-    (no file written, removed or left behind)."""
+    """Run a command that must be refused; assert the one line and that nothing under ``roots``
+    changed (no file written, removed or left behind)."""
     roots = list(roots)
     before = fingerprint(*roots)
     outcome = run(*argv, env=env)

@@ -1,5 +1,5 @@
-"""vLLM's counters read straight off the /metrics text, independently of sparkspec.bench.metrics, and the
-check that a `sparkspec bench` result gives exactly what their deltas give."""
+"""vLLM's counters read straight off the /metrics text, independently of sparkspec.bench.metrics,
+and the check that a `sparkspec bench` result gives exactly what their deltas give."""
 
 from __future__ import annotations
 
@@ -31,8 +31,8 @@ def counters_from_text(text: str) -> dict[str, float]:
 
 def assert_result_equals_counter_deltas(result: dict[str, Any], before: dict[str, float],
                                         after: dict[str, float]) -> None:
-    """Output tokens and every spec_decode_* figure equal what the counter deltas give (drafts must be >
-    0)."""
+    """Output tokens and every spec_decode_* figure equal what the counter deltas give (drafts must
+    be > 0)."""
     d = {k: after[k] - before.get(k, 0.0) for k in after}
     assert result["total_output_tokens"] == d["vllm:generation_tokens_total"]
     assert result["total_input_tokens"] == d["vllm:prompt_tokens_total"]
@@ -48,5 +48,6 @@ def assert_result_equals_counter_deltas(result: dict[str, Any], before: dict[str
     positions = sorted(int(k.rsplit("/", 1)[1]) for k in d if k.startswith(
         "vllm:spec_decode_num_accepted_tokens_per_pos_total/"))
     assert positions == list(range(len(positions))) and positions
-    per_pos = [d[f"vllm:spec_decode_num_accepted_tokens_per_pos_total/{i}"] / drafts for i in positions]
+    per_pos = [d[f"vllm:spec_decode_num_accepted_tokens_per_pos_total/{i}"] / drafts
+               for i in positions]
     assert result["spec_decode_per_position_acceptance_rates"] == pytest.approx(per_pos)

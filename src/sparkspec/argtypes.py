@@ -9,8 +9,8 @@ from collections.abc import Callable
 
 def number(kind: type[int | float], low: float | None = None, high: float | None = None,
            low_open: bool = False) -> Callable[[str], int | float]:
-    """An argparse ``type=``: parse ``kind``, refuse NaN/inf and values outside [low, high] (or (low, high]
-    with ``low_open``)."""
+    """An argparse ``type=``: parse ``kind``, refuse NaN/inf and values outside [low, high] (or
+    (low, high] with ``low_open``)."""
 
     def parse(text: str) -> int | float:
         try:

@@ -15,23 +15,26 @@ class UserError(Exception):
 
 
 class RunFailure(UserError):
-    """A failure at run time (disk full, an I/O error, a server gone): one line, exit 1, after cleanup."""
+    """A failure at run time (disk full, an I/O error, a server gone): one line, exit 1, after
+    cleanup."""
 
     exit_code = 1
 
 
-# OSErrors that mean the machine failed (exit 1, free space or check the disk and re-run); every other OSError
-# means a path the user gave is wrong: missing, read-only, not permitted (exit 2, fix the path).
-RUNTIME_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG, errno.EMFILE, errno.ENFILE,
-                            errno.ENOMEM, errno.ESTALE})
+# OSErrors that mean the machine failed (exit 1, free space or check the disk and re-run); every
+# other OSError means a path the user gave is wrong: missing, read-only, not permitted (exit 2, fix
+# the path).
+RUNTIME_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG, errno.EMFILE,
+                            errno.ENFILE, errno.ENOMEM, errno.ESTALE})
 
 
 def os_error(exc: OSError, where: object, fix: str) -> UserError:
-    """One line naming ``where`` (the path the user knows; else the errno's own file name) for an OSError:
-    RunFailure for a machine failure, else UserError with ``fix``."""
+    """One line naming ``where`` (the path the user knows; else the errno's own file name) for an
+    OSError: RunFailure for a machine failure, else UserError with ``fix``."""
     name = where or exc.filename
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return RunFailure(f"{name}: no space left on device; free space, then {fix}")
     if exc.errno in RUNTIME_ERRNOS:
-        return RunFailure(f"{name}: {exc.strerror or exc} (a run-time failure); check the disk, then {fix}")
+        return RunFailure(f"{name}: {exc.strerror or exc} (a run-time failure); check the disk, "
+                          f"then {fix}")
     return UserError(f"{name}: {exc.strerror or exc}; {fix}")

@@ -1,8 +1,8 @@
 """One formatter per kind of figure people read: byte sizes (binary units; a rate is a size per
 second) and durations.
 
-Every message, progress line and summary that states a size, a speed or a time left uses these, so the same
-figure reads the same everywhere: ``1.2 GiB of 77.0 GiB, 90.6 MiB/s, 13 min left``.
+Every message, progress line and summary that states a size, a speed or a time left uses these, so
+the same figure reads the same everywhere: ``1.2 GiB of 77.0 GiB, 90.6 MiB/s, 13 min left``.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""JSON the tools read from files or the network: bounded parsing, shape checks and one-line errors that name
-the file and the fix; and its writer (through :mod:`sparkspec.outputs`).
+"""JSON the tools read from files or the network: bounded parsing, shape checks and one-line errors
+that name the file and the fix; and its writer (through :mod:`sparkspec.outputs`).
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ def _finite_float(text: str) -> float:
 
 
 def check_depth(raw: bytes, max_depth: int = MAX_DEPTH) -> None:
-    """Raise JsonShapeError when arrays/objects nest deeper than ``max_depth`` (strings are skipped)."""
+    """Raise JsonShapeError when arrays/objects nest deeper than ``max_depth`` (strings are
+    skipped)."""
     depth = 0
     for match in _BRACKETS.finditer(_STRINGS.sub(b'""', raw)):
         if match.group() in (b"[", b"{"):
@@ -52,25 +53,27 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     doc: dict[str, Any] = {}
     for key, value in pairs:
         if key in doc:
-            raise JsonShapeError(f"has the key {key[:60]!r} twice; a reader could take either value")
+            raise JsonShapeError(f"has the key {key[:60]!r} twice; a reader could take either "
+                                 "value")
         doc[key] = value
     return doc
 
 
-def loads_bounded(raw: bytes | str, max_bytes: int = MAX_DOC_BYTES, max_depth: int = MAX_DEPTH) -> Any:
-    """``json.loads`` with a size and depth bound, NaN/Infinity and duplicate keys refused. Raises ValueError
-    (JSONDecodeError, UnicodeDecodeError or JsonShapeError) with a short reason."""
+def loads_bounded(raw: bytes | str, max_bytes: int = MAX_DOC_BYTES,
+                  max_depth: int = MAX_DEPTH) -> Any:
+    """``json.loads`` with a size and depth bound, NaN/Infinity and duplicate keys refused. Raises
+    ValueError (JSONDecodeError, UnicodeDecodeError or JsonShapeError) with a short reason."""
     data = raw.encode("utf-8") if isinstance(raw, str) else bytes(raw)
     if len(data) > max_bytes:
         raise JsonShapeError(f"is {len(data)} bytes, more than the {max_bytes} allowed")
     check_depth(data, max_depth)
-    return json.loads(data.decode("utf-8"), parse_constant=_reject_constant, parse_float=_finite_float,
-                      object_pairs_hook=_unique_keys)
+    return json.loads(data.decode("utf-8"), parse_constant=_reject_constant,
+                      parse_float=_finite_float, object_pairs_hook=_unique_keys)
 
 
 def read_json(path: str | os.PathLike[str], missing: str, fix: str) -> Any:
-    """The parsed document. A missing file raises ``PATH: {missing}``; a file that is not a regular file, or
-    not bounded UTF-8 JSON, raises one line naming the file and ``fix``."""
+    """The parsed document. A missing file raises ``PATH: {missing}``; a file that is not a regular
+    file, or not bounded UTF-8 JSON, raises one line naming the file and ``fix``."""
     if not os.path.lexists(path):
         raise UserError(f"{path}: {missing}")
     raw = read_regular(path, "JSON file", MAX_DOC_BYTES)
@@ -82,7 +85,8 @@ def read_json(path: str | os.PathLike[str], missing: str, fix: str) -> Any:
 
 def expect(doc: Any, key: str, kind: type | tuple[type, ...], where: str, fix: str,
            required: bool = True) -> Any:
-    """``doc[key]`` checked to be of ``kind`` (bool is not an int), else one line naming the file and key."""
+    """``doc[key]`` checked to be of ``kind`` (bool is not an int), else one line naming the file
+    and key."""
     if not isinstance(doc, dict):
         raise UserError(f"{where}: is not a JSON object; {fix}")
     if key not in doc:
@@ -97,13 +101,15 @@ def expect(doc: Any, key: str, kind: type | tuple[type, ...], where: str, fix: s
         ok = isinstance(value, kinds)
     if not ok:
         names = " or ".join(k.__name__ for k in kinds)
-        raise UserError(f"{where}: {key!r} is {type(value).__name__} {value!r:.60}, expected {names}; {fix}")
+        raise UserError(f"{where}: {key!r} is {type(value).__name__} {value!r:.60}, "
+                        f"expected {names}; {fix}")
     return value
 
 
 def write_json(path: str | os.PathLike[str], doc: dict[str, Any], *, sync: bool = True) -> None:
-    """Write ``doc`` atomically through :func:`sparkspec.outputs.write_atomic` (mode 0644; ``sync``: fsync the
-    file and its folder, off for a file replaced every few seconds); its folder is made when missing."""
+    """Write ``doc`` atomically through :func:`sparkspec.outputs.write_atomic` (mode 0644; ``sync``:
+    fsync the file and its folder, off for a file replaced every few seconds); its folder is made
+    when missing."""
     try:
         body = (json.dumps(doc, indent=2, sort_keys=False, allow_nan=False) + "\n").encode()
     except ValueError as exc:  # a non-finite number: a bug upstream, never written
@@ -112,4 +118,5 @@ def write_json(path: str | os.PathLike[str], doc: dict[str, Any], *, sync: bool 
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         outputs.write_atomic(path, body, mode=0o644, sync=sync, flag="--output")
     except OSError as exc:
-        raise UserError(f"{path}: cannot write ({exc.strerror}); choose a writable --output") from None
+        raise UserError(f"{path}: cannot write ({exc.strerror}); choose a writable "
+                        "--output") from None

@@ -1,5 +1,6 @@
-"""The one writer of sparkspec's outputs: atomic writes, the "is this output ours" marker and the safe-replace
-rule. Checkpoint, hub, bench and report code write files and folders only through this module.
+"""The one writer of sparkspec's outputs: atomic writes, the "is this output ours" marker and the
+safe-replace rule. Checkpoint, hub, bench and report code write files and folders only through this
+module.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import BinaryIO
 from sparkspec import stops
 from sparkspec.errors import RunFailure, UserError
 
-PNG_MARKER = "sparkspec report"  # the Description of every plot sparkspec writes: marks a PNG as ours
+PNG_MARKER = "sparkspec report"  # every plot's Description: marks a PNG as sparkspec's
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 MAX_MARKER_READ = 64 << 20  # bytes of an existing output read to look for its marker
 _TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -28,7 +29,7 @@ _TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXE
 StrPath = str | os.PathLike[str]
 
 
-# --- durability ------------------------------------------------------------------------------------------
+# --- durability -----------------------------------------------------------------------------------
 
 def fsync_path(path: StrPath, flags: int = os.O_RDONLY) -> None:
     fd = os.open(path, flags | os.O_CLOEXEC)
@@ -48,7 +49,7 @@ def _umask_mode() -> int:
     return 0o666 & ~mask
 
 
-# --- atomic writes ---------------------------------------------------------------------------------------
+# --- atomic writes --------------------------------------------------------------------------------
 
 def temp_name(target: StrPath) -> Path:
     """A fresh hidden sibling name of ``target`` (``.NAME.<random>.tmp``); create it exclusively."""
@@ -57,8 +58,8 @@ def temp_name(target: StrPath) -> Path:
 
 
 def open_temp(target: StrPath, mode: int | None = None) -> tuple[int, Path]:
-    """A new temp sibling of ``target``, opened for writing with ``O_EXCL|O_NOFOLLOW`` and set to ``mode``
-    (None: what ``open`` gives under the umask); the fd and its path."""
+    """A new temp sibling of ``target``, opened for writing with ``O_EXCL|O_NOFOLLOW`` and set to
+    ``mode`` (None: what ``open`` gives under the umask); the fd and its path."""
     want = _umask_mode() if mode is None else mode
     for _ in range(16):
         tmp = temp_name(target)
@@ -78,9 +79,9 @@ def open_temp(target: StrPath, mode: int | None = None) -> tuple[int, Path]:
 
 @contextlib.contextmanager
 def _temp(target: StrPath, mode: int | None) -> Iterator[tuple[int, Path]]:
-    """:func:`open_temp`, the temp removed when the block raises. Stop signals are held while it is created
-    and named: one that comes in between (a loaded machine's scheduler likes that moment) is raised only
-    once the name is known, so the temp cannot outlive it."""
+    """:func:`open_temp`, the temp removed when the block raises. Stop signals are held while it is
+    created and named: one that comes in between (a loaded machine's scheduler likes that moment) is
+    raised only once the name is known, so the temp cannot outlive it."""
     tmp: Path | None = None
     given = False  # the block owns the descriptor (it closes it)
     try:
@@ -97,19 +98,19 @@ def _temp(target: StrPath, mode: int | None) -> Iterator[tuple[int, Path]]:
 
 
 def refuse_link(target: StrPath, flag: str = "output") -> None:
-    """A path an atomic write replaces must not be a symbolic link or anything but a regular file."""
+    """What an atomic write replaces must not be a symbolic link or anything but a regular file."""
     if os.path.islink(target) or (os.path.lexists(target) and not os.path.isfile(target)):
-        raise UserError(f"{flag} {target}: exists and is not a regular file (a link, folder, FIFO or "
-                        "device); give a file path")
+        raise UserError(f"{flag} {target}: exists and is not a regular file (a link, folder, FIFO "
+                        "or device); give a file path")
 
 
 @contextlib.contextmanager
 def atomic(target: StrPath, *, mode: int | None = 0o644, sync: bool = True,
            flag: str = "output") -> Iterator[BinaryIO]:
-    """A binary file to write ``target``'s new bytes into; when the block ends they replace ``target``
-    (fsynced first with ``sync``), when it raises the temp file is removed and ``target`` stays as it was. A
-    link or a non-regular file at ``target`` is refused (UserError naming ``flag``); OSErrors pass to the
-    caller."""
+    """A binary file to write ``target``'s new bytes into; when the block ends they replace
+    ``target`` (fsynced first with ``sync``), when it raises the temp file is removed and ``target``
+    stays as it was. A link or a non-regular file at ``target`` is refused (UserError naming
+    ``flag``); OSErrors pass to the caller."""
     refuse_link(target, flag)
     with _temp(target, mode) as (fd, tmp):
         with os.fdopen(fd, "wb") as fh:
@@ -131,8 +132,8 @@ def write_atomic(target: StrPath, data: bytes | Iterable[bytes], *, mode: int | 
 
 
 def stage(target: StrPath, data: bytes, *, mode: int | None = 0o644) -> Path:
-    """Write ``data`` to a fresh fsynced temp sibling of ``target`` and return it, for :func:`commit` (or the
-    caller removes it). Nothing is left behind when writing fails."""
+    """Write ``data`` to a fresh fsynced temp sibling of ``target`` and return it, for
+    :func:`commit` (or the caller removes it). Nothing is left behind when writing fails."""
     with _temp(target, mode) as (fd, tmp):
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
@@ -150,10 +151,12 @@ def commit(tmp: StrPath, target: StrPath, *, sync: bool = True) -> None:
 
 def link_or_copy(src: StrPath, target: StrPath, *, mode: int | None = None) -> str:
     """Make ``target`` a hard link to the file ``src`` names (a link at ``src`` followed; no bytes
-    duplicated) or, across filesystems, a copy, through a temp sibling and a rename; "linked" or "copied"."""
+    duplicated) or, across filesystems, a copy, through a temp sibling and a rename; "linked" or
+    "copied"."""
     tmp = temp_name(target)
     try:
-        os.link(os.path.realpath(src), tmp)  # link() itself would link a symbolic link, not its file
+        # link() itself would link a symbolic link, not its file
+        os.link(os.path.realpath(src), tmp)
     except OSError as exc:
         if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EACCES):
             raise
@@ -169,7 +172,7 @@ def link_or_copy(src: StrPath, target: StrPath, *, mode: int | None = None) -> s
     return "copied"
 
 
-# --- folders -----------------------------------------------------------------------------------------------
+# --- folders --------------------------------------------------------------------------------------
 
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _RENAME_EXCHANGE = 2
@@ -177,8 +180,8 @@ _AT_FDCWD = -100
 
 
 def _exchange(a: Path, b: Path) -> bool:
-    """Atomically swap two paths (renameat2 RENAME_EXCHANGE); False where the kernel or filesystem lacks
-    it."""
+    """Atomically swap two paths (renameat2 RENAME_EXCHANGE); False where the kernel or filesystem
+    lacks it."""
     fn = getattr(_LIBC, "renameat2", None)
     if fn is None:
         return False
@@ -191,28 +194,30 @@ def _exchange(a: Path, b: Path) -> bool:
 
 
 def swap_folder(tmp: Path, out: Path) -> None:
-    """Make the build folder ``tmp`` (a sibling) the content of ``out``; the old content, which the caller
-    checked is ours, is removed after. Two renames where the filesystem lacks the exchange: a crash between
-    them leaves the old content beside, as ``.NAME.<random>.old`` (a fresh name: whatever else lies beside
-    ``out`` is never removed)."""
+    """Make the build folder ``tmp`` (a sibling) the content of ``out``; the old content, which the
+    caller checked is ours, is removed after. Two renames where the filesystem lacks the exchange: a
+    crash between them leaves the old content beside, as ``.NAME.<random>.old`` (a fresh name:
+    whatever else lies beside ``out`` is never removed)."""
     if not os.path.lexists(out):
         os.rename(tmp, out)
     elif _exchange(tmp, out):
         shutil.rmtree(tmp, ignore_errors=True)
     else:
         old = out.parent / f".{out.name}.{secrets.token_hex(6)}.old"
-        os.rename(out, old)  # over nothing but, at most, an empty folder: a file or full folder fails it
+        # over nothing but, at most, an empty folder: a file or full folder fails it
+        os.rename(out, old)
         os.rename(tmp, out)
         shutil.rmtree(old, ignore_errors=True)
     fsync_dir(out.parent)
 
 
-# --- ours, and the safe-replace rule ----------------------------------------------------------------------
+# --- ours, and the safe-replace rule --------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Marker:
-    """How an output of one kind shows that sparkspec wrote it: ``json`` (an object whose ``format`` is
-    ``value``), ``text`` (starts with ``value``) or ``png`` (a PNG whose Description is ``value``)."""
+    """How an output of one kind shows that sparkspec wrote it: ``json`` (an object whose ``format``
+    is ``value``), ``text`` (starts with ``value``) or ``png`` (a PNG whose Description is
+    ``value``)."""
 
     kind: str
     value: str
@@ -246,14 +251,15 @@ PNG = Marker("png", PNG_MARKER)
 
 
 def check_not_symlink(path: StrPath, flag: str) -> None:
-    """An output path must not be a symbolic link: replacing it would act on whatever it points at."""
+    """An output path must not be a symbolic link: replacing it would act on what it points at."""
     if os.path.islink(path):
         raise UserError(f"{flag} {path} is a symbolic link; give the real folder path")
 
 
-def check_disjoint(output: StrPath, inputs: Mapping[str, StrPath | None], out_flag: str = "--out") -> None:
-    """Refuse an output that equals, contains or sits inside an input (resolved real paths), before anything
-    is touched. ``inputs`` maps each input's flag (e.g. ``--int4``) to its path."""
+def check_disjoint(output: StrPath, inputs: Mapping[str, StrPath | None],
+                   out_flag: str = "--out") -> None:
+    """Refuse an output that equals, contains or sits inside an input (resolved real paths), before
+    anything is touched. ``inputs`` maps each input's flag (e.g. ``--int4``) to its path."""
     out = Path(os.path.realpath(output))
     for flag, value in inputs.items():
         if value is None:
@@ -267,12 +273,12 @@ def check_disjoint(output: StrPath, inputs: Mapping[str, StrPath | None], out_fl
             how = "contains"
         else:
             continue
-        raise UserError(f"{out_flag} {output} {how} the input {flag} {value}; choose an output folder apart "
-                        "from every input")
+        raise UserError(f"{out_flag} {output} {how} the input {flag} {value}; choose an output "
+                        "folder apart from every input")
 
 
 def _read_existing(path: str, limit: int) -> bytes | None:
-    """The first ``limit`` bytes of the regular file at ``path`` (no link followed, no FIFO waited on)."""
+    """The first ``limit`` bytes of regular file ``path`` (no link followed, no FIFO waited on)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
@@ -281,7 +287,8 @@ def _read_existing(path: str, limit: int) -> bytes | None:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             return None
         chunks: list[bytes] = []
-        while (got := sum(map(len, chunks))) < limit and (chunk := os.read(fd, min(1 << 20, limit - got))):
+        while (got := sum(map(len, chunks))) < limit \
+                and (chunk := os.read(fd, min(1 << 20, limit - got))):
             chunks.append(chunk)
         return b"".join(chunks)
     finally:
@@ -295,7 +302,8 @@ class Output:
     path: str
     flag: str
     marker: Marker
-    inputs: Sequence[tuple[str, str | None]] = ()  # (flag, path) of every input it must stay apart from
+    # (flag, path) of every input it must stay apart from
+    inputs: Sequence[tuple[str, str | None]] = ()
 
     def check(self) -> None:
         flag, path = self.flag, self.path
@@ -308,21 +316,21 @@ class Output:
             try:
                 st = os.stat(path)
             except OSError as exc:
-                raise UserError(f"{flag} {path}: cannot look at it ({exc.strerror}); choose another "
-                                f"{flag}") from None
+                raise UserError(f"{flag} {path}: cannot look at it ({exc.strerror}); choose "
+                                f"another {flag}") from None
             if not stat.S_ISREG(st.st_mode):
-                raise UserError(f"{flag} {path}: exists and is not a regular file (a folder, FIFO or "
-                                "device); give a file path")
+                raise UserError(f"{flag} {path}: exists and is not a regular file (a folder, FIFO "
+                                "or device); give a file path")
             data = _read_existing(path, MAX_MARKER_READ)
             if st.st_size and (data is None or not self.marker.ours(data)):
-                raise UserError(f"{flag} {path}: exists and was not written by this command; move it away or "
-                                f"choose another {flag}")
+                raise UserError(f"{flag} {path}: exists and was not written by this command; move "
+                                f"it away or choose another {flag}")
         ancestor = Path(path).absolute().parent
         while not ancestor.exists():
             ancestor = ancestor.parent
         if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
-            raise UserError(f"{flag} {path}: {ancestor} is not a folder this user can write; choose another "
-                            f"{flag}")
+            raise UserError(f"{flag} {path}: {ancestor} is not a folder this user can write; "
+                            f"choose another {flag}")
 
 
 def check_outputs(outputs: Sequence[Output | None]) -> list[Output]:
@@ -334,8 +342,9 @@ def check_outputs(outputs: Sequence[Output | None]) -> list[Output]:
 
 
 def write_outputs(items: Sequence[tuple[Output, bytes]], mode: int | None = None) -> None:
-    """Write every output, or none: each checked again, staged as a fresh fsynced sibling, then all renamed
-    over their targets. A failure removes every sibling and every folder made for them (RunFailure)."""
+    """Write every output, or none: each checked again, staged as a fresh fsynced sibling, then all
+    renamed over their targets. A failure removes every sibling and every folder made for them
+    (RunFailure)."""
     for output, _ in items:
         output.check()  # again: the run may have taken hours
     staged: list[tuple[Path, str]] = []
@@ -359,5 +368,5 @@ def write_outputs(items: Sequence[tuple[Output, bytes]], mode: int | None = None
                 tmp.unlink(missing_ok=True)
             for folder in reversed(made):
                 folder.rmdir()
-        raise RunFailure(f"{current}: cannot write ({exc.strerror}); free space or choose another output") \
-            from None
+        raise RunFailure(f"{current}: cannot write ({exc.strerror}); free space or choose another "
+                         "output") from None

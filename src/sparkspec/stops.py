@@ -1,5 +1,5 @@
-"""SIGTERM and SIGHUP (a closed SSH session, `systemctl stop`, a CI time-out) unwind like Ctrl-C; a stop that
-third-party code swallowed still stops at :func:`check`, before an output is made visible.
+"""SIGTERM and SIGHUP (a closed SSH session, `systemctl stop`, a CI time-out) unwind like Ctrl-C; a
+stop that third-party code swallowed still stops at :func:`check`, before an output is made visible.
 """
 
 from __future__ import annotations
@@ -26,16 +26,16 @@ def requested() -> signal.Signals | None:
 
 
 def check() -> None:
-    """Raise KeyboardInterrupt again when a stop signal came in, even if its first exception was swallowed.
-    Call it right before an output becomes visible (a rename, an exchange)."""
+    """Raise KeyboardInterrupt again when a stop signal came in, even if its first exception was
+    swallowed. Call it right before an output becomes visible (a rename, an exchange)."""
     if _requested:
         raise KeyboardInterrupt(_requested[0].name)
 
 
 @contextmanager
 def handled() -> Iterator[None]:
-    """SIGTERM and SIGHUP raise KeyboardInterrupt inside the block (main thread only; elsewhere the handlers
-    are left alone); the previous handlers come back after it."""
+    """SIGTERM and SIGHUP raise KeyboardInterrupt inside the block (main thread only; elsewhere the
+    handlers are left alone); the previous handlers come back after it."""
     _requested.clear()
     try:
         before = {sig: signal.signal(sig, _stop) for sig in STOPS}
@@ -53,9 +53,10 @@ _HELD = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 @contextmanager
 def held() -> Iterator[None]:
-    """Stop signals that come in during the block are handled when it ends, by the handlers set before it
-    (so a KeyboardInterrupt is raised at its end, not inside it). Only the main thread sets handlers: in
-    another the block runs unheld (signals are handled in the main thread anyway)."""
+    """Stop signals that come in during the block are handled when it ends, by the handlers set
+    before it (so a KeyboardInterrupt is raised at its end, not inside it). Only the main thread
+    sets handlers: in another the block runs unheld (signals are handled in the main thread
+    anyway)."""
     got: list[tuple[int, object]] = []
     try:
         before = {sig: signal.signal(sig, lambda n, f: got.append((n, f))) for sig in _HELD}

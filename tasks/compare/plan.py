@@ -1,5 +1,6 @@
-"""`invoke compare`'s plan: which (method, profile) rows to deploy on one target (a host, or a whole cluster:
-tasks.lib.cluster_target), in which order, each checked by the play's own resolver before anything changes.
+"""`invoke compare`'s plan: which (method, profile) rows to deploy on one target (a host, or a whole
+cluster: tasks.lib.cluster_target), in which order, each checked by the play's own resolver before
+anything changes.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ CONTRACT = registry.CONTRACT_KEYS   # the registry's list of the contract's keys
 class Row:
     method: str
     profile: str
-    levers: tuple[str, ...] = ()   # exactly the levers the row serves (sorted); every other lever off
+    # exactly the levers the row serves (sorted); every other lever off
+    levers: tuple[str, ...] = ()
     added: bool = False  # a baseline the plan added for a profile's lossless reference
 
     @property
@@ -43,8 +45,8 @@ USAGE = "METHOD[+LEVER...][@PROFILE]; e.g. baseline,mtp,mtp+int8_lm_head,mtp@sim
 
 
 def parse(methods: str, default_profile: str) -> list[Row]:
-    """The rows of ``--methods`` (comma-separated METHOD[+LEVER...][@PROFILE]), each once; one line on bad
-    input (an unknown lever among them)."""
+    """The rows of ``--methods`` (comma-separated METHOD[+LEVER...][@PROFILE]), each once; one line
+    on bad input (an unknown lever among them)."""
     rows: list[Row] = []
     for item in (part.strip() for part in methods.split(",")):
         if not item:
@@ -69,8 +71,8 @@ def parse(methods: str, default_profile: str) -> list[Row]:
 
 
 def plan(rows: list[Row]) -> list[Row]:
-    """Rows grouped by profile and levers (in the order first named), baseline first in each group; a
-    baseline row added (with the group's levers) for a group that has none."""
+    """Rows grouped by profile and levers (in the order first named), baseline first in each group;
+    a baseline row added (with the group's levers) for a group that has none."""
     groups = list(dict.fromkeys(r.group for r in rows))
     ordered: list[Row] = []
     for profile, levers in groups:
@@ -82,48 +84,52 @@ def plan(rows: list[Row]) -> list[Row]:
 
 
 def lever_vars(row: Row, host: Any = None) -> dict[str, Any]:
-    """The row's levers as the host's own block (the last of the merge): each lever on or off, with the
-    options the host's own ``sparkspec_levers`` (``host``) gives it."""
+    """The row's levers as the host's own block (the last of the merge): each lever on or off, with
+    the options the host's own ``sparkspec_levers`` (``host``) gives it."""
     return {"sparkspec_levers": exact_block(row.levers, host)}
 
 
 def check(rows: list[Row], host_vars: dict[str, Any],
           cluster: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """Resolve every row as the play will (the same registry, a switch to the row's method on the row's
-    profile): an unknown method or profile, a method whose head the profile lacks, a profile the host does not
-    stage, each refused in the resolver's own words before any play runs. Returns each row's resolved host, in
-    order: its profile's serve settings, not the inventory profile's, are what the row's play serves.
-    ``cluster``: the head's place (Target.placement), as the play resolves each node; None: a host alone."""
+    """Resolve every row as the play will (the same registry, a switch to the row's method on the
+    row's profile): an unknown method or profile, a method whose head the profile lacks, a profile
+    the host does not stage, each refused in the resolver's own words before any play runs. Returns
+    each row's resolved host, in order: its profile's serve settings, not the inventory profile's,
+    are what the row's play serves.
+    ``cluster``: the head's place (Target.placement), as the play resolves each node; None: a host
+    alone."""
     contract = {key: host_vars.get(f"sparkspec_{key}") for key in CONTRACT}
     staged = contract["stage_profiles"] or [contract["profile"]]
     out = []
     for row in rows:
         try:
-            out.append(registry.resolve({**contract, "method_switch": row.method, "profile": row.profile,
+            out.append(registry.resolve({**contract, "method_switch": row.method,
+                                         "profile": row.profile,
                                          "levers": exact_block(row.levers, contract.get("levers"))},
                                         None, "", cluster=cluster))
         except UserError as exc:
             raise UserError(f"--methods {row.name}: {exc}") from None
         if row.profile not in staged:
-            raise UserError(f"--methods {row.name}: profile {row.profile} is not staged on this host "
-                            f"(staged: {', '.join(staged)}); add it to sparkspec_stage_profiles and "
-                            "provision once")
+            raise UserError(f"--methods {row.name}: profile {row.profile} is not staged on this "
+                            f"host (staged: {', '.join(staged)}); add it to "
+                            "sparkspec_stage_profiles and provision once")
     return out
 
 
 @dataclass(frozen=True)
 class Play:
     row: Row
-    hosts: str                 # the play's --host: the target's pattern (a cluster: its whole group)
-    verify_only: bool          # the row serves already, healthy: verify only, no switch
-    extra: dict[str, Any]      # the row's vars on top of its method's playbook
+    hosts: str                # the play's --host: the target's pattern (a cluster: its whole group)
+    verify_only: bool         # the row serves already, healthy: verify only, no switch
+    extra: dict[str, Any]     # the row's vars on top of its method's playbook
 
 
 def plays(target: Target, rows: list[Row], serving: Row | None, reports: Path,
           host_levers: Any = None) -> list[Play]:
-    """Each row's play, in order: on the target's pattern, verify only for a row that already serves healthy
-    (``serving``), its results under ``reports`` (the verify role writes them under the head's name: a
-    cluster's workers end the role), its levers with the options of the host's own block (``host_levers``)."""
+    """Each row's play, in order: on the target's pattern, verify only for a row that already serves
+    healthy (``serving``), its results under ``reports`` (the verify role writes them under the
+    head's name: a cluster's workers end the role), its levers with the options of the host's own
+    block (``host_levers``)."""
     out: list[Play] = []
     last = serving
     for row in rows:
@@ -138,4 +144,5 @@ def plays(target: Target, rows: list[Row], serving: Row | None, reports: Path,
 
 def results(target: Target, reports: Path, row: Row) -> tuple[Path, Path]:
     """A row's bench result and lossless report: the head's (the host's, alone)."""
-    return reports / target.head / f"{row.name}.json", reports / target.head / "lossless" / f"{row.name}.json"
+    return (reports / target.head / f"{row.name}.json",
+            reports / target.head / "lossless" / f"{row.name}.json")

@@ -1,2 +1,2 @@
-"""What the controller's commands share, none of them a task: the playbook runner, the inventory, SSH
-connections, the status probe, cluster targets and the checkout's common helpers."""
+"""What the controller's commands share, none of them a task: the playbook runner, the inventory,
+SSH connections, the status probe, cluster targets and the checkout's common helpers."""

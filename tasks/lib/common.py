@@ -1,5 +1,5 @@
-"""What every task module shares: the checkout's root, the inventory a task uses, the one-line exit of a
-UserError, and the check that a host is in the inventory."""
+"""What every task module shares: the checkout's root, the inventory a task uses, the one-line exit
+of a UserError, and the check that a host is in the inventory."""
 
 from __future__ import annotations
 
@@ -27,9 +27,10 @@ def fail(exc: UserError) -> Exit:
     return Exit(f"sparkspec: error: {exc}", code=exc.exit_code)
 
 
-def require_host(c: Context, host: str | None, inventory: str | None, *, many: bool = False) -> Inventory:
-    """The inventory, checked to hold the host (``many``: every host --host names, a host, a cluster's group
-    or a comma-separated list): one line naming the fix otherwise."""
+def require_host(c: Context, host: str | None, inventory: str | None, *,
+                 many: bool = False) -> Inventory:
+    """The inventory, checked to hold the host (``many``: every host --host names, a host, a
+    cluster's group or a comma-separated list): one line naming the fix otherwise."""
     if not host:
         raise Exit("sparkspec: error: --host is required; name a host"
                    f"{' (or a cluster group)' if many else ''} of the inventory", code=2)

@@ -13,10 +13,12 @@ from typing import Any
 from sparkspec.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[2]
-# Ansible reads its configuration once, at import: it must be the project's (roles path, callbacks, vault).
+# Ansible reads its configuration once, at import: it must be the project's (roles path, callbacks,
+# vault).
 os.environ["ANSIBLE_CONFIG"] = str(ROOT / "ansible.cfg")
 
-# E402: these imports must follow the ANSIBLE_CONFIG line above (Ansible reads its configuration at import)
+# E402: these imports must follow the ANSIBLE_CONFIG line above (Ansible reads its configuration at
+# import)
 from ansible import constants as C  # noqa: E402
 from ansible.errors import AnsibleError  # noqa: E402
 from ansible.inventory.manager import InventoryManager  # noqa: E402
@@ -50,8 +52,9 @@ class Inventory:
         return sorted(h.name for h in self.manager.get_hosts())
 
     def hosts_of(self, pattern: str) -> list[str]:
-        """The hosts a --host value names: one host, a group (a cluster's: its members, in order) or a
-        comma-separated list of either; one line naming the hosts and groups when a name is neither."""
+        """The hosts a --host value names: one host, a group (a cluster's: its members, in order) or
+        a comma-separated list of either; one line naming the hosts and groups when a name is
+        neither."""
         out: list[str] = []
         for name in [n.strip() for n in pattern.split(",")]:
             if self.manager.get_host(name) is not None:
@@ -59,10 +62,11 @@ class Inventory:
             elif name in self.manager.groups and name not in ("all", "ungrouped"):
                 found = [h.name for h in self.manager.groups[name].get_hosts()]
             else:
-                groups = ", ".join(sorted(g for g in self.manager.groups if g not in ("all", "ungrouped")))
+                groups = ", ".join(sorted(g for g in self.manager.groups
+                                          if g not in ("all", "ungrouped")))
                 raise UserError(f"host {name!r} is not in inventory {self.path} (hosts: "
-                                f"{', '.join(self.hosts) or 'none'}; groups: {groups or 'none'}); add it "
-                                "there or pass --inventory")
+                                f"{', '.join(self.hosts) or 'none'}; groups: {groups or 'none'}); "
+                                "add it there or pass --inventory")
             out += [h for h in found if h not in out]
         return out
 
@@ -73,15 +77,15 @@ class Inventory:
                             f"add it there or pass --inventory")
 
     def select(self, pattern: str) -> list[str]:
-        """The hosts a pattern names: 'all' (the Sparks: the playbooks' group), or hosts and groups as
-        :meth:`hosts_of` reads them."""
+        """The hosts a pattern names: 'all' (the Sparks: the playbooks' group), or hosts and groups
+        as :meth:`hosts_of` reads them."""
         if pattern == "all":
             return sorted(h.name for h in self.manager.get_hosts(pattern="sparks"))
         return self.hosts_of(pattern)
 
     def host_vars(self, host: str, names: tuple[str, ...]) -> dict[str, Any]:
-        """The named variables of a host, templated as a play would see them (contract defaults underneath);
-        a name set nowhere is left out."""
+        """The named variables of a host, templated as a play would see them (contract defaults
+        underneath); a name set nowhere is left out."""
         self.require_host(host)
         hostvars = self.variables.get_vars(host=self.manager.get_host(host), include_hostvars=False)
         context = {**contract_defaults(self.loader), **hostvars}
@@ -95,11 +99,12 @@ class Inventory:
             except AnsibleError as exc:
                 first = " ".join(str(getattr(exc, "message", exc)).split())
                 if "vault" in first.lower() or "undecryptable" in first:
-                    raise UserError(f"{self.path}: {name} of host {host} is vault-encrypted and cannot be "
-                                    "decrypted; set ANSIBLE_VAULT_PASSWORD_FILE to the vault's password "
-                                    "file") \
+                    raise UserError(f"{self.path}: {name} of host {host} is vault-encrypted and "
+                                    "cannot be decrypted; set ANSIBLE_VAULT_PASSWORD_FILE to the "
+                                    "vault's password file") \
                         from None
-                raise UserError(f"{self.path}: cannot read {name} of host {host}: {first}") from None
+                raise UserError(f"{self.path}: cannot read {name} of host {host}: "
+                                f"{first}") from None
         return values
 
 
@@ -110,7 +115,8 @@ def load(inventory: str | os.PathLike[str]) -> Inventory:
 
 @cache
 def _plugins() -> None:
-    init_plugin_loader()  # lookups and filters of the inventory's templates (once: it warns on a second call)
+    # lookups and filters of the inventory's templates (once: it warns on a second call)
+    init_plugin_loader()
 
 
 @cache
@@ -121,21 +127,22 @@ def _load(path: Path) -> Inventory:
     try:
         manager = InventoryManager(loader=loader, sources=[str(path)])
     except AnsibleError as exc:
-        raise UserError(f"{path}: the inventory does not parse: {' '.join(str(exc).split())}") from None
+        raise UserError(f"{path}: the inventory does not parse: "
+                        f"{' '.join(str(exc).split())}") from None
     return Inventory(path, loader, manager, VariableManager(loader=loader, inventory=manager))
 
 
 def contract_defaults(loader: DataLoader | None = None) -> dict[str, Any]:
-    """The sparkspec contract's defaults (the lowest-precedence values every sparkspec role sees)."""
-    # trusted as templates, as Ansible trusts a role's defaults: "{{ sparkspec_models_dir }}/heads" is
-    # templated
+    """The sparkspec contract's defaults (the lowest-precedence values each sparkspec role sees)."""
+    # trusted as templates, as Ansible trusts a role's defaults: "{{ sparkspec_models_dir }}/heads"
+    # is templated
     data = (loader or DataLoader()).load_from_file(str(CONTRACT_DEFAULTS), trusted_as_template=True)
     return dict(data or {})
 
 
 def _vault_secrets(loader: DataLoader) -> None:
-    """Decrypt vaulted variables (a sudo password, say) with the vault password file Ansible is configured
-    with; without one, a vaulted value read here is an error naming it."""
+    """Decrypt vaulted variables (a sudo password, say) with the vault password file Ansible is
+    configured with; without one, a vaulted value read here is an error naming it."""
     files = [C.DEFAULT_VAULT_PASSWORD_FILE] if C.DEFAULT_VAULT_PASSWORD_FILE else []
     if not files and not C.DEFAULT_VAULT_IDENTITY_LIST:
         return

@@ -1,6 +1,6 @@
-"""Fabric connections to the hosts of an inventory, with the connection settings Ansible would use (read
-through its inventory API, templated and vault-decrypted), and commands run as root the way the playbooks
-become it."""
+"""Fabric connections to the hosts of an inventory, with the connection settings Ansible would use
+(read through its inventory API, templated and vault-decrypted), and commands run as root the way
+the playbooks become it."""
 
 from __future__ import annotations
 
@@ -41,20 +41,25 @@ class Host:
         return self.conn.user == "root"
 
     def as_root(self, command: str, *, hide: bool = True, pty: bool = False) -> Result:
-        """Run a shell command as root: directly when connected as root, else through sudo (with the become
-        password where the inventory or the prompt gave one, else sudo -n, which needs NOPASSWD)."""
+        """Run a shell command as root: directly when connected as root, else through sudo (with the
+        become password where the inventory or the prompt gave one, else sudo -n, which needs
+        NOPASSWD)."""
         shell = f"sh -c {shlex.quote(command)}"
         try:
             if self.is_root:
                 return self.conn.run(shell, hide=hide, warn=True, pty=pty, in_stream=False)
             if self.become_password is not None:
-                return self.conn.sudo(shell, password=self.become_password, hide=hide, warn=True, pty=pty)
-            return self.conn.run(f"sudo -n -- {shell}", hide=hide, warn=True, pty=pty, in_stream=False)
+                return self.conn.sudo(shell, password=self.become_password, hide=hide, warn=True,
+                                      pty=pty)
+            return self.conn.run(f"sudo -n -- {shell}", hide=hide, warn=True, pty=pty,
+                                 in_stream=False)
         except (TimeoutError, OSError, paramiko.SSHException) as exc:
             raise unreachable(self.name, self.conn, exc) from None
         except InvokeFailure as exc:  # sudo refused the password
-            raise UserError(f"host {self.name}: sudo failed ({exc.reason or exc.result.stderr.strip()}); "
-                            f"check ansible_become_password or the sudo rights of {self.conn.user}") from None
+            raise UserError(f"host {self.name}: sudo failed "
+                            f"({exc.reason or exc.result.stderr.strip()}); "
+                            "check ansible_become_password or the sudo rights of "
+                            f"{self.conn.user}") from None
 
     def open(self) -> Connection:
         """The connection, opened: an unreachable host is one line."""
@@ -70,8 +75,8 @@ class Host:
 
 def connect(inventory: str | Path, host: str, *, ask_become_pass: bool = False,
             extra_vars: tuple[str, ...] = ()) -> Host:
-    """A Connection to a host of the inventory (opened on first use) and the host's variables named in
-    extra_vars (templated; the contract's defaults underneath)."""
+    """A Connection to a host of the inventory (opened on first use) and the host's variables named
+    in extra_vars (templated; the contract's defaults underneath)."""
     inv = load(inventory)
     values = inv.host_vars(host, CONNECTION_VARS + extra_vars)
     options = _ssh_options(" ".join(str(values.get(k) or "") for k in ("ansible_ssh_common_args",
@@ -81,8 +86,10 @@ def connect(inventory: str | Path, host: str, *, ask_become_pass: bool = False,
                                       "look_for_keys": False} \
         if key else {}
     port = values.get("ansible_port")
-    conn = Connection(str(values.get("ansible_host") or host), user=values.get("ansible_user") or None,
-                      port=int(port) if port not in (None, "") else None, connect_kwargs=connect_kwargs,
+    conn = Connection(str(values.get("ansible_host") or host),
+                      user=values.get("ansible_user") or None,
+                      port=int(port) if port not in (None, "") else None,
+                      connect_kwargs=connect_kwargs,
                       connect_timeout=int(options.get("connecttimeout", CONNECT_TIMEOUT_S)))
     _host_key_policy(conn.client, options)
     password = values.get("ansible_become_password", values.get("ansible_become_pass"))
@@ -94,12 +101,14 @@ def connect(inventory: str | Path, host: str, *, ask_become_pass: bool = False,
 
 def unreachable(name: str, conn: Connection, exc: BaseException) -> Unreachable:
     reason = " ".join(str(exc).split()) or type(exc).__name__
-    return Unreachable(f"host {name} is unreachable over SSH ({conn.host}:{conn.port}: {reason}); check "
-                       f"ansible_host/ansible_port/ansible_user in the inventory and that sshd runs")
+    return Unreachable(f"host {name} is unreachable over SSH ({conn.host}:{conn.port}: {reason}); "
+                       "check ansible_host/ansible_port/ansible_user in the inventory and that "
+                       "sshd runs")
 
 
 def _ssh_options(args: str) -> dict[str, str]:
-    """The -o Key=Value options of ansible_ssh_common_args/extra_args, keys lower-cased as ssh_config's."""
+    """The -o Key=Value options of ansible_ssh_common_args/extra_args, keys lower-cased as
+    ssh_config's."""
     words = shlex.split(args)
     options: dict[str, str] = {}
     for i, word in enumerate(words):
@@ -112,8 +121,9 @@ def _ssh_options(args: str) -> dict[str, str]:
 
 
 def _host_key_policy(client: paramiko.SSHClient, options: dict[str, str]) -> None:
-    """Check the host's key as Ansible's ssh would: against known_hosts, refusing an unknown host unless host
-    key checking is off (host_key_checking, or StrictHostKeyChecking=no in the host's ssh args)."""
+    """Check the host's key as Ansible's ssh would: against known_hosts, refusing an unknown host
+    unless host key checking is off (host_key_checking, or StrictHostKeyChecking=no in the host's
+    ssh args)."""
     strict = options.get("stricthostkeychecking", "yes" if C.HOST_KEY_CHECKING else "no").lower()
     known = options.get("userknownhostsfile", "")
     if known != "/dev/null":
@@ -124,4 +134,5 @@ def _host_key_policy(client: paramiko.SSHClient, options: dict[str, str]) -> Non
         else:
             client.load_system_host_keys()
     accept = strict in ("no", "off", "false", "accept-new")
-    client.set_missing_host_key_policy(paramiko.AutoAddPolicy() if accept else paramiko.RejectPolicy())
+    client.set_missing_host_key_policy(paramiko.AutoAddPolicy() if accept
+                                       else paramiko.RejectPolicy())

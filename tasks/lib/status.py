@@ -1,6 +1,6 @@
-"""`invoke status`: a quick look at each host over SSH (Fabric), no playbook: the unit's state and memory from
-systemd's properties, what runs from the unit's record, the desired method a deploy recorded, /health asked on
-the host, and the host's available memory."""
+"""`invoke status`: a quick look at each host over SSH (Fabric), no playbook: the unit's state and
+memory from systemd's properties, what runs from the unit's record, the desired method a deploy
+recorded, /health asked on the host, and the host's available memory."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ from tasks.lib.remote import Host, connect
 UNIT_PROPERTIES = ("LoadState", "ActiveState", "SubState", "MainPID", "MemoryCurrent", "NRestarts",
                    "ActiveEnterTimestamp", "ControlGroup")
 
-# Runs on the host as root with its python3: the status probe of the contract role's host code (one source
-# with the roles' probes: docs/design.md), sent as the command's text; it prints one JSON object.
+# Runs on the host as root with its python3: the status probe of the contract role's host code (one
+# source with the roles' probes: docs/design.md), sent as the command's text; it prints one JSON
+# object.
 HOST_CODE = Path(__file__).resolve().parents[2] / "roles/sparkspec/module_utils/sparkspec_host.py"
 
 
@@ -36,19 +37,23 @@ class HostStatus:
     model: str | None = None
     url: str | None = None
     k: int | None = None               # num_speculative_tokens served, from the unit's record
-    k_source: str | None = None        # where it came from: sparkspec_num_speculative_tokens, a method entry
+    # where k came from: sparkspec_num_speculative_tokens, a method entry
+    k_source: str | None = None
     levers: list[str] = field(default_factory=list)  # the levers served, from the unit's record
     desired_method: str | None = None  # recorded by a deploy that switched the method
     desired_time: str | None = None
     inventory_method: str | None = None
     health: int | None = None
     health_error: str = ""
-    memory_current: int | None = None  # bytes the unit uses: systemd's MemoryCurrent, else its processes' RSS
+    # bytes the unit uses: systemd's MemoryCurrent, else its processes' RSS
+    memory_current: int | None = None
     memory_source: str = ""            # MemoryCurrent or rss
     mem_available: int | None = None   # bytes the host has available
-    memfit: dict[str, Any] | None = None  # the memory guard's record for what is served (docs/operate.md)
+    # the memory guard's record for what is served (docs/operate.md)
+    memfit: dict[str, Any] | None = None
     watchdog: str | None = None        # the watchdog unit's ActiveState; None: no watchdog
-    headless: dict[str, Any] | None = None  # the headless role's record (what it stopped, what that freed)
+    # the headless role's record (what it stopped, what that freed)
+    headless: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
 
 
@@ -87,14 +92,18 @@ def _status(name: str, unit: str, data: dict[str, Any]) -> HostStatus:
     record: dict[str, Any] = raw if isinstance(raw, dict) else {}
     status = HostStatus(host=name, unit=unit, state=show.get("ActiveState", "unknown"),
                         sub_state=show.get("SubState", ""), loaded=show.get("LoadState", ""),
-                        main_pid=_int(show.get("MainPID")) or None, restarts=_int(show.get("NRestarts")),
+                        main_pid=_int(show.get("MainPID")) or None,
+                        restarts=_int(show.get("NRestarts")),
                         since=show.get("ActiveEnterTimestamp", ""),
                         memory_current=_int(show.get("MemoryCurrent")),
                         mem_available=data.get("mem_available"), health=data.get("health"),
                         health_error=data.get("health_error") or "",
-                        memfit=data.get("memfit") if isinstance(data.get("memfit"), dict) else None,
-                        watchdog=data.get("watchdog") if isinstance(data.get("watchdog"), str) else None,
-                        headless=data.get("headless") if isinstance(data.get("headless"), dict) else None)
+                        memfit=(data.get("memfit") if isinstance(data.get("memfit"), dict)
+                                else None),
+                        watchdog=(data.get("watchdog") if isinstance(data.get("watchdog"), str)
+                                  else None),
+                        headless=(data.get("headless") if isinstance(data.get("headless"), dict)
+                                  else None))
     if status.memory_current is not None:
         status.memory_source = "MemoryCurrent"
     elif data.get("rss") is not None:
@@ -123,12 +132,15 @@ def _method_notes(status: HostStatus, desired: Any) -> list[str]:
         switched_from = desired.get("inventory_method") if isinstance(desired, dict) else None
         then = ("the next provision keeps it; `invoke deploy --method " + inv + "` goes back"
                 if switched_from in (None, inv) else
-                f"the inventory changed since (it said {switched_from}), so the next provision deploys {inv}")
+                f"the inventory changed since (it said {switched_from}), so the next provision "
+                f"deploys {inv}")
         notes.append(f"desired {want} (switched by deploy) ≠ inventory {inv}: {then}")
     if status.method and want and status.method != want:
-        notes.append(f"running {status.method} ≠ desired {want} (the last switch did not complete)")
+        notes.append(f"running {status.method} ≠ desired {want} "
+                     "(the last switch did not complete)")
     if status.method and inv and not want and status.method != inv:
-        notes.append(f"running {status.method} ≠ inventory {inv}: the next provision deploys {inv}")
+        notes.append(f"running {status.method} ≠ inventory {inv}: "
+                     f"the next provision deploys {inv}")
     return notes
 
 
@@ -148,38 +160,41 @@ def as_json(statuses: list[HostStatus]) -> str:
 
 
 def table(statuses: list[HostStatus]) -> Any:
-    """A rich table, one row per host, and the notes (what wins, files that do not read) under it."""
+    """A rich table, one row per host, and the notes (what wins, files that do not read) under
+    it."""
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
 
     grid = Table(title=f"sparkspec status ({', '.join(sorted({s.unit for s in statuses}))})")
-    columns = ("host", "unit", "method", "k (from)", "levers", "profile", "model", "/health", "memory",
-               "available",
+    columns = ("host", "unit", "method", "k (from)", "levers", "profile", "model", "/health",
+               "memory", "available",
                "start needs", "watchdog", "headless")
     for column in columns:
-        grid.add_column(column, no_wrap=column in ("host", "unit", "/health", "memory", "available"))
+        grid.add_column(column,
+                        no_wrap=column in ("host", "unit", "/health", "memory", "available"))
     for s in statuses:
         state = s.state if s.sub_state in ("running", "dead", "") else f"{s.state}/{s.sub_state}"
         health = str(s.health) if s.health is not None else (s.health_error or "-")
         k = "-" if s.k is None else f"{s.k} ({s.k_source or 'unknown'})"
-        grid.add_row(s.host, state, s.method or "none", k, ", ".join(s.levers) or "-", s.profile or "-",
-                     s.model or "-", health,
-                     _gib(s.memory_current), _gib(s.mem_available), _need(s.memfit), s.watchdog or "off",
-                     _headless(s.headless))
+        grid.add_row(s.host, state, s.method or "none", k, ", ".join(s.levers) or "-",
+                     s.profile or "-", s.model or "-", health,
+                     _gib(s.memory_current), _gib(s.mem_available), _need(s.memfit),
+                     s.watchdog or "off", _headless(s.headless))
     notes = [Text(f"{s.host}: {note}", style="yellow") for s in statuses for note in s.notes]
     return Group(grid, *notes)
 
 
 def _need(memfit: dict[str, Any] | None) -> str:
-    """What the memory guard's record says a start of what is served takes (the drop of the host's available
-    memory during load and warm-up), or 'unmeasured'."""
+    """What the memory guard's record says a start of what is served takes (the drop of the host's
+    available memory during load and warm-up), or 'unmeasured'."""
     need = memfit.get("needed_bytes") if memfit else None
     return _gib(need) if isinstance(need, int) and not isinstance(need, bool) else "unmeasured"
 
 
 def _headless(record: dict[str, Any] | None) -> str:
-    """Headless mode from its record: off, or on with the memory the display manager's stop freed."""
+    """Headless mode from its record: off, or on with the memory the display manager's stop
+    freed."""
     if record is None:
         return "off"
     freed = record.get("freed_bytes")

@@ -1,6 +1,6 @@
 """`invoke tune`: measure a method at several k, predict every k from the k_max run alone, check the
-prediction against the k measured, write the report, and put back what served before. ``--apply`` writes the
-best k.
+prediction against the k measured, write the report, and put back what served before. ``--apply``
+writes the best k.
 """
 
 from __future__ import annotations
@@ -34,30 +34,38 @@ REPORTS = ROOT / "reports" / "tune"
 @task(positional=[], auto_shortflags=False, help={
     "host": "inventory host, or a cluster's group",
     "method": "the method to tune (one that drafts: ngram, mtp, eagle3, dflash or the inventory's)",
-    "profile": "a profile the host stages (default: the inventory's), e.g. the one with MTP tensors",
-    "k": "-k: the k to measure, e.g. 1,2,4 or 1-6 (the largest is k_max, the run the prediction comes from)",
-    "k-max": "measure baseline and this k only, and predict every k up to it (default: the method's k)",
+    "profile": "a profile the host stages (default: the inventory's), e.g. the one with MTP "
+               "tensors",
+    "k": "-k: the k to measure, e.g. 1,2,4 or 1-6 (the largest is k_max, the run the prediction "
+         "comes from)",
+    "k-max": "measure baseline and this k only, and predict every k up to it (default: the "
+             "method's k)",
     "suite": "structured, open or all (default all)",
     "prompts": "your own prompts instead of a suite (JSON lines, the bench suites' format)",
     "requests": "requests per suite (default: each prompt once)",
-    "concurrency": "comma-separated levels, e.g. 1,4 (the best k per level, and vLLM's batch-size schedule)",
+    "concurrency": "comma-separated levels, e.g. 1,4 (the best k per level, and vLLM's batch-size "
+                   "schedule)",
     "temperature": "sampling temperature you serve at (default 0)",
     "thinking": "leave the model's thinking on (default off)",
     "max-tokens": "max output tokens per request (default: the verify role's)",
-    "apply": "write the best k into the inventory (sparkspec_num_speculative_tokens) and print the diff",
+    "apply": "write the best k into the inventory (sparkspec_num_speculative_tokens) and print the "
+             "diff",
     "inventory": "inventory folder (default from invoke.yaml)"})
-def tune(c, host=None, method=None, profile="", k="", k_max="", suite="all", prompts="", requests="",
-         concurrency="1", temperature="0", thinking=False, max_tokens="", apply=False, inventory=None):
-    """Choose k for a method on your workload: baseline and k_max measured, every k up to k_max predicted
-    from the k_max run's per-position acceptance, each other k of -k measured to check the prediction.
-    Restores what served before. Report: reports/<head>/tune-<method>.{md,png}, figures in
-    reports/<head>/tune/<method>.json."""
+def tune(c, host=None, method=None, profile="", k="", k_max="", suite="all", prompts="",
+         requests="", concurrency="1", temperature="0", thinking=False, max_tokens="", apply=False,
+         inventory=None):
+    """Choose k for a method on your workload: baseline and k_max measured, every k predicted.
+
+    Every k up to k_max is predicted from the k_max run's per-position acceptance, each other k of
+    -k measured to check the prediction. Restores what served before. Report:
+    reports/<head>/tune-<method>.{md,png}, figures in reports/<head>/tune/<method>.json."""
     inv = require_host(c, host, inventory, many=True)
     assert host is not None
     if not method:
-        raise Exit("sparkspec: error: --method is required; name the method to tune, e.g. --method mtp",
-                   code=2)
-    method_playbook(c, method, inventory, host)   # an unknown method: one line naming the known ones
+        raise Exit("sparkspec: error: --method is required; name the method to tune, e.g. "
+                   "--method mtp", code=2)
+    # an unknown method: one line naming the known ones
+    method_playbook(c, method, inventory, host)
     names = tuple(f"sparkspec_{key}" for key in registry.CONTRACT_KEYS)
     try:
         target = resolve_target(inv, host)
@@ -72,27 +80,33 @@ def tune(c, host=None, method=None, profile="", k="", k_max="", suite="all", pro
         levels = tune_plan.parse_levels(str(concurrency))
         load = tune_plan.workload(suite, prompts, requests, temperature, thinking, max_tokens)
         plan = tune_plan.rows(method, ks, levels)
-        tune_plan.check_names(plan, target.head, target.pattern if target.placement is not None else None)
+        tune_plan.check_names(plan, target.head,
+                              target.pattern if target.placement is not None else None)
         targets = tune_report.outputs(str(ROOT / "reports" / target.head), method)
-        for folder in (REPORTS, REPORTS / target.head):   # the rows' results are deleted and written there
+        # the rows' results are deleted and written there
+        for folder in (REPORTS, REPORTS / target.head):
             if folder.is_symlink():
-                raise UserError(f"{folder}: a symbolic link; remove it (tune keeps each row's results there)")
-        now = host_status(inventory_of(c, inventory), target.head, ask_become_pass=ask_become_pass(c))
+                raise UserError(f"{folder}: a symbolic link; remove it (tune keeps each row's "
+                                "results there)")
+        now = host_status(inventory_of(c, inventory), target.head,
+                          ask_become_pass=ask_become_pass(c))
         before = tune_plan.restore_of(values, target.head, asdict(now), target.placement)
     except UserError as exc:
         raise fail(exc) from None
     tuned = dict(values.get("sparkspec_num_speculative_tokens") or {})
     for row in plan:   # this run's files only: a row that does not run leaves no old result behind
         _result(target, row).unlink(missing_ok=True)
-    print(f"sparkspec: tune {method} on {target.pattern}: k {', '.join(map(str, ks))} (k_max {ks[-1]}), "
-          f"concurrency {', '.join(map(str, levels))}, {len(plan)} measurements")
-    settings = {"suite": load.suite, "prompts": load.prompts or "-", "requests": load.requests or "each once",
+    print(f"sparkspec: tune {method} on {target.pattern}: k {', '.join(map(str, ks))} "
+          f"(k_max {ks[-1]}), concurrency {', '.join(map(str, levels))}, {len(plan)} measurements")
+    settings = {"suite": load.suite, "prompts": load.prompts or "-",
+                "requests": load.requests or "each once",
                 "temperature": load.temperature, "thinking": "on" if load.thinking else "off",
                 "profile": profile, "levers": "+".join(resolved["levers"]) or "none",
                 "k measured": ",".join(map(str, ks))}
     failure: BaseException | None = None
     try:
-        # baseline that serves already, healthy, on this profile: its row needs no switch, only verify
+        # baseline that serves already, healthy, on this profile: its row needs no switch, only
+        # verify
         serving = (before.method == "baseline" and before.profile == profile
                    and tuple(now.levers) == tuple(resolved["levers"]))
         _sweep(c, inventory, target, plan, profile, tuned, load, serving,
@@ -127,12 +141,14 @@ def _write(targets: list[Any], method: str, target: Target, settings: dict[str, 
         print(f"sparkspec: error: {exc}", file=sys.stderr)
         return []
     print(text)
-    print(f"sparkspec: tune report{' (the rows that ran)' if after_error else ''}: reports/{target.head}/"
+    print(f"sparkspec: tune report{' (the rows that ran)' if after_error else ''}: "
+          f"reports/{target.head}/"
           f"tune-{method}.md (plot .png; figures reports/{target.head}/tune/{method}.json)")
     return found
 
 
-def _head_config(c: Any, inventory: str | None, host: str, spec: dict[str, Any]) -> dict[str, Any]:
+def _head_config(c: Any, inventory: str | None, host: str,
+                 spec: dict[str, Any]) -> dict[str, Any]:
     """The DFlash head's config.json on the host (its block size bounds k), read over SSH."""
     remote = connect(inventory_of(c, inventory), host, ask_become_pass=ask_become_pass(c))
     try:
@@ -141,7 +157,8 @@ def _head_config(c: Any, inventory: str | None, host: str, spec: dict[str, Any])
     finally:
         remote.close()
     if result.exited != 0:
-        raise UserError(f"host {host}: cannot read {path} ({result.stderr.strip()[-200:] or 'no output'}); "
+        raise UserError(f"host {host}: cannot read {path} "
+                        f"({result.stderr.strip()[-200:] or 'no output'}); "
                         "provision the DFlash head first (invoke provision --tags checkpoints)")
     try:
         doc = loads_bounded(result.stdout)
@@ -156,8 +173,8 @@ def _result(target: Target, row: tune_plan.Row) -> Path:
     return REPORTS / target.head / f"{row.name}.json"
 
 
-def _sweep(c: Any, inventory: str | None, target: Target, plan: list[tune_plan.Row], profile: str,
-           tuned: dict[str, Any], load: tune_plan.Workload, baseline_serves: bool,
+def _sweep(c: Any, inventory: str | None, target: Target, plan: list[tune_plan.Row],
+           profile: str, tuned: dict[str, Any], load: tune_plan.Workload, baseline_serves: bool,
            levers: tuple[tuple[str, ...], Any]) -> None:
     for row in plan:   # levers: the tuned method's, and the host's own block (its options)
         extra = tune_plan.extra_vars(row, profile, tuned, load, str(REPORTS), *levers)
@@ -166,7 +183,8 @@ def _sweep(c: Any, inventory: str | None, target: Target, plan: list[tune_plan.R
         print(f"sparkspec: tune: {what}, concurrency {row.concurrency}"
               + ("" if switch else " (verify only: it serves already)"))
         if switch:
-            playbook, more = method_playbook(c, row.method if row.k else "baseline", inventory, target.head)
+            playbook, more = method_playbook(c, row.method if row.k else "baseline", inventory,
+                                             target.head)
             run_play(c, playbook, target.pattern, inventory, {**more, **extra})
         else:
             run_play(c, "verify.yml", target.pattern, inventory, extra)
@@ -199,9 +217,10 @@ def _apply(inventory: Path, target: Target, method: str, found: list[tune_fit.Ca
         raise Exit(f"sparkspec: error: --apply: {why}; nothing written", code=1)
     group = target.pattern if target.placement is not None else None
     try:
-        path, diff = tune_apply.apply(inventory, target.head, group, method, best, tuned, target.members)
+        path, diff = tune_apply.apply(inventory, target.head, group, method, best, tuned,
+                                      target.members)
     except UserError as exc:
         raise fail(exc) from None
     print(diff or f"sparkspec: {path} already sets {method}: {best}")
-    print(f"sparkspec: --apply: {tune_apply.KEY}.{method} = {best} in {path}; the next deploy of {method} "
-          f"serves it ({json.dumps({method: best})})")
+    print(f"sparkspec: --apply: {tune_apply.KEY}.{method} = {best} in {path}; "
+          f"the next deploy of {method} serves it ({json.dumps({method: best})})")

@@ -1,5 +1,6 @@
-"""`invoke tune --apply`: write the winning k into the inventory as ``sparkspec_num_speculative_tokens``
-(the contract key, docs/methods.md "Choosing k"), keeping the file's comments and layout, and return the diff.
+"""`invoke tune --apply`: write the winning k into the inventory as
+``sparkspec_num_speculative_tokens`` (the contract key, docs/methods.md "Choosing k"), keeping the
+file's comments and layout, and return the diff.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ def _yaml() -> YAML:
 
 
 def _indented_dashes(text: str) -> bool:
-    """Whether the file indents a block list under its key (``key:`` then ``  - x``, Ansible's usual style),
-    so the round trip keeps it rather than writing ``- x`` at the key's column."""
+    """Whether the file indents a block list under its key (``key:`` then ``  - x``, Ansible's usual
+    style), so the round trip keeps it rather than writing ``- x`` at the key's column."""
     lines = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
     for key, item in zip(lines, lines[1:], strict=False):
         if key.rstrip().endswith(":") and item.lstrip().startswith("- "):
@@ -53,8 +54,9 @@ def _dump(doc: Any, explicit_start: bool, text: str = "") -> str:
 
 def _check_read_back(inventory: Path, path: Path, new: str, hosts: tuple[str, ...], method: str,
                      k: int) -> None:
-    """Ansible's own reading of a copy of the inventory with ``new`` at ``path``: each host must get k (a
-    later group, another file or a host_vars folder that sets the key would win over the file written)."""
+    """Ansible's own reading of a copy of the inventory with ``new`` at ``path``: each host must get
+    k (a later group, another file or a host_vars folder that sets the key would win over the file
+    written)."""
     folder = inventory if inventory.is_dir() else inventory.parent
     with tempfile.TemporaryDirectory(prefix="sparkspec-apply-") as tmp:
         copy = Path(tmp) / "inventory"
@@ -66,9 +68,9 @@ def _check_read_back(inventory: Path, path: Path, new: str, hosts: tuple[str, ..
         for name in dict.fromkeys(hosts):
             got = load_inventory(source).host_vars(name, (KEY,)).get(KEY)
             if not isinstance(got, dict) or got.get(method) != k:
-                raise UserError(f"{path}: with {method}: {k} written there, Ansible gives {name} {KEY} = "
-                                f"{str(got)[:80]} (another file or group sets it, and wins); set it by hand "
-                                "where it is set")
+                raise UserError(f"{path}: with {method}: {k} written there, Ansible gives {name} "
+                                f"{KEY} = {str(got)[:80]} (another file or group sets it, and "
+                                "wins); set it by hand where it is set")
 
 
 def _own_file(folder: Path, kind: str, name: str) -> Path | None:
@@ -80,7 +82,8 @@ def _own_file(folder: Path, kind: str, name: str) -> Path | None:
 
 
 def _host_entry(doc: Any, host: str) -> CommentedMap | None:
-    """The mapping of ``host`` under some group's ``hosts`` in an inventory file (None: not listed there)."""
+    """The mapping of ``host`` under some group's ``hosts`` in an inventory file (None: not listed
+    there)."""
     if not isinstance(doc, dict):
         return None
     for group in doc.values():
@@ -105,8 +108,8 @@ def _read(path: Path) -> tuple[str, Any]:
         text = path.read_text(encoding="utf-8")
         return text, _yaml().load(text)
     except (OSError, UnicodeDecodeError, YAMLError) as exc:
-        raise UserError(f"{path}: cannot read it as YAML ({str(exc).splitlines()[0]}); fix the file or set "
-                        f"{KEY} by hand") from None
+        raise UserError(f"{path}: cannot read it as YAML ({str(exc).splitlines()[0]}); fix the "
+                        f"file or set {KEY} by hand") from None
 
 
 def target(inventory: Path, host: str, group: str | None) -> tuple[Path, list[str]]:
@@ -130,17 +133,18 @@ def target(inventory: Path, host: str, group: str | None) -> tuple[Path, list[st
 
 
 def _comments_only(text: str) -> str:
-    """What a file that holds no mapping keeps: its comments, blank lines and document start (a bare ``~``
-    or ``null`` goes: the key's mapping replaces it)."""
-    kept = [ln for ln in text.splitlines(True) if not ln.strip() or ln.lstrip().startswith(("#", "---"))]
+    """What a file that holds no mapping keeps: its comments, blank lines and document start (a bare
+    ``~`` or ``null`` goes: the key's mapping replaces it)."""
+    kept = [ln for ln in text.splitlines(True)
+            if not ln.strip() or ln.lstrip().startswith(("#", "---"))]
     return "".join(kept)
 
 
 def apply(inventory: Path, host: str, group: str | None, method: str, k: int,
           current: dict[str, Any], members: tuple[str, ...] = ()) -> tuple[Path, str]:
-    """Set ``method``'s k in the file :func:`target` picks; returns the file and the unified diff. Written
-    only when Ansible, reading a copy of the inventory with the change, gives ``host`` (and every one of
-    ``members``) exactly that k: else one line, nothing written."""
+    """Set ``method``'s k in the file :func:`target` picks; returns the file and the unified diff.
+    Written only when Ansible, reading a copy of the inventory with the change, gives ``host`` (and
+    every one of ``members``) exactly that k: else one line, nothing written."""
     path, where = target(inventory, host, group)
     text, doc = _read(path) if os.path.lexists(path) else ("", None)
     if doc is None:   # a new file, or one of comments only: the key goes after what is there
@@ -156,19 +160,21 @@ def apply(inventory: Path, host: str, group: str | None, method: str, k: int,
             raise UserError(f"{path}: not a mapping of variables; set {KEY} by hand")
         anchor = getattr(getattr(holder, "anchor", None), "value", None)
         if anchor:
-            raise UserError(f"{path}: the mapping that would hold {KEY} is a YAML anchor (&{anchor}), shared "
-                            f"with what refers to it; set {KEY} by hand")
+            raise UserError(f"{path}: the mapping that would hold {KEY} is a YAML anchor "
+                            f"(&{anchor}), shared with what refers to it; set {KEY} by hand")
         now = holder.get(KEY)
         if now is not None and not isinstance(now, dict):
-            raise UserError(f"{path}: {KEY} is {type(now).__name__} (a template?), not a mapping; set "
-                            f"{method}: {k} in it by hand")
+            raise UserError(f"{path}: {KEY} is {type(now).__name__} (a template?), not a mapping; "
+                            f"set {method}: {k} in it by hand")
         if now is None:
             holder[KEY] = CommentedMap(current or {})
         holder[KEY][method] = k   # in place: the mapping's own comments stay
         new = _dump(doc, explicit_start=text.lstrip().startswith("---"), text=text)
-    diff = "".join(difflib.unified_diff(text.splitlines(True), new.splitlines(True), str(path), str(path)))
+    diff = "".join(difflib.unified_diff(text.splitlines(True), new.splitlines(True), str(path),
+                                        str(path)))
     if new != text:
         _check_read_back(inventory, path, new, (host, *members), method, k)
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, new.encode(), mode=(path.stat().st_mode & 0o7777) if path.exists() else 0o644)
+        write_atomic(path, new.encode(),
+                     mode=(path.stat().st_mode & 0o7777) if path.exists() else 0o644)
     return path, diff

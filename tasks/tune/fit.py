@@ -1,5 +1,6 @@
-"""From a sweep's bench results to the verdict per workload: for each suite (and the whole run) at each
-concurrency level, the prediction from the k_max run (tasks.tune.model), set against every k measured.
+"""From a sweep's bench results to the verdict per workload: for each suite (and the whole run) at
+each concurrency level, the prediction from the k_max run (tasks.tune.model), set against every k
+measured.
 """
 
 from __future__ import annotations
@@ -51,24 +52,27 @@ class Case:
 
 def _count(doc: dict[str, Any], key: str, where: str, required: bool = True,
            integer: bool = True) -> float | None:
-    """A count (an integer in 0..2^53) or, ``integer`` False, a speed (a number in 0..1e6); None if absent."""
-    value = expect(doc, key, (int, type(None)) if integer else (int, float, type(None)), where, FIX,
-                   required=required)
+    """A count (an integer in 0..2^53) or, ``integer`` False, a speed (a number in 0..1e6); None if
+    absent."""
+    value = expect(doc, key, (int, type(None)) if integer else (int, float, type(None)), where,
+                   FIX, required=required)
     if value is None:
         return None
     high = MAX_COUNT if integer else MAX_TOK_S
     if not (0 <= value <= high and math.isfinite(value)):
-        raise UserError(f"{where}: {key!r} is {str(value)[:40]}, not a number in 0..{high:g}; {FIX}")
+        raise UserError(f"{where}: {key!r} is {str(value)[:40]}, not a number in 0..{high:g}; "
+                        f"{FIX}")
     return float(value)
 
 
 def point(doc: dict[str, Any], where: str, k_max: int | None) -> Point:
-    """A scope of a bench result; ``k_max``: the run's k (None: baseline, whose counters are not read)."""
+    """A scope of a bench result; ``k_max``: the run's k (None: baseline, whose counters are not
+    read)."""
     tok_s = _count(doc, "per_request_tok_s_mean", where, integer=False)
     requests = _count(doc, "completed", where)
     if not tok_s or not requests:
-        raise UserError(f"{where}: no request completed with a speed (per_request_tok_s_mean {tok_s}, "
-                        f"completed {requests}); {FIX}")
+        raise UserError(f"{where}: no request completed with a speed (per_request_tok_s_mean "
+                        f"{tok_s}, completed {requests}); {FIX}")
     std = _count(doc, "per_request_tok_s_std", where, required=False, integer=False)
     run = None
     drafts = _count(doc, "spec_decode_num_drafts", where, required=False)
@@ -77,20 +81,23 @@ def point(doc: dict[str, Any], where: str, k_max: int | None) -> Point:
         counts: dict[int, float] = {}
         for i, rate in enumerate(rates):
             if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate <= 1:
-                raise UserError(f"{where}: spec_decode_per_position_acceptance_rates[{i}] is {rate!r}, not a "
-                                f"fraction; {FIX}")
+                raise UserError(f"{where}: spec_decode_per_position_acceptance_rates[{i}] is "
+                                f"{rate!r}, not a fraction; {FIX}")
             if i >= k_max and rate:
-                raise UserError(f"{where}: position {i} accepted tokens in a run at k {k_max}; the result is "
-                                f"not this row's; {FIX}")
+                raise UserError(f"{where}: position {i} accepted tokens in a run at k {k_max}; the "
+                                f"result is not this row's; {FIX}")
             if i < k_max:
                 counts[i] = round(rate * drafts)
-        if len(rates) < k_max:   # vLLM exports every position 0..k-1 (its counter per position, from start)
-            raise UserError(f"{where}: {len(rates)} per-position rates for a run at k {k_max}; the result is "
-                            f"not this row's; {FIX}")
+        # vLLM exports every position 0..k-1 (its counter per position, from start)
+        if len(rates) < k_max:
+            raise UserError(f"{where}: {len(rates)} per-position rates for a run at k {k_max}; the "
+                            f"result is not this row's; {FIX}")
         generation = _count(doc, "server_generation_tokens", where)
-        run = Snapshot(generation_tokens=generation or 0.0, has_spec_decode=True, num_drafts=drafts,
+        run = Snapshot(generation_tokens=generation or 0.0, has_spec_decode=True,
+                       num_drafts=drafts,
                        num_draft_tokens=_count(doc, "spec_decode_draft_tokens", where) or 0.0,
-                       num_accepted_tokens=_count(doc, "spec_decode_accepted_tokens", where) or 0.0,
+                       num_accepted_tokens=(_count(doc, "spec_decode_accepted_tokens", where)
+                                            or 0.0),
                        accepted_per_pos=counts)
     return Point(tok_s, std or 0.0, int(requests), run)
 
@@ -135,17 +142,17 @@ def judge(case: Case, block_size: int | None = None) -> Case:
         return case
     rates = case.tuning.survival.rates
     if rates[0].estimate < NEAR_ZERO:
-        case.notes.append(f"acceptance is near zero (a_0 = {100 * rates[0].estimate:.1f} %): on this model "
-                          "and workload drafting cannot pay for itself, whatever k")
+        case.notes.append(f"acceptance is near zero (a_0 = {100 * rates[0].estimate:.1f} %): "
+                          "on this model and workload drafting cannot pay for itself, whatever k")
     best = case.best_measured
     assert best is not None   # k_max was measured
     predicted = case.tuning.best_k
     if case.baseline.tok_s > case.measured[best].tok_s:
-        case.notes.append(f"baseline ({case.baseline.tok_s:.1f} tok/s) beats every k measured: serve without "
-                          "drafting for this workload")
+        case.notes.append(f"baseline ({case.baseline.tok_s:.1f} tok/s) beats every k measured: "
+                          "serve without drafting for this workload")
     if len(case.measured) == 1:
-        case.verdict = (f"predicted best k {predicted} (only k_max {case.k_max} measured: sweep more k to "
-                        "check)")
+        case.verdict = (f"predicted best k {predicted} (only k_max {case.k_max} measured: sweep "
+                        "more k to check)")
     elif predicted not in case.measured:
         case.verdict = (f"predicted best k {predicted} was not measured; best measured k {best} "
                         f"({case.measured[best].tok_s:.1f} tok/s)")
@@ -153,14 +160,18 @@ def judge(case: Case, block_size: int | None = None) -> Case:
         case.verdict = f"predicted best k {predicted} = best measured k {best}"
     elif not (_known(case.measured[predicted]) and _known(case.measured[best])):
         case.verdict = (f"predicted best k {predicted}, best measured k {best} "
-                        f"({case.measured[predicted].tok_s:.1f} vs {case.measured[best].tok_s:.1f} tok/s); "
-                        "spread unknown (one request, or no per-request std): measure more --requests")
+                        f"({case.measured[predicted].tok_s:.1f} vs "
+                        f"{case.measured[best].tok_s:.1f} tok/s); "
+                        "spread unknown (one request, or no per-request std): measure more "
+                        "--requests")
     elif not _apart(case.measured[predicted], case.measured[best]):
-        case.verdict = (f"predicted best k {predicted} matches best measured k {best} within their spread "
-                        f"({case.measured[predicted].tok_s:.1f} vs {case.measured[best].tok_s:.1f} tok/s)")
+        case.verdict = (f"predicted best k {predicted} matches best measured k {best} within their "
+                        f"spread ({case.measured[predicted].tok_s:.1f} vs "
+                        f"{case.measured[best].tok_s:.1f} tok/s)")
     else:
         miss = 100 * (1 - case.measured[predicted].tok_s / case.measured[best].tok_s)
-        case.verdict = (f"MISSED: predicted best k {predicted} measured {case.measured[predicted].tok_s:.1f} "
+        case.verdict = (f"MISSED: predicted best k {predicted} measured "
+                        f"{case.measured[predicted].tok_s:.1f} "
                         f"tok/s, {miss:.1f} % below best measured k {best} "
                         f"({case.measured[best].tok_s:.1f}); " + _why(case, predicted, best))
     return case
@@ -170,20 +181,21 @@ def _why(case: Case, predicted: int, best: int) -> str:
     assert case.tuning is not None
     errors = {e.k: e.error_pct for e in case.tuning.errors}
     return (f"the model was off by {errors.get(predicted, 0):+.1f} % at k {predicted} and "
-            f"{errors.get(best, 0):+.1f} % at k {best} (the linear step cost or the prefix rule does not "
-            "hold "
-            "for this drafter here)")
+            f"{errors.get(best, 0):+.1f} % at k {best} (the linear step cost or the prefix rule "
+            "does not hold for this drafter here)")
 
 
-def cases(results: dict[tuple[int, int], dict[str, Any]], where: dict[tuple[int, int], str], k_max: int,
-          levels: list[int], block_size: int | None = None) -> list[Case]:
-    """Every (scope, level) with its verdict, from results keyed by (k, concurrency) (k 0: baseline)."""
+def cases(results: dict[tuple[int, int], dict[str, Any]], where: dict[tuple[int, int], str],
+          k_max: int, levels: list[int], block_size: int | None = None) -> list[Case]:
+    """Every (scope, level) with its verdict, from results keyed by (k, concurrency) (k 0:
+    baseline)."""
     out: list[Case] = []
     for level in levels:
         if (0, level) not in results:
             continue
         base = scopes(results[(0, level)], where[(0, level)], None)
-        drafted = {k: scopes(doc, where[(k, c)], k) for (k, c), doc in results.items() if k and c == level}
+        drafted = {k: scopes(doc, where[(k, c)], k)
+                   for (k, c), doc in results.items() if k and c == level}
         for scope, baseline in base.items():
             measured = {k: s[scope] for k, s in sorted(drafted.items()) if scope in s}
             out.append(judge(Case(scope, level, k_max, baseline, measured), block_size))
@@ -191,8 +203,9 @@ def cases(results: dict[tuple[int, int], dict[str, Any]], where: dict[tuple[int,
 
 
 def recommend(found: list[Case]) -> tuple[int | None, str]:
-    """The k `--apply` writes: the prediction for all prompts at the first level, when the measurements back
-    it (the predicted k is the best measured, or within its spread, and beats baseline); else None and why."""
+    """The k `--apply` writes: the prediction for all prompts at the first level, when the
+    measurements back it (the predicted k is the best measured, or within its spread, and beats
+    baseline); else None and why."""
     case = next((c for c in found if c.suite == WHOLE), None)
     if case is None or case.tuning is None:
         return None, f"no k was predicted ({case.verdict if case else 'no result'})"
@@ -202,16 +215,18 @@ def recommend(found: list[Case]) -> tuple[int | None, str]:
     measured = case.measured.get(k)
     speed = measured.tok_s if measured else case.tuning.predictions[k - 1].tok_s.estimate
     if case.baseline.tok_s >= speed:
-        return None, (f"baseline ({case.baseline.tok_s:.1f} tok/s) is faster than k {k} ({speed:.1f}): serve "
-                      "without drafting for this workload")
+        return None, (f"baseline ({case.baseline.tok_s:.1f} tok/s) is faster than k {k} "
+                      f"({speed:.1f}): serve without drafting for this workload")
     return k, case.verdict
 
 
 def batch_schedule(found: list[Case]) -> list[list[int]] | None:
-    """vLLM's num_speculative_tokens_per_batch_size for the whole run's best k per level (vLLM 0.32.0,
-    vllm/v1/spec_decode/dynamic/utils.py: inclusive [start, end, k] ranges from batch size 1, the last k
-    carried to max_num_seqs), or None with fewer than two levels predicted or one k best at every level."""
-    best = {c.concurrency: c.tuning.best_k for c in found if c.suite == WHOLE and c.tuning is not None}
+    """vLLM's num_speculative_tokens_per_batch_size for the whole run's best k per level (vLLM
+    0.32.0, vllm/v1/spec_decode/dynamic/utils.py: inclusive [start, end, k] ranges from batch size
+    1, the last k carried to max_num_seqs), or None with fewer than two levels predicted or one k
+    best at every level."""
+    best = {c.concurrency: c.tuning.best_k
+            for c in found if c.suite == WHOLE and c.tuning is not None}
     if len(best) < 2 or len(set(best.values())) == 1:
         return None
     levels = sorted(best)

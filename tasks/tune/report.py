@@ -1,7 +1,7 @@
-"""`invoke tune`'s report: a table per workload (k, measured tok/s, a_i, predicted tok/s, error), the
-verdict, the best k per suite and per concurrency level, and a plot; written through sparkspec.outputs
-(markdown, PNG and the JSON that `--apply` reads, all or none, never over a file this command did not
-write)."""
+"""`invoke tune`'s report: a table per workload (k, measured tok/s, a_i, predicted tok/s, error),
+the verdict, the best k per suite and per concurrency level, and a plot; written through
+sparkspec.outputs (markdown, PNG and the JSON that `--apply` reads, all or none, never over a file
+this command did not write)."""
 
 from __future__ import annotations
 
@@ -29,14 +29,15 @@ JSON: Marker = json_format(FORMAT)
 
 
 def outputs(folder: str, method: str) -> list[Output]:
-    """tune-<method>.{md,png} under reports/<head>/ and the figures in tune/<method>.json below it (not
-    beside: the verify role reads every reports/<host>/*.json as a bench result), checked before anything
-    runs."""
+    """tune-<method>.{md,png} under reports/<head>/ and the figures in tune/<method>.json below it
+    (not beside: the verify role reads every reports/<host>/*.json as a bench result), checked
+    before anything runs."""
     for below in (Path(folder), Path(folder) / "tune"):   # no folder of ours may lead elsewhere
         if below.is_symlink():
             raise UserError(f"{below}: a symbolic link; remove it (tune writes its report there)")
     base = f"{folder}/tune-{method}"
-    found = check_outputs([Output(f"{base}.md", "report", MARKDOWN), Output(f"{base}.png", "plot", PNG),
+    found = check_outputs([Output(f"{base}.md", "report", MARKDOWN),
+                           Output(f"{base}.png", "plot", PNG),
                            Output(f"{folder}/tune/{method}.json", "result", JSON)])
     return found
 
@@ -46,8 +47,8 @@ def _pct(value: float) -> str:
 
 
 def _table(case: Case) -> list[str]:
-    lines = ["| k | measured tok/s (± s.e.) | a_i of this run (%) | predicted tok/s [95 %] | E(k) | "
-             "E_geo(k) | error |", "|---|---|---|---|---|---|---|"]
+    lines = ["| k | measured tok/s (± s.e.) | a_i of this run (%) | predicted tok/s [95 %] | "
+             "E(k) | E_geo(k) | error |", "|---|---|---|---|---|---|---|"]
     base = case.baseline
     lines.append(f"| 0 (baseline) | {base.tok_s:.1f} ± {base.se:.1f} | | | 1 | 1 | |")
     preds = {p.k: p for p in case.tuning.predictions} if case.tuning else {}
@@ -57,7 +58,8 @@ def _table(case: Case) -> list[str]:
         measured = f"{m.tok_s:.1f} ± {m.se:.1f}" if m else "not measured"
         rates = ""
         if m is not None and m.run is not None and m.run.num_drafts:
-            rates = " / ".join(_pct(m.run.accepted_per_pos.get(i, 0) / m.run.num_drafts) for i in range(k))
+            rates = " / ".join(_pct(m.run.accepted_per_pos.get(i, 0) / m.run.num_drafts)
+                               for i in range(k))
         p = preds.get(k)
         predicted = (f"{p.tok_s.estimate:.1f} [{p.tok_s.low:.1f}-{p.tok_s.high:.1f}]" if p else "")
         e_k = f"{p.tokens_per_step.estimate:.2f}" if p else ""
@@ -71,24 +73,27 @@ def _table(case: Case) -> list[str]:
 def markdown(method: str, head: str, settings: dict[str, Any], found: list[Case]) -> str:
     lines = [f"{TITLE}: {method} on {head}", "",
              "Workload: " + ", ".join(f"{k} {v}" for k, v in settings.items()), "",
-             "Predicted from the k_max run alone (its per-position acceptance a_i and the step cost "
-             "t(k) = t0 + k·δ fitted from baseline and k_max); every other k is measured to check it. "
-             "docs/methods.md \"Choosing k\" has the model.", "",
-             "## Best k", "", "| suite | concurrency | predicted best k | best measured k | verdict |",
+             "Predicted from the k_max run alone (its per-position acceptance a_i and the step "
+             "cost t(k) = t0 + k·δ fitted from baseline and k_max); every other k is measured to "
+             "check it. docs/methods.md \"Choosing k\" has the model.", "",
+             "## Best k", "",
+             "| suite | concurrency | predicted best k | best measured k | verdict |",
              "|---|---|---|---|---|"]
     for c in found:
         predicted = str(c.tuning.best_k) if c.tuning else "-"
         measured = c.best_measured or "-"
-        lines.append(f"| {cell(c.suite)} | {c.concurrency} | {predicted} | {measured} | {cell(c.verdict)} |")
+        lines.append(f"| {cell(c.suite)} | {c.concurrency} | {predicted} | {measured} | "
+                     f"{cell(c.verdict)} |")
     schedule = batch_schedule(found)
     levels = {c.concurrency for c in found if c.tuning is not None and c.suite == WHOLE}
     if not schedule and len(levels) > 1:
-        lines += ["", "The predicted best k is the same at every concurrency level: no batch-size schedule "
-                  "is needed."]
+        lines += ["", "The predicted best k is the same at every concurrency level: no batch-size "
+                  "schedule is needed."]
     if schedule:
         top = max(k for _, _, k in schedule)
         lines += ["", "Batch-size-dependent k (a suggestion, not applied; vLLM 0.32.0 reads it in "
-                  "`vllm/v1/core/sched/scheduler.py`: ranges of running requests, the last k carried on):",
+                  "`vllm/v1/core/sched/scheduler.py`: ranges of running requests, the last k "
+                  "carried on):",
                   "",
                   "```yaml", "speculative_config: {num_speculative_tokens: " + str(top)
                   + ", num_speculative_tokens_per_batch_size: " + json.dumps(schedule) + "}", "```"]
@@ -96,18 +101,22 @@ def markdown(method: str, head: str, settings: dict[str, Any], found: list[Case]
         lines += ["", f"## {cell(c.suite)}, concurrency {c.concurrency}", "", *_table(c)]
         if c.tuning:
             s, cost = c.tuning.survival, c.tuning.cost
-            lines += ["", f"Draft fraction {s.draft_fraction:.3f} of {s.steps:.0f} steps; geometric rate "
-                      f"a = {s.geometric_rate:.3f}; step cost t0 = {1000 * cost.t0:.2f} ms, "
+            lines += ["", f"Draft fraction {s.draft_fraction:.3f} of {s.steps:.0f} steps; "
+                      f"geometric rate a = {s.geometric_rate:.3f}; "
+                      f"step cost t0 = {1000 * cost.t0:.2f} ms, "
                       f"δ = {1000 * cost.delta:.3f} ms per drafted token ({cost.method})."]
             lines += [f"- {n}" for n in (*s.notes, *cost.notes)]
         lines += [f"- {n}" for n in c.notes]
     return "\n".join(lines) + "\n"
 
 
-def document(method: str, head: str, settings: dict[str, Any], found: list[Case]) -> dict[str, Any]:
-    """What `--apply` and other tools read: the best k per workload, and every figure of the table."""
+def document(method: str, head: str, settings: dict[str, Any],
+             found: list[Case]) -> dict[str, Any]:
+    """What `--apply` and other tools read: the best k per workload, and every figure of the
+    table."""
     return {"format": FORMAT, "method": method, "host": head, "settings": settings,
-            "best_k": next((c.tuning.best_k for c in found if c.suite == WHOLE and c.tuning), None),
+            "best_k": next((c.tuning.best_k for c in found if c.suite == WHOLE and c.tuning),
+                           None),
             "batch_schedule": batch_schedule(found),
             "cases": [{"suite": c.suite, "concurrency": c.concurrency, "k_max": c.k_max,
                        "baseline_tok_s": c.baseline.tok_s, "best_measured": c.best_measured,
@@ -118,7 +127,8 @@ def document(method: str, head: str, settings: dict[str, Any], found: list[Case]
 
 
 def plot_png(method: str, found: list[Case]) -> bytes:
-    """tok/s against k per workload: measured (dots, ± 1.96 s.e.) and predicted (line, its interval)."""
+    """tok/s against k per workload: measured (dots, ± 1.96 s.e.) and predicted (line, its
+    interval)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -138,7 +148,8 @@ def plot_png(method: str, found: list[Case]) -> bytes:
                 color = line[0].get_color()
                 ax.plot(pk, est, "-", color=color, label=f"{label} predicted from k={c.k_max}")
                 ax.fill_between(pk, [p.tok_s.low for p in c.tuning.predictions],
-                                [p.tok_s.high for p in c.tuning.predictions], color=color, alpha=0.15)
+                                [p.tok_s.high for p in c.tuning.predictions], color=color,
+                                alpha=0.15)
                 rates = c.tuning.survival.rates
                 acc.errorbar(range(len(rates)), [100 * r.estimate for r in rates],
                              yerr=[[100 * (r.estimate - r.low) for r in rates],
@@ -159,7 +170,8 @@ def plot_png(method: str, found: list[Case]) -> bytes:
         plt.close(fig)
 
 
-def write(targets: list[Output], method: str, head: str, settings: dict[str, Any], found: list[Case]) -> str:
+def write(targets: list[Output], method: str, head: str, settings: dict[str, Any],
+          found: list[Case]) -> str:
     """The three files, all or none; returns the markdown."""
     text = markdown(method, head, settings, found)
     doc = json.dumps(document(method, head, settings, found), indent=2, allow_nan=False) + "\n"

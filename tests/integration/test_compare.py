@@ -1,9 +1,9 @@
-"""`invoke compare` on the simulated Spark: one run serves every method (MTP on its own profile, n-gram also
-with the INT8 LM head) through the real unit, each speculative row checked lossless against baseline on the
-same profile with the same levers; the table's figures
-equal the server's counter deltas over each bench, read here from the /metrics text the verify role kept
-around it with this file's own parser (tests/counters.py), not from the report's numbers. Bad rows are refused
-before any play."""
+"""`invoke compare` on the simulated Spark: one run serves every method (MTP on its own profile,
+n-gram also with the INT8 LM head) through the real unit, each speculative row checked lossless
+against baseline on the same profile with the same levers; the table's figures equal the server's
+counter deltas over each bench, read here from the /metrics text the verify role kept around it
+with this file's own parser (tests/counters.py), not from the report's numbers. Bad rows are
+refused before any play."""
 
 from __future__ import annotations
 
@@ -17,13 +17,13 @@ from tests.conftest import BIN, ROOT, run_cli
 from tests.counters import counters_from_text
 
 SIM = "sim01"
-PROFILE = "sim-tiny"          # the sim inventory's served profile
-MTP_PROFILE = "sim-mtp"       # the sim profile that serves MTP (tests/support, helper B's generator)
+PROFILE = "sim-tiny"     # the sim inventory's served profile
+MTP_PROFILE = "sim-mtp"  # the sim profile that serves MTP (tests/support, helper B's generator)
 ROWS = ("baseline", "ngram", "eagle3", "dflash", f"mtp@{MTP_PROFILE}")
-LEVER = "int8_lm_head"        # the sim-tiny profile sets its min_vocab (the tiny vocabulary), off
-COLUMNS = ("Method", "Model", "Avg tok/s", "Peak tok/s", "Drafts", "Draft tokens", "Accepted", "Acceptance "
-                                                                                               "Rate",
-           "Acceptance per position", "Mean acceptance length", "Lossless", "Notes")
+LEVER = "int8_lm_head"   # the sim-tiny profile sets its min_vocab (the tiny vocabulary), off
+COLUMNS = ("Method", "Model", "Avg tok/s", "Peak tok/s", "Drafts", "Draft tokens", "Accepted",
+           "Acceptance Rate", "Acceptance per position", "Mean acceptance length", "Lossless",
+           "Notes")
 DRAFTS = "vllm:spec_decode_num_drafts_total"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
@@ -31,8 +31,8 @@ PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total/"
 
 
 def _sim_vars() -> dict:
-    return inventory.load("inventories/sim").host_vars(SIM,
-                                                       ("sparkspec_profiles", "sparkspec_stage_profiles"))
+    return inventory.load("inventories/sim").host_vars(
+        SIM, ("sparkspec_profiles", "sparkspec_stage_profiles"))
 
 
 def available_rows() -> tuple[list[str], list[str]]:
@@ -42,8 +42,8 @@ def available_rows() -> tuple[list[str], list[str]]:
     heads = profiles[PROFILE].get("heads", {})
     rows, missing = ["baseline", "ngram"], []
     for head in ("eagle3", "dflash"):
-        (rows if head in heads else missing).append(head if head in heads else f"{head} (no {head} head on "
-                                                                               f"{PROFILE})")
+        (rows if head in heads else missing).append(
+            head if head in heads else f"{head} (no {head} head on {PROFILE})")
     if MTP_PROFILE in profiles and MTP_PROFILE in staged:
         rows.append(f"mtp@{MTP_PROFILE}")
     else:
@@ -57,7 +57,8 @@ def table_rows(markdown: str) -> dict[str, dict[str, str]]:
     assert lines[0] == "| " + " | ".join(COLUMNS) + " |", lines[0]
     out = {}
     for line in lines[2:]:
-        cells = dict(zip(COLUMNS, (c.strip() for c in line.strip().strip("|").split(" | ")), strict=False))
+        cells = dict(zip(COLUMNS, (c.strip() for c in line.strip().strip("|").split(" | ")),
+                         strict=False))
         profile = re.search(r"\(profile ([^)]+)\)", cells["Model"])
         assert profile, cells["Model"]
         out[f"{cells['Method']}@{profile.group(1)}"] = cells
@@ -72,8 +73,8 @@ def deltas(name: str) -> dict[str, float]:
 
 
 def check_row(name: str, cells: dict[str, str], bench: dict) -> float:
-    """The row's figures equal the counter deltas (counts exactly, rates to the table's rounding); returns the
-    accepted tokens."""
+    """The row's figures equal the counter deltas (counts exactly, rates to the table's rounding);
+    returns the accepted tokens."""
     d = deltas(name)
     assert bench["total_output_tokens"] == d["vllm:generation_tokens_total"]
     if name.split("@")[0].split("+")[0] == "baseline":   # baseline, or baseline with levers
@@ -83,20 +84,22 @@ def check_row(name: str, cells: dict[str, str], bench: dict) -> float:
     drafts, draft_tokens, accepted = d[DRAFTS], d[DRAFT_TOKENS], d[ACCEPTED]
     assert drafts > 0, f"{name}: no drafts in /metrics over the bench"
     assert (int(cells["Drafts"]), int(cells["Draft tokens"]),
-            int(cells["Accepted"])) == (drafts, draft_tokens,
-                                                                                          accepted), cells
-    assert float(cells["Acceptance "
-                       "Rate"].rstrip("%")) == pytest.approx(100 * accepted / draft_tokens, abs=0.051)
-    assert float(cells["Mean acceptance length"]) == pytest.approx(1 + accepted / drafts, abs=0.0051)
+            int(cells["Accepted"])) == (drafts, draft_tokens, accepted), cells
+    assert float(cells["Acceptance Rate"].rstrip("%")) == pytest.approx(
+        100 * accepted / draft_tokens, abs=0.051)
+    assert float(cells["Mean acceptance length"]) == pytest.approx(1 + accepted / drafts,
+                                                                   abs=0.0051)
     positions = sorted(int(k.removeprefix(PER_POS)) for k in d if k.startswith(PER_POS))
     assert positions == list(range(len(positions))) and positions
     shown = [float(v.rstrip("%")) for v in cells["Acceptance per position"].split(" / ")]
     assert shown == pytest.approx([100 * d[f"{PER_POS}{i}"] / drafts for i in positions], abs=0.051)
-    verdict = re.fullmatch(r"(\d+)/(\d+) pass", cells["Lossless"])   # at least verify_lossless_min_share
+    # at least verify_lossless_min_share
+    verdict = re.fullmatch(r"(\d+)/(\d+) pass", cells["Lossless"])
     assert verdict, f"{name}: {cells['Lossless']}: {cells['Notes']}"
-    if verdict.group(1) != verdict.group(2):   # below 100 %: the note names the first divergent token
-        assert re.search(r"first divergence in \S+ at token \d+: expected id \d+ vs got id "
-                         r"\d+", cells["Notes"])
+    # below 100 %: the note names the first divergent token
+    if verdict.group(1) != verdict.group(2):
+        assert re.search(r"first divergence in \S+ at token \d+: expected id \d+ vs got id \d+",
+                         cells["Notes"])
     return accepted
 
 
@@ -104,18 +107,22 @@ def check_row(name: str, cells: dict[str, str], bench: dict) -> float:
 @pytest.mark.slow
 def test_compare_serves_every_method(provisioned):
     rows, missing = available_rows()
-    assert not missing, f"the sim inventory lacks rows of the five-method compare: {', '.join(missing)}"
+    assert not missing, ("the sim inventory lacks rows of the five-method compare: "
+                         f"{', '.join(missing)}")
     rows.append(f"ngram+{LEVER}")   # a row with the INT8 LM head, lossless against baseline with it
-    result = run_cli(f"{BIN}/invoke", "compare", "--host", SIM, "--methods", ",".join(rows), timeout=2400)
+    result = run_cli(f"{BIN}/invoke", "compare", "--host", SIM, "--methods", ",".join(rows),
+                     timeout=2400)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr
     table = table_rows((ROOT / "reports" / SIM / "compare.md").read_text())
     expected = {r if "@" in r else f"{r}@{PROFILE}" for r in rows}
-    expected |= {f"baseline@{r.split('@')[1]}" for r in rows if "@" in r}   # each profile gets its baseline
-    expected.add(f"baseline+{LEVER}@{PROFILE}")                            # and each lever set
+    # each profile gets its baseline, and each lever set
+    expected |= {f"baseline@{r.split('@')[1]}" for r in rows if "@" in r}
+    expected.add(f"baseline+{LEVER}@{PROFILE}")
     assert set(table) == expected, table.keys()
-    # baseline's reference is kept per lever set: the lever's row was compared with baseline under it
-    assert f"sparkspec: compare on {SIM}: baseline+{LEVER}@{PROFILE} (the profile's lossless reference)" \
-        in result.stdout
+    # baseline's reference is kept per lever set: the lever's row was compared with baseline
+    # under it
+    assert (f"sparkspec: compare on {SIM}: baseline+{LEVER}@{PROFILE} "
+            "(the profile's lossless reference)") in result.stdout
     refs = run_cli(*provisioned.ssh_argv("ls /var/lib/sparkspec/verify")).stdout.split()
     assert {f"reference-{PROFILE}.json", f"reference-{PROFILE}+{LEVER}.json"} <= set(refs), refs
     accepted = {}
@@ -127,17 +134,20 @@ def test_compare_serves_every_method(provisioned):
             assert f"{name.split('@')[0]} is lossless against baseline" in result.stdout
     assert (ROOT / "reports" / SIM / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # compare restores what ran before it (baseline on the served profile, from provisioning)
-    record = json.loads(run_cli(*provisioned.ssh_argv("cat /etc/sparkspec/sparkspec-vllm.json")).stdout)
-    assert (record["method"], record["profile"], record.get("levers")) == ("baseline", PROFILE, None)
+    record = json.loads(
+        run_cli(*provisioned.ssh_argv("cat /etc/sparkspec/sparkspec-vllm.json")).stdout)
+    assert (record["method"], record["profile"],
+            record.get("levers")) == ("baseline", PROFILE, None)
     learned = {m: a for m, a in accepted.items() if m in ("mtp", "eagle3", "dflash")}
     assert any(a > 0 for a in learned.values()), f"no distilled head accepted a token: {learned}"
 
 
 @pytest.mark.parametrize(("methods", "message"), [
     ("baseline,eagle3@sim-hybrid",
-     ("--methods eagle3@sim-hybrid: sparkspec_methods.eagle3.head: method eagle3 needs a eagle3 head, and "
-      "profile sim-hybrid has none")),
-    ("ngram@nope", "--methods ngram@nope: sparkspec_profile: 'nope' is not a key of sparkspec_profiles"),
+     ("--methods eagle3@sim-hybrid: sparkspec_methods.eagle3.head: method eagle3 needs a eagle3 "
+      "head, and profile sim-hybrid has none")),
+    ("ngram@nope",
+     "--methods ngram@nope: sparkspec_profile: 'nope' is not a key of sparkspec_profiles"),
     ("warp", "--methods warp@sim-tiny: sparkspec_method_switch: unknown method 'warp'"),
     ("ngram@", "--methods: 'ngram@' is not METHOD[+LEVER...][@PROFILE]"),
     ("ngram,ngram@sim-tiny", "--methods: ngram@sim-tiny is listed twice"),
@@ -146,7 +156,8 @@ def test_compare_serves_every_method(provisioned):
 ], ids=["head-the-profile-lacks", "unknown-profile", "unknown-method", "empty-profile", "twice",
         "unknown-lever"])
 def test_bad_rows_are_refused_before_any_play(methods, message):
-    """Each row is resolved as the play would before the host is touched: one line, exit 2, no play run."""
+    """Each row is resolved as the play would before the host is touched: one line, exit 2, no
+    play run."""
     before = {p: p.stat().st_mtime for p in (ROOT / "reports").rglob("*") if p.is_file()}
     result = run_cli(f"{BIN}/invoke", "compare", "--host", SIM, "--methods", methods, timeout=120)
     assert result.returncode == 2, result.stdout + result.stderr
@@ -158,7 +169,8 @@ def test_bad_rows_are_refused_before_any_play(methods, message):
 
 
 def test_rows_are_planned_per_profile():
-    """Baseline first in each profile's group; a profile without a baseline row gets one (its reference)."""
+    """Baseline first in each profile's group; a profile without a baseline row gets one (its
+    reference)."""
     from tasks.compare import plan as compare
 
     rows = compare.plan(compare.parse("ngram,mtp@p2,baseline,eagle3@p2", "p1"))
@@ -182,9 +194,11 @@ def test_unstaged_profile_is_refused():
 
 @pytest.mark.sim
 @pytest.mark.slow
-@pytest.mark.parametrize(("expect", "ok"), [(".", True), ("^the-tiny-model-never-says-this$", False)])
+@pytest.mark.parametrize(("expect", "ok"),
+                         [(".", True), ("^the-tiny-model-never-says-this$", False)])
 def test_known_answers_catch_wrong_output(provisioned, expect, ok):
-    """verify asks known-answer prompts: output that does not match fails the play, whatever its speed."""
+    """verify asks known-answer prompts: output that does not match fails the play, whatever its
+    speed."""
     extra = json.dumps({"verify_known_answers": [{"prompt": "Say something.", "expect": expect}],
                         "verify_lossless": False, "verify_requests": 1, "verify_max_tokens": 8})
     result = run_cli(f"{BIN}/ansible-playbook", "-i", "inventories/sim", "--limit", "sim01",

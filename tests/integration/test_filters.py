@@ -1,6 +1,7 @@
-"""The roles' filter plugin over sparkspec.validate, in-process: pip's options written to its config file are
-the options pip would read from the same PIP_* environment (read back by pip's own configuration loader), the
-env-file quoting escapes exactly systemd's four characters, and what cannot be carried is refused by name."""
+"""The roles' filter plugin over sparkspec.validate, in-process: pip's options written to its config
+file are the options pip would read from the same PIP_* environment (read back by pip's own
+configuration loader), the env-file quoting escapes exactly systemd's four characters, and what
+cannot be carried is refused by name."""
 
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ PIP_ENV = {
 
 
 def _pip_reads(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> dict[str, str]:
-    """What pip's configuration loader ends up with, option name -> value, for this environment."""
+    """What pip's configuration loader ends up with, option name -> value, for this
+    environment."""
     for name in list(os.environ):
         if name.startswith("PIP_"):
             monkeypatch.delenv(name)
@@ -47,8 +49,8 @@ def _pip_reads(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> dict[str
 
 
 def test_pip_config_file_gives_pip_what_the_environment_gave(tmp_path, monkeypatch):
-    # with PIP_CONFIG_FILE set pip skips the user's own pip.conf: compare without one (as root on a Spark
-    # whose site configures pip through sparkspec_pip_env)
+    # with PIP_CONFIG_FILE set pip skips the user's own pip.conf: compare without one (as root on a
+    # Spark whose site configures pip through sparkspec_pip_env)
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / ".config"))
     conf = tmp_path / "pip.conf"
@@ -64,8 +66,8 @@ def test_pip_config_file_gives_pip_what_the_environment_gave(tmp_path, monkeypat
     ("env", "expected"),
     [
         ({"HTTPS_PROXY": "http://u:p@proxy:3128"}, "'HTTPS_PROXY' is not a PIP_\\* option"),
-        ({"PIP_INDEX_URL": "https://x\n[global]\ntrusted-host = evil"}, "PIP_INDEX_URL: the value holds a "
-                                                                        "newline"),
+        ({"PIP_INDEX_URL": "https://x\n[global]\ntrusted-host = evil"},
+         "PIP_INDEX_URL: the value holds a newline"),
         ({"PIP_TIMEOUT": True}, "PIP_TIMEOUT: bool value"),
         ({"PIP-X": "1"}, "'PIP-X' is not a variable name"),
     ],
@@ -97,10 +99,11 @@ def test_env_quote_refuses_what_an_env_file_cannot_carry(value):
 
 
 def test_redaction_by_name():
-    env = {"HF_TOKEN": "t", "my_api_key": "k", "DB_PASSWORD": "p", "AWS_SECRET_ACCESS_KEY": "s", "PLAIN": "v"}
+    env = {"HF_TOKEN": "t", "my_api_key": "k", "DB_PASSWORD": "p", "AWS_SECRET_ACCESS_KEY": "s",
+           "PLAIN": "v"}
     assert plugin.redact_env(env) == {"HF_TOKEN": "<redacted>", "my_api_key": "<redacted>",
-                                      "DB_PASSWORD": "<redacted>", "AWS_SECRET_ACCESS_KEY": "<redacted>",
-                                      "PLAIN": "v"}
+                                      "DB_PASSWORD": "<redacted>",
+                                      "AWS_SECRET_ACCESS_KEY": "<redacted>", "PLAIN": "v"}
     assert plugin.redact_env(env, False) == env
 
 
@@ -111,7 +114,8 @@ def test_redaction_by_name():
         ("dir", "a/b", "dir: 'a/b' is not a plain file name"),
         ("model.repo", "org/../../x", "model.repo: repo id 'org/../../x' is not org/name"),
         ("model.revision", "../../x", "model.revision: revision '../../x' is not a commit id"),
-        ("heads.eagle3.repo", "/abs/path", "heads.eagle3.repo: repo id '/abs/path' is not org/name"),
+        ("heads.eagle3.repo", "/abs/path",
+         "heads.eagle3.repo: repo id '/abs/path' is not org/name"),
     ],
 )
 def test_profile_names_that_could_leave_their_folder(field, value, expected):
@@ -121,7 +125,8 @@ def test_profile_names_that_could_leave_their_folder(field, value, expected):
     contract = {"method": "baseline", "method_switch": "",
                 "methods": {"baseline": {"speculative_config": None}},
                 "profile": "p", "profiles": {"p": profile}, "stage_profiles": ["p"],
-                "models_dir": "/m", "sources_dir": "/m/s", "heads_dir": "/m/h", "vllm_venv": "/v"}
+                "models_dir": "/m", "sources_dir": "/m/s", "heads_dir": "/m/h",
+                "vllm_venv": "/v"}
     assert registry_plugin.resolve(contract)["problems"] == []
     node = profile
     *path, last = field.split(".")

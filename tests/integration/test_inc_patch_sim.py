@@ -1,7 +1,8 @@
-"""vllm_install's INC patch on the simulated Spark's vLLM venv (wheel mode): applied once and recorded with
-its digest, removable byte-for-byte (the wheel's RECORD hash), refused for a vLLM version it does not fit, and
-a hybrid profile on an unpatched `existing` venv fails with the fix named. Only the vllm tag of provision.yml
-runs (preflight with it); the venv is left patched, as provision leaves it."""
+"""vllm_install's INC patch on the simulated Spark's vLLM venv (wheel mode): applied once and
+recorded with its digest, removable byte-for-byte (the wheel's RECORD hash), refused for a vLLM
+version it does not fit, and a hybrid profile on an unpatched `existing` venv fails with the fix
+named. Only the vllm tag of provision.yml runs (preflight with it); the venv is left patched, as
+provision leaves it."""
 
 from __future__ import annotations
 
@@ -23,14 +24,15 @@ RECORD = f"{VENV}/sparkspec-patches.json"
 
 
 def _role(**extra: object) -> PlayResult:
-    return run_playbook(ROOT / "playbooks/provision.yml", ROOT / "inventories/sim/hosts.yml", "sim01",
-                        tags=["vllm"], extra_vars=extra, quiet=True)
+    return run_playbook(ROOT / "playbooks/provision.yml", ROOT / "inventories/sim/hosts.yml",
+                        "sim01", tags=["vllm"], extra_vars=extra, quiet=True)
 
 
 def _sh(sim, command: str) -> str:
     import subprocess
 
-    proc = subprocess.run(sim.ssh_argv(command), capture_output=True, text=True, timeout=60, check=False)
+    proc = subprocess.run(sim.ssh_argv(command), capture_output=True, text=True, timeout=60,
+                          check=False)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
 
@@ -41,8 +43,8 @@ def _inc_digest(sim) -> str:
 
 def _wheel_digest(sim) -> str:
     """inc.py's sha256 as the installed wheel's RECORD lists it (urlsafe base64 there)."""
-    line = next(ln for ln in _sh(sim,
-                                 f"cat {VENV}/lib/python3*/site-packages/vllm*.dist-info/RECORD").splitlines()
+    line = next(ln for ln in _sh(sim, f"cat {VENV}/lib/python3*/site-packages/"
+                                      "vllm*.dist-info/RECORD").splitlines()
                 if ln.startswith(f"{INC},"))
     b64 = line.split(",")[1].removeprefix("sha256=")
     return base64.urlsafe_b64decode(b64 + "=" * (-len(b64) % 4)).hex()
@@ -55,7 +57,8 @@ def _messages(result: PlayResult) -> list[str]:
 def test_inc_patch_applied_recorded_removable_and_refused(provisioned) -> None:
     sim = provisioned
     wheel = _wheel_digest(sim)
-    # after provision: applied (the file differs from the wheel's) and recorded with the patch's digest
+    # after provision: applied (the file differs from the wheel's) and recorded with the patch's
+    # digest
     assert _inc_digest(sim) != wheel
     record = json.loads(_sh(sim, f"cat {RECORD}"))
     assert record == {"patches": [{"name": PATCH.name,
@@ -74,18 +77,21 @@ def test_inc_patch_applied_recorded_removable_and_refused(provisioned) -> None:
         # a vLLM the patch was not written for: refused before anything changes
         refused = _role(_vllm_install_inc_patch_fits=["0.31.0"])
         assert refused.rc != 0 and _inc_digest(sim) == wheel
-        assert any(m.startswith(f"the INC patch {PATCH.name} fits vLLM 0.31.0, not vLLM 0.32.0") and
-                   "vllm_install_inc_patch: false" in m for m in _messages(refused)), _messages(refused)
-        # a hybrid profile on an unpatched existing venv: fails naming the fix; the venv is not touched
+        assert any(m.startswith(f"the INC patch {PATCH.name} fits vLLM 0.31.0, not vLLM 0.32.0")
+                   and "vllm_install_inc_patch: false" in m
+                   for m in _messages(refused)), _messages(refused)
+        # a hybrid profile on an unpatched existing venv: fails naming the fix; the venv is not
+        # touched
         existing = _role(vllm_install_mode="existing", sparkspec_profile="sim-hybrid")
         assert existing.rc != 0 and _inc_digest(sim) == wheel
         assert any("lacks the INC patch" in m and "vllm_install_patch_existing: true" in m
                    for m in _messages(existing)), _messages(existing)
-        # a hybrid without FP8 layers (sim-mtp: the INT4 source and its MTP head) needs no patch: the same
-        # venv passes
+        # a hybrid without FP8 layers (sim-mtp: the INT4 source and its MTP head) needs no patch:
+        # the same venv passes
         no_fp8 = _role(vllm_install_mode="existing", sparkspec_profile="sim-mtp")
         assert no_fp8.rc == 0 and _inc_digest(sim) == wheel, no_fp8.failures
-        # allowed to patch the existing venv: patched, with the original file kept in the backup folder
+        # allowed to patch the existing venv: patched, with the original file kept in the backup
+        # folder
         allowed = _role(vllm_install_mode="existing", sparkspec_profile="sim-hybrid",
                         vllm_install_patch_existing=True)
         assert allowed.rc == 0 and allowed.total_changed > 0, allowed.failures
@@ -100,19 +106,20 @@ def test_inc_patch_applied_recorded_removable_and_refused(provisioned) -> None:
 
 
 def test_journal_line_fails_the_deploy_and_rolls_back(provisioned) -> None:
-    """deploy_journal_fail_patterns on this start's journal. vLLM 0.32 on the tiny model cannot print the
-    weight_scale_inv skip warning (no hybrid loads on CPU), so the trigger is a line the real vLLM prints on
-    every start of that model, named as the pattern: the same read, fail and rollback path."""
+    """deploy_journal_fail_patterns on this start's journal. vLLM 0.32 on the tiny model cannot
+    print the weight_scale_inv skip warning (no hybrid loads on CPU), so the trigger is a line the
+    real vLLM prints on every start of that model, named as the pattern: the same read, fail and
+    rollback path."""
     from tasks.lib.play import failure_summary
 
     sim = provisioned
     unit = "sparkspec-vllm"
     before = json.loads(_sh(sim, f"cat /etc/sparkspec/{unit}.json"))["method"]
     method = "baseline" if before != "baseline" else "ngram"
-    result = run_playbook(ROOT / f"playbooks/deploy-{method}.yml", ROOT / "inventories/sim/hosts.yml",
-                          "sim01",
-                          extra_vars={"deploy_journal_fail_patterns": ["Resolved architecture: "
-                                                                       "Qwen3ForCausalLM"]},
+    result = run_playbook(ROOT / f"playbooks/deploy-{method}.yml",
+                          ROOT / "inventories/sim/hosts.yml", "sim01",
+                          extra_vars={"deploy_journal_fail_patterns":
+                                      ["Resolved architecture: Qwen3ForCausalLM"]},
                           quiet=True)
     message = failure_summary(result, "sim01")
     assert result.rc != 0, message

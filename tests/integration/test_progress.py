@@ -1,8 +1,9 @@
-"""Long steps show progress in the play: the real ``sparkspec fetch repo`` run by the ``sparkspec_progress``
-action plugin in a tiny local playbook, against the real local hub behind a throttling proxy (24 MiB at
-2 MiB/s, so the fetch takes about 12 s), read back from ansible-runner's structured events; and vllm_build's
-compile step (its helper's ``run`` around a command that prints ninja's ``[done/total]`` lines, as vLLM's
-``pip wheel -v`` does) the same way. No simulated Spark."""
+"""Long steps show progress in the play: the real ``sparkspec fetch repo`` run by the
+``sparkspec_progress`` action plugin in a tiny local playbook, against the real local hub behind a
+throttling proxy (24 MiB at 2 MiB/s, so the fetch takes about 12 s), read back from
+ansible-runner's structured events; and vllm_build's compile step (its helper's ``run`` around a
+command that prints ninja's ``[done/total]`` lines, as vLLM's ``pip wheel -v`` does) the same way.
+No simulated Spark."""
 
 from __future__ import annotations
 
@@ -24,9 +25,9 @@ ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 REPO = "sparkspec/progress-test"
 RATE = 2 << 20  # bytes/s through the proxy
-# huggingface_hub counts a download in chunks of 10 MiB (DOWNLOAD_CHUNK_SIZE): one file of 24 MiB moves the
-# count at about 5, 10 and 12 s, so lines one second apart must see it grow (at 4 MiB/s, 2.5 s to the first
-# move, a loaded CI machine printed only two lines before it, both at 23 B)
+# huggingface_hub counts a download in chunks of 10 MiB (DOWNLOAD_CHUNK_SIZE): one file of 24 MiB
+# moves the count at about 5, 10 and 12 s, so lines one second apart must see it grow (at 4 MiB/s,
+# 2.5 s to the first move, a loaded CI machine printed only two lines before it, both at 23 B)
 SIZE = 24 << 20
 TASK = "Fetch through the throttled hub"
 PLAYBOOK = f"""\
@@ -64,17 +65,21 @@ def _address(url: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def _run(tmp_path: Path, playbook: str, extravars: dict[str, Any]) -> tuple[Any, list[dict[str, Any]]]:
-    """``playbook`` on localhost through ansible-runner with the sparkspec role's plugins; its events."""
+def _run(tmp_path: Path, playbook: str,
+         extravars: dict[str, Any]) -> tuple[Any, list[dict[str, Any]]]:
+    """``playbook`` on localhost through ansible-runner with the sparkspec role's plugins; its
+    events."""
     events: list[dict[str, Any]] = []
     (tmp_path / "play.yml").write_text(playbook)
     (tmp_path / "runner").mkdir()
     runner = ansible_runner.run(
         private_data_dir=str(tmp_path / "runner"), playbook=str(tmp_path / "play.yml"),
-        inventory="localhost,", extravars={"ansible_python_interpreter": sys.executable, **extravars},
+        inventory="localhost,",
+        extravars={"ansible_python_interpreter": sys.executable, **extravars},
         envvars={"ANSIBLE_ACTION_PLUGINS": str(ROOT / "roles/sparkspec/action_plugins"),
                  "ANSIBLE_LIBRARY": str(ROOT / "roles/sparkspec/library"), "ANSIBLE_NOCOLOR": "1",
-                 "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}", "HF_HOME": str(tmp_path / "hf"),
+                 "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}",
+                 "HF_HOME": str(tmp_path / "hf"),
                  "HF_HUB_DISABLE_TELEMETRY": "1", "PYTHONUNBUFFERED": "1"},
         event_handler=lambda event: bool(events.append(event)), quiet=True, suppress_env_files=True,
         timeout=600)
@@ -88,18 +93,20 @@ def play(tmp_path: Path, argv: list[str], changed_when: str = "(fetched.stdout_l
 
 
 def fetch_argv(repo: str, url: str, dest: Path) -> list[str]:
-    return [str(VENV_BIN / "sparkspec"), "fetch", "repo", repo, "--revision", "main", "--dest", str(dest),
-            "--endpoint", url, "--json"]
+    return [str(VENV_BIN / "sparkspec"), "fetch", "repo", repo, "--revision", "main",
+            "--dest", str(dest), "--endpoint", url, "--json"]
 
 
 def progress_lines(events: list[dict[str, Any]]) -> list[str]:
-    """What the plugin printed during the task (the runner's verbose events carry the task they belong to)."""
+    """What the plugin printed during the task (the runner's verbose events carry the task they
+    belong to)."""
     return [line for e in events if e.get("event") == "verbose" and (e.get("event_data")
                                                                      or {}).get("task") == TASK
             for line in str(e.get("stdout", "")).splitlines() if line.startswith("localhost: ")]
 
 
-def test_throttled_fetch_prints_growing_progress_and_completes(tmp_path: Path, hub: tuple[str, Path]) -> None:
+def test_throttled_fetch_prints_growing_progress_and_completes(tmp_path: Path,
+                                                               hub: tuple[str, Path]) -> None:
     url, source = hub
     dest = tmp_path / "dest"
     runner, events = play(tmp_path, fetch_argv(REPO, url, dest))
@@ -126,10 +133,11 @@ def test_failing_fetch_fails_the_task_with_the_commands_one_line(tmp_path: Path,
     runner, events = play(tmp_path, fetch_argv("sparkspec/no-such-repo", url, tmp_path / "dest"))
     assert runner.rc != 0
     failed = [e["event_data"]["res"] for e in events if e.get("event") == "runner_on_failed"]
-    assert len(failed) == 1 and failed[0]["rc"] == 2 and failed[0]["msg"] == "non-zero return code", failed
+    assert (len(failed) == 1 and failed[0]["rc"] == 2
+            and failed[0]["msg"] == "non-zero return code"), failed
     stderr = failed[0]["stderr"].splitlines()
-    assert len(stderr) == 1 and stderr[0].startswith("sparkspec: "
-                                                     "error: ") and "no-such-repo" in stderr[0], stderr
+    assert (len(stderr) == 1 and stderr[0].startswith("sparkspec: error: ")
+            and "no-such-repo" in stderr[0]), stderr
 
 
 # A compile of 8 ninja steps, one a second, among the other lines pip and CMake print.
@@ -145,13 +153,13 @@ print("Successfully built vllm", flush=True)
 
 
 def test_vllm_build_compile_prints_ninja_progress_in_the_play(tmp_path: Path) -> None:
-    """The compile step as roles/vllm_build/tasks/build.yml runs it: the play prints ninja's [done/total]
-    while the compile runs, growing; the whole output goes to the build log and the task's result ends with
-    its tail."""
+    """The compile step as roles/vllm_build/tasks/build.yml runs it: the play prints ninja's
+    [done/total] while the compile runs, growing; the whole output goes to the build log and the
+    task's result ends with its tail."""
     helper = ROOT / "roles/vllm_build/files/vllm_build_helper.py"
     log = tmp_path / "build.log"
-    argv = [sys.executable, str(helper), "run", str(log), "build vLLM "
-                                                          "0123456789ab", sys.executable, "-c", COMPILE]
+    argv = [sys.executable, str(helper), "run", str(log), "build vLLM 0123456789ab",
+            sys.executable, "-c", COMPILE]
     runner, events = play(tmp_path, argv, changed_when="true")
     assert runner.rc == 0, [e.get("stdout") for e in events]
     lines = progress_lines(events)
@@ -164,13 +172,15 @@ def test_vllm_build_compile_prints_ninja_progress_in_the_play(tmp_path: Path) ->
     ok = next(e for e in events if e.get("event") == "runner_on_ok")["event_data"]["res"]
     assert ok["rc"] == 0 and ok["stdout_lines"][-1] == "Successfully built vllm", ok
     logged = log.read_text().splitlines()
-    assert logged[0].startswith(f"$ {sys.executable} -c ") and logged[-1] == "Successfully built vllm"
+    assert (logged[0].startswith(f"$ {sys.executable} -c ")
+            and logged[-1] == "Successfully built vllm")
     assert sum(ln.startswith("[") for ln in logged) == 8
 
 
-# The download started in one task and followed in a later one, with other work between (provision.yml's fetch
-# beside vLLM's install): the start returns at once, the work runs while the fetch does, the follow prints
-# progress and returns the command's result; a stop in between ends the command (its progress file's token).
+# The download started in one task and followed in a later one, with other work between
+# (provision.yml's fetch beside vLLM's install): the start returns at once, the work runs while the
+# fetch does, the follow prints progress and returns the command's result; a stop in between ends
+# the command (its progress file's token).
 SPLIT_PLAYBOOK = """\
 - name: Fetch beside other work
   hosts: localhost
@@ -211,14 +221,17 @@ def test_a_fetch_started_in_one_task_is_followed_in_a_later_one(tmp_path: Path,
     dest = tmp_path / "dest"
     runner, events = split_play(tmp_path, fetch_argv(REPO, url, dest))
     assert runner.rc == 0, [e.get("stdout") for e in events]
-    by_task = {e["event_data"]["task"]: e["event_data"] for e in events if e.get("event") == "runner_on_ok"}
+    by_task = {e["event_data"]["task"]: e["event_data"]
+               for e in events if e.get("event") == "runner_on_ok"}
     started = by_task["Start the fetch"]["res"]
     assert started["changed"] is True and set(started["job"]) == {"jid", "progress"}
-    # the start returned while the fetch (about 6 s through the proxy) still ran: the follow still had to wait
+    # the start returned while the fetch (about 6 s through the proxy) still ran: the follow still
+    # had to wait
     assert by_task["Start the fetch"]["duration"] < 5, by_task["Start the fetch"]["duration"]
     assert by_task["FOLLOW"]["duration"] > 1, by_task["FOLLOW"]["duration"]
     done = by_task["FOLLOW"]["res"]
-    assert done["rc"] == 0 and (done["stdout_lines"][-1]).startswith("{") and "ansible_job_id" not in done
+    assert (done["rc"] == 0 and (done["stdout_lines"][-1]).startswith("{")
+            and "ansible_job_id" not in done)
     lines = [line for e in events if e.get("event") == "verbose" and (e.get("event_data")
                                                                       or {}).get("task") == "FOLLOW"
              for line in str(e.get("stdout", "")).splitlines() if line.startswith("localhost: ")]
@@ -232,7 +245,8 @@ def test_a_stopped_fetch_ends_and_the_follow_says_so(tmp_path: Path, hub: tuple[
     runner, events = split_play(tmp_path, fetch_argv(REPO, url, tmp_path / "dest"), stop=True)
     assert runner.rc != 0
     failed = [e["event_data"]["res"] for e in events if e.get("event") == "runner_on_failed"]
-    # the fetch's own exit on SIGTERM (130), or the signal's (143) when it lands before Python set its handler
+    # the fetch's own exit on SIGTERM (130), or the signal's (143) when it lands before Python set
+    # its handler
     assert len(failed) == 1 and failed[0]["rc"] in (130, 143, -15), failed
     weights = tmp_path / "dest" / "weights.bin"   # stopped half-way: no whole file
     assert not weights.exists() or weights.stat().st_size < SIZE, weights.stat().st_size

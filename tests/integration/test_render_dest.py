@@ -1,7 +1,7 @@
 """`invoke render --dest` writes only into a folder that is new, empty or an earlier render's (its
-.sparkspec-render marker), never through a symbolic link: each refusal is exit 2, one `sparkspec: error:` line
-naming the folder, and nothing under it written or changed (issue 23, kind 3). Runs ansible-playbook locally:
-no simulated Spark."""
+.sparkspec-render marker), never through a symbolic link: each refusal is exit 2, one
+`sparkspec: error:` line naming the folder, and nothing under it written or changed (issue 23,
+kind 3). Runs ansible-playbook locally: no simulated Spark."""
 
 from __future__ import annotations
 
@@ -28,7 +28,8 @@ def _foreign(t: Path) -> Path:
 
 
 def _planted_link(t: Path) -> Path:
-    """An earlier render's folder in which etc/systemd became a link to a folder of someone else's."""
+    """An earlier render's folder in which etc/systemd became a link to a folder of someone
+    else's."""
     (t / "elsewhere").mkdir()
     (t / "dest" / "etc").mkdir(parents=True)
     (t / "dest" / ".sparkspec-render").write_text("files written by `invoke render`\n")
@@ -48,8 +49,8 @@ def test_render_refuses_a_dest_it_did_not_make(tmp_path: Path, case: str) -> Non
     make, match = CASES[case]
     dest = make(tmp_path)
     before = fingerprint(tmp_path)
-    result = run_cli(f"{BIN}/invoke", "render", "--host", "spark01", "--method", "mtp", "--dest", str(dest),
-                     "--inventory", "inventories/example")
+    result = run_cli(f"{BIN}/invoke", "render", "--host", "spark01", "--method", "mtp",
+                     "--dest", str(dest), "--inventory", "inventories/example")
     errors = [line for line in result.stderr.splitlines() if line.startswith("sparkspec: error: ")]
     assert result.returncode == 2 and len(errors) == 1, result.stdout[-2000:] + result.stderr
     assert "Traceback" not in result.stderr
@@ -58,12 +59,14 @@ def test_render_refuses_a_dest_it_did_not_make(tmp_path: Path, case: str) -> Non
 
 
 def test_render_refuses_a_dest_inside_the_inventory() -> None:
-    """The play reads the inventory folder (group_vars/*.json among it): rendered files never land there."""
+    """The play reads the inventory folder (group_vars/*.json among it): rendered files never land
+    there."""
     inventory = ROOT / "inventories" / "example"
     before = fingerprint(inventory)
     result = run_cli(f"{BIN}/invoke", "render", "--host", "spark01", "--method", "mtp", "--dest",
-                     str(inventory / "group_vars" / "rendered"), "--inventory", "inventories/example")
+                     str(inventory / "group_vars" / "rendered"),
+                     "--inventory", "inventories/example")
     assert result.returncode == 2 and result.stderr.splitlines() == [
-        f"sparkspec: error: --dest {inventory}/group_vars/rendered is inside the input --inventory "
-        f"{inventory}; choose an output folder apart from every input"], result.stderr
+        f"sparkspec: error: --dest {inventory}/group_vars/rendered is inside the input "
+        f"--inventory {inventory}; choose an output folder apart from every input"], result.stderr
     assert_unchanged(before, inventory)

@@ -1,6 +1,6 @@
-"""Secrets on the simulated Spark: the vLLM API key, the hub token and pip's index credentials never reach a
-process's command line, a log, the journal, a report or a file other than the few 0600/0640 files meant to
-hold them; teardown removes the key and token files.
+"""Secrets on the simulated Spark: the vLLM API key, the hub token and pip's index credentials never
+reach a process's command line, a log, the journal, a report or a file other than the few 0600/0640
+files meant to hold them; teardown removes the key and token files.
 
 The tests run in file order and share the provisioned host (the session's one provision).
 """
@@ -35,8 +35,8 @@ ALLOWED = {
     "/etc/sparkspec/sparkspec-vllm-watchdog.key": ({"api_key"}, ("0o600", "root", "root")),
     "/etc/prometheus/sparkspec-vllm.key": ({"api_key"}, ("0o400", "prometheus", "prometheus")),
 }
-# Folders the scan skips: installed software and model weights (no secret is written there by anything
-# that runs with one) and the probe's own folder.
+# Folders the scan skips: installed software and model weights (no secret is written there by
+# anything that runs with one) and the probe's own folder.
 SKIP = [f"{HOME}/venvs", f"{HOME}/models", "/var/cache/apt", "/var/lib/apt", "/var/lib/dpkg"]
 # Commands run while the process lists are sampled; their output is checked afterwards too.
 RUNS: list[str] = []
@@ -51,12 +51,15 @@ def _ssh(sim, command: str, data: bytes = b"", timeout: float = 600) -> str:
 
 @pytest.fixture(scope="module")
 def known(provisioned, api_key):
-    """The secrets to look for: the simulated Spark's API key and hub token, a pip option made up here, and a
-    probe string that a control process carries in its command line (proof that the sampler sees argv)."""
+    """The secrets to look for: the simulated Spark's API key and hub token, a pip option made up
+    here, and a probe string that a control process carries in its command line (proof that the
+    sampler sees argv)."""
     token_file = provisioned.state / "hub-token"
-    assert token_file.is_file(), f"{token_file}: the simulated hub's token is missing; run `invoke sim.up`"
+    assert token_file.is_file(), (f"{token_file}: the simulated hub's token is missing; "
+                                  "run `invoke sim.up`")
     values = {"api_key": api_key, "hub_token": token_file.read_text().strip(),
-              "pip_secret": "pipsecret" + secrets.token_hex(12), "probe": "probe" + secrets.token_hex(12)}
+              "pip_secret": "pipsecret" + secrets.token_hex(12),
+              "probe": "probe" + secrets.token_hex(12)}
     assert all(values.values())
     lines = "".join(f"{label} {value}\n" for label, value in values.items())
     _ssh(provisioned, f"umask 077 && rm -rf {PROBE} && mkdir -p {PROBE} && cat > {PROBE}/needles",
@@ -76,13 +79,16 @@ def _play(playbook: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_no_secret_in_any_command_line(provisioned, known, tmp_path):
-    """Every /proc/*/cmdline of the Spark, sampled every 0.2 s while the tools are installed with an index
-    credential (a --check --diff run first), the checkpoints are fetched with the hub token and verify
-    benchmarks with the API key."""
-    pip_env = yaml.safe_load((ROOT / "inventories/sim/group_vars/all.yml").read_text())["_sim_pip_env"]
-    extra = tmp_path / "secret-vars.json"   # a file: the secret stays off the controller's command line too
+    """Every /proc/*/cmdline of the Spark, sampled every 0.2 s while the tools are installed with an
+    index credential (a --check --diff run first), the checkpoints are fetched with the hub token
+    and verify benchmarks with the API key."""
+    pip_env = yaml.safe_load(
+        (ROOT / "inventories/sim/group_vars/all.yml").read_text())["_sim_pip_env"]
+    # a file: the secret stays off the controller's command line too
+    extra = tmp_path / "secret-vars.json"
     extra.touch(mode=0o600)
-    extra.write_text(json.dumps({"sparkspec_pip_env": {**pip_env, "PIP_TRUSTED_HOST": known["pip_secret"]}}))
+    extra.write_text(json.dumps({"sparkspec_pip_env": {**pip_env,
+                                                       "PIP_TRUSTED_HOST": known["pip_secret"]}}))
     sampler = subprocess.Popen(provisioned.ssh_argv(
         f"python3 {PROBE}/secret_probe.py sample {PROBE}/needles {PROBE}/stop 3000"),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -106,21 +112,24 @@ def test_no_secret_in_any_command_line(provisioned, known, tmp_path):
 
 
 def test_no_secret_in_logs_reports_or_other_files(provisioned, known):
-    """After the shared provision and the runs above: the controller's output and reports, and every file of
-    the Spark outside the software and the weights, hold no secret except the protected files meant to."""
+    """After the shared provision and the runs above: the controller's output and reports, and
+    every file of the Spark outside the software and the weights, hold no secret except the
+    protected files meant to."""
     assert PROVISION_OUTPUT and RUNS, "the provision and the sampled runs must have run first"
     secret_values = {label: value for label, value in known.items() if label != "probe"}
-    texts = {"provision output": "\n".join(PROVISION_OUTPUT), "sampled runs' output": "\n".join(RUNS)}
+    texts = {"provision output": "\n".join(PROVISION_OUTPUT),
+             "sampled runs' output": "\n".join(RUNS)}
     for path in (ROOT / "reports").rglob("*"):
         if path.is_file():
             texts[str(path)] = path.read_bytes().decode(errors="replace")
-    leaked = {(where, label) for where, text in texts.items() for label, value in secret_values.items()
-              if value in text}
+    leaked = {(where, label) for where, text in texts.items()
+              for label, value in secret_values.items() if value in text}
     assert leaked == set(), f"secrets on the controller: {sorted(leaked)}"
 
     skips = " ".join(f"--skip {d}" for d in SKIP)
     found = json.loads(_ssh(provisioned, f"python3 {PROBE}/secret_probe.py scan {PROBE}/needles "
-                                         f"/etc /var /root /tmp /home /run {HOME} {skips}", timeout=900))
+                                         f"/etc /var /root /tmp /home /run {HOME} {skips}",
+                            timeout=900))
     assert found["journal_bytes"] > 10_000, "the journal is empty: nothing was checked"
     assert found["journal"] == {}, f"secrets in the journal: {found['journal']}"
     files = {f["path"]: f for f in found["files"]}
@@ -132,7 +141,8 @@ def test_no_secret_in_logs_reports_or_other_files(provisioned, known):
     # The scan finds what is there: each secret is in the file meant to hold it.
     for path, label in [(ENV_FILE, "api_key"), (f"{HOME}/api-key", "api_key"),
                         (f"{HOME}/hf-token", "hub_token"), (f"{HOME}/pip.conf", "pip_secret")]:
-        assert label in files.get(path, {}).get("labels", []), f"{path} lacks the {label}: {found['files']}"
+        assert label in files.get(path, {}).get("labels", []), \
+            f"{path} lacks the {label}: {found['files']}"
 
 
 def _exists(sim, path: str) -> bool:
@@ -152,6 +162,7 @@ def test_teardown_removes_the_key_and_token_files(provisioned, known):
     for output in (kept.stdout, gone.stdout):
         assert not any(value in output for label, value in known.items() if label != "probe")
     # leave the Spark serving for whatever runs next
-    back = run_cli(f"{BIN}/invoke", "deploy", "--host", "sim01", "--method", "baseline", timeout=1500)
+    back = run_cli(f"{BIN}/invoke", "deploy", "--host", "sim01", "--method", "baseline",
+                   timeout=1500)
     assert back.returncode == 0, back.stdout[-3000:] + back.stderr
     assert _exists(provisioned, f"{HOME}/api-key")

@@ -1,5 +1,5 @@
-"""The simulated pair: two nodes that reach each other over their bridge, the controller over SSH on each
-node's address, and the pair's hub from inside each node, let in only with the token."""
+"""The simulated pair: two nodes that reach each other over their bridge, the controller over SSH
+on each node's address, and the pair's hub from inside each node, let in only with the token."""
 
 from __future__ import annotations
 
@@ -16,9 +16,10 @@ ROOT = Path(__file__).resolve().parents[2]
 PROBE_PORT = 8765
 
 
-def ssh(pair: SimPair, host: str, command: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(pair.ssh_argv(host, command), input=stdin, capture_output=True, text=True,
-                          timeout=60, check=False)
+def ssh(pair: SimPair, host: str, command: str,
+        stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(pair.ssh_argv(host, command), input=stdin, capture_output=True,
+                          text=True, timeout=60, check=False)
 
 
 @pytest.mark.sim
@@ -32,18 +33,21 @@ def test_controller_reaches_each_node_over_ssh(sim_pair: SimPair) -> None:
 
 
 @pytest.mark.sim
-@pytest.mark.parametrize("server,client", [("pair-head", "pair-worker"), ("pair-worker", "pair-head")])
+@pytest.mark.parametrize("server,client",
+                         [("pair-head", "pair-worker"), ("pair-worker", "pair-head")])
 def test_nodes_reach_each_other(sim_pair: SimPair, server: str, client: str) -> None:
-    """A listener on one node answers the other, by address and by hostname, with what the server holds."""
+    """A listener on one node answers the other, by address and by hostname, with what the server
+    holds."""
     marker = secrets.token_hex(8)
     unit = "sparkspec-pair-probe"
-    start = (f"mkdir -p /tmp/probe && echo {marker} > /tmp/probe/marker && systemd-run --unit={unit} "
+    start = (f"mkdir -p /tmp/probe && echo {marker} > /tmp/probe/marker && "
+             f"systemd-run --unit={unit} "
              f"python3 -m http.server {PROBE_PORT} --directory /tmp/probe")
     assert ssh(sim_pair, server, start).returncode == 0
     try:
         for target in (sim_pair.node(server).address, server):
-            fetch = (f"for i in $(seq 50); do curl -fsS http://{target}:{PROBE_PORT}/marker && exit 0; "
-                     "sleep 0.2; done; exit 1")
+            fetch = (f"for i in $(seq 50); do curl -fsS http://{target}:{PROBE_PORT}/marker "
+                     "&& exit 0; sleep 0.2; done; exit 1")
             proc = ssh(sim_pair, client, fetch)
             assert proc.returncode == 0, proc.stderr
             assert proc.stdout.strip() == marker

@@ -1,4 +1,5 @@
-"""`invoke status` (Fabric, no playbook), `invoke logs` and `invoke verify` on the simulated Spark."""
+"""`invoke status` (Fabric, no playbook), `invoke logs` and `invoke verify` on the simulated
+Spark."""
 
 from __future__ import annotations
 
@@ -70,9 +71,8 @@ def test_status_says_when_a_switch_differs_from_the_inventory(provisioned):
         else:
             _ssh(provisioned, f"rm -f {DESIRED}")
     assert (status["desired_method"], status["inventory_method"]) == ("ngram5", "baseline")
-    assert any(n.startswith("desired ngram5 (switched by deploy) ≠ inventory "
-                            "baseline") for n in status["notes"]), \
-        status["notes"]
+    assert any(n.startswith("desired ngram5 (switched by deploy) ≠ inventory baseline")
+               for n in status["notes"]), status["notes"]
     table = run_cli(f"{BIN}/invoke", "status", "--host", "sim01", timeout=120)
     assert table.returncode == 0 and "sim01" in table.stdout, table.stderr
 
@@ -90,29 +90,33 @@ def _inventory_copy(tmp_path: Path, **settings: object) -> Path:
 
 def test_status_of_an_unreachable_host_is_one_line(sim, tmp_path):
     inv = _inventory_copy(tmp_path, ansible_port=1)  # nothing listens on port 1 of loopback
-    result = run_cli(f"{BIN}/invoke", "status", "--host", "sim01", "--inventory", str(inv), timeout=120)
+    result = run_cli(f"{BIN}/invoke", "status", "--host", "sim01", "--inventory", str(inv),
+                     timeout=120)
     assert result.returncode == 1
     line = _error_line(result)
     assert "host sim01 is unreachable over SSH (127.0.0.1:1" in line, line
 
 
 def test_an_unknown_host_key_is_refused_not_asked(sim, tmp_path):
-    """Without the sim's StrictHostKeyChecking=no, an unknown host key is refused as Ansible's ssh refuses it:
-    Fabric does not trust it silently, and the play stops at once instead of asking on the runner's
-    terminal."""
+    """Without the sim's StrictHostKeyChecking=no, an unknown host key is refused as Ansible's ssh
+    refuses it: Fabric does not trust it silently, and the play stops at once instead of asking on
+    the runner's terminal."""
     known = tmp_path / "known_hosts"
     known.write_text("")
-    # another name for the host: ssh's ControlPath differs, so no master connection of an earlier play is
-    # reused
+    # another name for the host: ssh's ControlPath differs, so no master connection of an earlier
+    # play is reused
     inv = _inventory_copy(tmp_path, ansible_host="localhost",
                           ansible_ssh_common_args=f"-o UserKnownHostsFile={known}")
-    status = run_cli(f"{BIN}/invoke", "status", "--host", "sim01", "--inventory", str(inv), timeout=120)
+    status = run_cli(f"{BIN}/invoke", "status", "--host", "sim01", "--inventory", str(inv),
+                     timeout=120)
     assert status.returncode == 1
     assert "not found in known_hosts" in _error_line(status)
-    play = run_cli(f"{BIN}/invoke", "verify", "--host", "sim01", "--inventory", str(inv), timeout=300)
+    play = run_cli(f"{BIN}/invoke", "verify", "--host", "sim01", "--inventory", str(inv),
+                   timeout=300)
     assert play.returncode == 2
     line = _error_line(play)
-    assert "host sim01 is unreachable over SSH" in line and "Host key verification failed" in line, line
+    assert ("host sim01 is unreachable over SSH" in line
+            and "Host key verification failed" in line), line
 
 
 def test_logs_prints_the_units_last_lines(provisioned):
@@ -122,7 +126,8 @@ def test_logs_prints_the_units_last_lines(provisioned):
     assert 1 <= len(lines) <= 5, result.stdout
     journal = _ssh(provisioned, f"journalctl -u {UNIT}.service --no-pager").splitlines()
     assert all(ln in journal for ln in lines), (lines, journal[-10:])
-    other = _ssh(provisioned, "journalctl -u ssh.service -u sshd.service -n 200 --no-pager").splitlines()
+    other = _ssh(provisioned,
+                 "journalctl -u ssh.service -u sshd.service -n 200 --no-pager").splitlines()
     assert not any(ln in other for ln in lines)
 
 
@@ -148,15 +153,15 @@ def test_verify_passes_on_what_runs(provisioned):
     result = run_cli(f"{BIN}/invoke", "verify", "--host", "sim01", timeout=900)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr
     assert "sparkspec: verify.yml on sim01: changed=" in result.stdout
-    assert "TASK [verify" in result.stdout                     # the play's own output was shown
-    assert Path(report).stat().st_mtime >= start - 1           # the benchmark of what runs was fetched now
-    assert json.loads(report.read_text())                      # and is JSON
+    assert "TASK [verify" in result.stdout              # the play's own output was shown
+    assert Path(report).stat().st_mtime >= start - 1    # the benchmark of what runs was fetched now
+    assert json.loads(report.read_text())               # and is JSON
 
 
 def test_sim_tasks_run_from_the_command_line(sim):
-    """`invoke sim.*` import the simulator (tests.support) when they run, through the invoke executable, whose
-    sys.path holds neither the checkout nor the current folder (`invoke sim.up` of the README's first
-    command)."""
+    """`invoke sim.*` import the simulator (tests.support) when they run, through the invoke
+    executable, whose sys.path holds neither the checkout nor the current folder (`invoke sim.up`
+    of the README's first command)."""
     result = run_cli(f"{BIN}/invoke", "sim.ssh", "--command", "cat /etc/hostname", timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.strip().splitlines()[-1] == "sim01"

@@ -1,10 +1,10 @@
 """The benchmark client's parse ceiling: how many streamed tokens per second it can take in.
 
-A fast local server (asyncio raw sockets on 127.0.0.1, in its own process) answers every chat completion with
-one token per SSE event, in HTTP/1.1 chunked encoding as uvicorn sends them; the real client (`run_bench`)
-runs against it. The client's output throughput there is the ceiling above which its figures would measure
-itself. Run with ``python -m tests.support.bench_ceiling`` (or ``invoke bench.client``); it prints one JSON
-object.
+A fast local server (asyncio raw sockets on 127.0.0.1, in its own process) answers every chat
+completion with one token per SSE event, in HTTP/1.1 chunked encoding as uvicorn sends them; the
+real client (`run_bench`) runs against it. The client's output throughput there is the ceiling above
+which its figures would measure itself. Run with ``python -m tests.support.bench_ceiling`` (or
+``invoke bench.client``); it prints one JSON object.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ def sse_body(tokens: int, prompt_tokens: int = 8) -> bytes:
     event = {"id": "chatcmpl-ceiling", "object": "chat.completion.chunk", "model": MODEL,
              "choices": [{"index": 0, "delta": {"content": " tok"}, "finish_reason": None}]}
     one = _chunk(b"data: " + json.dumps(event).encode() + b"\n\n")
-    usage = {"id": "chatcmpl-ceiling", "object": "chat.completion.chunk", "model": MODEL, "choices": [],
+    usage = {"id": "chatcmpl-ceiling", "object": "chat.completion.chunk", "model": MODEL,
+             "choices": [],
              "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": tokens,
                        "total_tokens": prompt_tokens + tokens}}
     tail = (_chunk(b"data: " + json.dumps(usage).encode() + b"\n\n") + _chunk(b"data: [DONE]\n\n")
@@ -36,8 +37,8 @@ def sse_body(tokens: int, prompt_tokens: int = 8) -> bytes:
 
 
 def _response(status: str, body: bytes, content_type: str) -> bytes:
-    return (f"HTTP/1.1 {status}\r\ncontent-type: {content_type}\r\ncontent-length: {len(body)}\r\n\r\n"
-            .encode() + body)
+    return (f"HTTP/1.1 {status}\r\ncontent-type: {content_type}\r\n"
+            f"content-length: {len(body)}\r\n\r\n".encode() + body)
 
 
 async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
@@ -54,7 +55,8 @@ async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                     length = int(value)
             body = await reader.readexactly(length) if length else b""
             if path == "/v1/models":
-                data = {"object": "list", "data": [{"id": MODEL, "root": MODEL, "max_model_len": 1 << 20}]}
+                data = {"object": "list",
+                        "data": [{"id": MODEL, "root": MODEL, "max_model_len": 1 << 20}]}
                 writer.write(_response("200 OK", json.dumps(data).encode(), "application/json"))
             elif path == "/metrics":
                 writer.write(_response("200 OK", b"", "text/plain; version=0.0.4"))
@@ -96,16 +98,18 @@ def run(tokens: int = 4096, requests: int = 16, concurrency: int = 4) -> dict[st
         if not parent.poll(30):
             raise RuntimeError("ceiling server did not start")
         port = parent.recv()
-        result = run_bench(BenchConfig(url=f"http://127.0.0.1:{port}", model=MODEL, suite="structured",
-                                       concurrency=concurrency, requests=requests, max_tokens=tokens,
-                                       metrics=False))  # no counters here: the client alone is measured
+        # no counters here: the client alone is measured
+        result = run_bench(BenchConfig(url=f"http://127.0.0.1:{port}", model=MODEL,
+                                       suite="structured", concurrency=concurrency,
+                                       requests=requests, max_tokens=tokens, metrics=False))
     finally:
         server.terminate()
         server.join(5)
     return {"client_ceiling_tok_s": result["output_throughput"],
             "per_request_tok_s_mean": result["per_request_tok_s_mean"],
             "total_output_tokens": result["total_output_tokens"], "duration": result["duration"],
-            "completed": result["completed"], "failed": result["failed"], "tokens_per_request": tokens,
+            "completed": result["completed"], "failed": result["failed"],
+            "tokens_per_request": tokens,
             "concurrency": concurrency, "events_per_token": 1}
 
 

@@ -1,11 +1,13 @@
-"""`invoke bench.cold-start`: a start of the served command line with its compile-cache folder emptied (cold)
-against a restart that finds it filled (warm), several times, with the spread, on a host of an inventory.
+"""`invoke bench.cold-start`: a start of the served command line with its compile-cache folder
+emptied (cold) against a restart that finds it filled (warm), several times, with the spread, on a
+host of an inventory.
 
-Each start is timed as the deploy times it: the unit restarted, the deploy's own wait_healthy.py on the host
-(/health, then this start's journal), sparkspec.operate.startup's report (READY after the unit's activation,
-and the compile phase by vLLM's lines). A cold start empties the folder the unit's record names, so the host
-recompiles once; with --compile the bench first serves the host's method without --enforce-eager (the
-simulated Spark serves eager) and puts the inventory's settings back at the end.
+Each start is timed as the deploy times it: the unit restarted, the deploy's own wait_healthy.py on
+the host (/health, then this start's journal), sparkspec.operate.startup's report (READY after the
+unit's activation, and the compile phase by vLLM's lines). A cold start empties the folder the
+unit's record names, so the host recompiles once; with --compile the bench first serves the host's
+method without --enforce-eager (the simulated Spark serves eager) and puts the inventory's settings
+back at the end.
 """
 
 from __future__ import annotations
@@ -31,8 +33,9 @@ FOLDER = re.compile(r"/[\w./-]+/[0-9a-f]{16}\Z")
 
 
 def _deploy(inventory: str, name: str, method: str, serve: dict | None) -> None:
-    argv = [str(BIN / "ansible-playbook"), "-i", inventory, "--limit", name, f"playbooks/deploy-{method}.yml",
-            "--skip-tags", "verify"] + (["-e", json.dumps({"sparkspec_serve": serve})] if serve else [])
+    argv = ([str(BIN / "ansible-playbook"), "-i", inventory, "--limit", name,
+             f"playbooks/deploy-{method}.yml", "--skip-tags", "verify"]
+            + (["-e", json.dumps({"sparkspec_serve": serve})] if serve else []))
     proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         tail = [ln for ln in proc.stdout.splitlines() if "msg" in ln][-1:] or ["no message"]
@@ -45,8 +48,8 @@ def _start(host, unit: str, record: dict, cold: bool) -> dict:
         host.as_root(f"systemctl stop {shlex.quote(unit)} && rm -rf -- {shlex.quote(folder)}")
     host.as_root(f"systemctl restart {shlex.quote(unit)}")
     home = host.vars.get("sparkspec_home") or "/opt/sparkspec"
-    argv = [f"{record['venv']}/bin/python", f"{home}/libexec/wait_healthy.py", record["url"], unit, "1800",
-            "2"]
+    argv = [f"{record['venv']}/bin/python", f"{home}/libexec/wait_healthy.py", record["url"], unit,
+            "1800", "2"]
     for pattern in startup.patterns():
         argv += ["--startup", pattern]
     out = host.as_root(" ".join(shlex.quote(a) for a in argv)).stdout
@@ -60,24 +63,28 @@ def _start(host, unit: str, record: dict, cold: bool) -> dict:
 def measure(inventory: str, name: str, repeats: int, compile_: bool) -> dict:
     from tasks.lib.remote import connect
 
-    host = connect(inventory, name, extra_vars=("sparkspec_unit_name", "sparkspec_home", "sparkspec_serve"))
+    host = connect(inventory, name,
+                   extra_vars=("sparkspec_unit_name", "sparkspec_home", "sparkspec_serve"))
     unit = str(host.vars.get("sparkspec_unit_name") or "sparkspec-vllm")
 
     def record() -> dict:
-        doc = json.loads(host.as_root(f"cat /etc/sparkspec/{shlex.quote(unit)}.json").stdout or "{}")
+        doc = json.loads(host.as_root(f"cat /etc/sparkspec/{shlex.quote(unit)}.json").stdout
+                         or "{}")
         if not FOLDER.match(str((doc.get("compile_cache") or {}).get("folder", ""))):
-            raise UserError(f"{name}: {unit} keeps no compile cache of its own (deploy_compile_cache_dir is "
-                            "\"\" or the unit predates it); deploy with the default deploy_compile_cache_dir")
+            raise UserError(f"{name}: {unit} keeps no compile cache of its own "
+                            "(deploy_compile_cache_dir is \"\" or the unit predates it); "
+                            "deploy with the default deploy_compile_cache_dir")
         return doc
 
-    method = str(json.loads(host.as_root(f"cat /etc/sparkspec/{shlex.quote(unit)}.json").stdout or "{}")
-                 .get("method") or "baseline")
+    method = str(json.loads(host.as_root(f"cat /etc/sparkspec/{shlex.quote(unit)}.json").stdout
+                            or "{}").get("method") or "baseline")
     if compile_:
-        _deploy(inventory, name, method, {**(host.vars.get("sparkspec_serve") or {}), "enforce_eager": False})
+        _deploy(inventory, name, method,
+                {**(host.vars.get("sparkspec_serve") or {}), "enforce_eager": False})
     try:
         rec = record()
-        pairs = [{"cold": _start(host, unit, rec, cold=True), "warm": _start(host, unit, rec, cold=False)}
-                 for _ in range(repeats)]
+        pairs = [{"cold": _start(host, unit, rec, cold=True),
+                  "warm": _start(host, unit, rec, cold=False)} for _ in range(repeats)]
     finally:
         if compile_:
             _deploy(inventory, name, method, None)
@@ -85,13 +92,14 @@ def measure(inventory: str, name: str, repeats: int, compile_: bool) -> dict:
 
 
 def _spread(values: list[float], unit: str = " s") -> str:
-    return (f"median {statistics.median(values):.2f}{unit} (min {min(values):.2f}, max {max(values):.2f}, "
-            f"n={len(values)})")
+    return (f"median {statistics.median(values):.2f}{unit} "
+            f"(min {min(values):.2f}, max {max(values):.2f}, n={len(values)})")
 
 
 def summary(result: dict) -> list[str]:
     pairs = result["pairs"]
-    lines = [f"bench.cold-start on {result['host']} ({result['method']}, cache folder {result['key']}):"]
+    lines = [f"bench.cold-start on {result['host']} "
+             f"({result['method']}, cache folder {result['key']}):"]
     for phase in ("ready", "compile"):
         for kind in ("cold", "warm"):
             values = [p[kind][f"{phase}_s"] for p in pairs if p[kind][f"{phase}_s"] is not None]
@@ -100,8 +108,10 @@ def summary(result: dict) -> list[str]:
     ratios = [p["warm"]["ready_s"] / p["cold"]["ready_s"] for p in pairs
               if p["warm"]["ready_s"] and p["cold"]["ready_s"]]
     if ratios:
-        lines.append(f"  warm/cold READY {_spread(ratios, '')}   (each warm start over the cold one before)")
-    lines.append(f"  compile cache: cold {sorted({str(p['cold']['compile_cache']) for p in pairs})}, warm "
+        lines.append(f"  warm/cold READY {_spread(ratios, '')}   "
+                     "(each warm start over the cold one before)")
+    lines.append("  compile cache: cold "
+                 f"{sorted({str(p['cold']['compile_cache']) for p in pairs})}, warm "
                  f"{sorted({str(p['warm']['compile_cache']) for p in pairs})}")
     return lines
 
@@ -112,10 +122,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="sim01")
     parser.add_argument("--repeats", type=positive_int, default=3)
     parser.add_argument("--compile", action="store_true",
-                        help="serve without --enforce-eager for the bench (the simulated Spark serves eager)")
+                        help="serve without --enforce-eager for the bench "
+                             "(the simulated Spark serves eager)")
     parser.add_argument("--output", type=Path, default=None, help="write the raw figures as JSON")
     args: argparse.Namespace = parser.parse_args(argv)
-    return run(lambda: measure(args.inventory, args.host, args.repeats, args.compile), summary, args.output)
+    return run(lambda: measure(args.inventory, args.host, args.repeats, args.compile), summary,
+               args.output)
 
 
 if __name__ == "__main__":

@@ -1,13 +1,14 @@
-"""`invoke bench.switch`: what a method switch costs beyond vLLM's own stop and start, and what a no-op
-provision costs, measured on a host of an inventory (the simulated Spark by default), several times, with the
-spread.
+"""`invoke bench.switch`: what a method switch costs beyond vLLM's own stop and start,
+and what a no-op provision costs, measured on a host of an inventory (the simulated Spark by
+default), several times, with the spread.
 
-A switch is `invoke deploy --method M --skip-tags verify`, timed from the command's start to its end. The
-unit's journal (systemd's own structured messages, by MESSAGE_ID) gives vLLM's share of it: stop = "Stopping"
-to "Stopped" of the unit, start = "Starting" to vLLM's "Application startup complete" (the moment /health can
-answer). Overhead = wall - stop - start: what Ansible and sparkspec add. A no-op provision is
-`invoke provision --skip-tags verify` on a host that already serves the inventory's method; it must report
-changed=0, else its time means nothing and the bench says so.
+A switch is `invoke deploy --method M --skip-tags verify`, timed from the command's start to its
+end. The unit's journal (systemd's own structured messages, by MESSAGE_ID) gives vLLM's share of it:
+stop = "Stopping" to "Stopped" of the unit, start = "Starting" to vLLM's "Application startup
+complete" (the moment /health can answer). Overhead = wall - stop - start: what Ansible and
+sparkspec add. A no-op provision is `invoke provision --skip-tags verify` on a host that already
+serves the inventory's method; it must report changed=0, else its time means nothing and the bench
+says so.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from sparkspec.errors import RunFailure, UserError
 ROOT = Path(__file__).resolve().parents[2]
 INVOKE = str(Path(sys.executable).with_name("invoke"))
 # systemd's catalog ids (systemd/sd-messages.h): job start/stop of a unit and their completion
-STARTING, STOPPING, STOPPED = ("7d4958e842da4a758f6c1cdc7b36dcc5", "de5b426a63be47a7b6ac3eaac82e2f6f",
+STARTING, STOPPING, STOPPED = ("7d4958e842da4a758f6c1cdc7b36dcc5",
+                               "de5b426a63be47a7b6ac3eaac82e2f6f",
                                "9d1aaa27d60140bd96365438aad20286")
 READY = "Application startup complete"   # uvicorn's line once vLLM's API server serves /health
 
@@ -60,7 +62,8 @@ def _invoke(*args: str) -> tuple[float, str]:
 
 
 def _changed(stdout: str) -> int:
-    """sparkspec's own summary line (`sparkspec: <playbook> on <host>: changed=N`), the last of the output."""
+    """sparkspec's own summary line (`sparkspec: <playbook> on <host>: changed=N`), the last of the
+    output."""
     last = [line for line in stdout.splitlines() if line.startswith("sparkspec: ")][-1]
     return int(last.rpartition("changed=")[2])
 
@@ -78,7 +81,8 @@ def _vllm_share(entries: list[dict]) -> tuple[float, float]:
             t = int(e["__REALTIME_TIMESTAMP"])
             if t >= after and pred(e):
                 return t
-        raise RunFailure("the unit's journal lacks a stop/start of the switch; is the unit's journal kept?")
+        raise RunFailure("the unit's journal lacks a stop/start of the switch; "
+                         "is the unit's journal kept?")
 
     stopping = first(lambda e: e.get("MESSAGE_ID") == STOPPING)
     stopped = first(lambda e: e.get("MESSAGE_ID") == STOPPED, stopping)
@@ -105,7 +109,8 @@ def measure(inventory: str, name: str, to: str, back: str, repeats: int) -> dict
     host = connect(inventory, name, extra_vars=("sparkspec_unit_name", "sparkspec_home"))
     unit = host.vars.get("sparkspec_unit_name") or "sparkspec-vllm"
     common = ["--host", name, "--inventory", inventory]
-    _invoke("deploy", *common, "--method", back, "--skip-tags", "verify")   # start from `back`, serving
+    # start from `back`, serving
+    _invoke("deploy", *common, "--method", back, "--skip-tags", "verify")
     switches: list[Switch] = []
     for _ in range(repeats):
         for method in (to, back):
@@ -113,7 +118,8 @@ def measure(inventory: str, name: str, to: str, back: str, repeats: int) -> dict
             wall, _out = _invoke("deploy", *common, "--method", method, "--skip-tags", "verify")
             stop, start = _vllm_share(_journal(host, unit, since))
             switches.append(Switch(method, wall, stop, start, parsed=_accepted(host) > accepted))
-    _invoke("provision", *common, "--skip-tags", "verify")   # settles what the switches left (their record)
+    # settles what the switches left (their record)
+    _invoke("provision", *common, "--skip-tags", "verify")
     provisions = []
     for _ in range(repeats):
         wall, out = _invoke("provision", *common, "--skip-tags", "verify")
@@ -123,8 +129,8 @@ def measure(inventory: str, name: str, to: str, back: str, repeats: int) -> dict
 
 
 def _spread(values: list[float]) -> str:
-    return (f"median {statistics.median(values):.1f} s (min {min(values):.1f}, max {max(values):.1f}, "
-            f"n={len(values)})")
+    return (f"median {statistics.median(values):.1f} s "
+            f"(min {min(values):.1f}, max {max(values):.1f}, n={len(values)})")
 
 
 def summary(result: dict) -> list[str]:
@@ -136,15 +142,15 @@ def summary(result: dict) -> list[str]:
              f"  switch overhead       {_spread([s['overhead_s'] for s in sw])}   (goal <= 10 s)"]
     parsed = [s["overhead_s"] for s in sw if s["parsed"]]
     if parsed:
-        lines.append(f"    of which the first switch to a command line (vLLM's parser ran, then cached): "
-                     f"{_spread(parsed)}")
+        lines.append("    of which the first switch to a command line "
+                     f"(vLLM's parser ran, then cached): {_spread(parsed)}")
     prov = result["noop_provisions"]
     changed = [p["changed"] for p in prov]
     lines.append(f"  no-op provision       {_spread([p['wall_s'] for p in prov])}   (goal <= 30 s; "
                  f"changed={changed})")
     if any(changed):
-        lines.append("  warning: a provision changed something, so it was not a no-op; its time is not the "
-                     "no-op's")
+        lines.append("  warning: a provision changed something, so it was not a no-op; "
+                     "its time is not the no-op's")
     return lines
 
 
@@ -153,16 +159,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--inventory", default="inventories/sim")
     parser.add_argument("--host", default="sim01")
     parser.add_argument("--to", default="ngram", help="the method switched to (and back from)")
-    parser.add_argument("--back", default="baseline", help="the method switched back to (served at the end)")
+    parser.add_argument("--back", default="baseline",
+                        help="the method switched back to (served at the end)")
     parser.add_argument("--repeats", type=positive_int, default=3)
     parser.add_argument("--output", type=Path, default=None, help="write the raw figures as JSON")
     args: argparse.Namespace = parser.parse_args(argv)
-    return run(lambda: measure(args.inventory, args.host, args.to, args.back, args.repeats), summary,
-               args.output)
+    return run(lambda: measure(args.inventory, args.host, args.to, args.back, args.repeats),
+               summary, args.output)
 
 
-def run(bench: Callable[[], dict], summary: Callable[[dict], list[str]], output: Path | None) -> int:
-    """Runs a bench, prints its summary and writes its raw figures (a UserError: one line, exit code)."""
+def run(bench: Callable[[], dict], summary: Callable[[dict], list[str]],
+        output: Path | None) -> int:
+    """Runs a bench, prints its summary and writes its raw figures (a UserError: one line, exit
+    code)."""
     try:
         result = bench()
     except UserError as exc:

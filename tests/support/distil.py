@@ -1,12 +1,13 @@
-"""Distil the EAGLE3 head from the tiny Qwen3 target, in torch on CPU (tests/support/heads.py caches the
-result).
+"""Distil the EAGLE3 head from the tiny Qwen3 target, in torch on CPU (tests/support/heads.py caches
+the result).
 
-``Target`` is the tiny Qwen3's forward as vLLM computes it (vllm/model_executor/models/qwen3.py: RMSNorm, q/k
-per-head norms, neox RoPE, grouped-query causal attention, SiLU MLP) and returns the aux hidden states vLLM
-hands to an EAGLE3 drafter: aux id i is ``hidden + residual`` at the input of layer i (id 0: the embeddings;
-id L: after the last layer), as ``_maybe_add_hidden_state`` collects them. ``eagle3_forward`` is the first
-draft step of vllm/model_executor/models/llama_eagle3.py: at position t the head reads the next token x[t+1]
-and ``fc`` of the target's aux states at t, and must predict the target's greedy token after x[t+1].
+``Target`` is the tiny Qwen3's forward as vLLM computes it (vllm/model_executor/models/qwen3.py:
+RMSNorm, q/k per-head norms, neox RoPE, grouped-query causal attention, SiLU MLP) and returns the
+aux hidden states vLLM hands to an EAGLE3 drafter: aux id i is ``hidden + residual`` at the input of
+layer i (id 0: the embeddings; id L: after the last layer), as ``_maybe_add_hidden_state`` collects
+them. ``eagle3_forward`` is the first draft step of vllm/model_executor/models/llama_eagle3.py: at
+position t the head reads the next token x[t+1] and ``fc`` of the target's aux states at t, and must
+predict the target's greedy token after x[t+1].
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ def rope(x: Tensor, positions: Tensor, theta: float) -> Tensor:
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
-def attention(x: Tensor, w: dict[str, Tensor], p: str, cfg: dict[str, Any], qk_norm: bool) -> Tensor:
+def attention(x: Tensor, w: dict[str, Tensor], p: str, cfg: dict[str, Any],
+              qk_norm: bool) -> Tensor:
     b, s, _ = x.shape
     hd, nh, nkv = cfg["head_dim"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
     q = (x @ w[p + "q_proj.weight"].T).view(b, s, nh, hd)
@@ -84,7 +86,8 @@ class Target:
         aux = {0: h}
         for n in range(self.cfg["num_hidden_layers"]):
             p = f"model.layers.{n}."
-            h = h + attention(rms(h, w[p + "input_layernorm.weight"]), w, p + "self_attn.", self.cfg, True)
+            h = h + attention(rms(h, w[p + "input_layernorm.weight"]), w, p + "self_attn.",
+                              self.cfg, True)
             h = h + mlp(rms(h, w[p + "post_attention_layernorm.weight"]), w, p + "mlp.")
             aux[n + 1] = h
         logits = rms(h, w["model.norm.weight"]) @ w["lm_head.weight"].T
@@ -100,7 +103,8 @@ class Target:
 
 def eagle3_forward(w: dict[str, Tensor], cfg: dict[str, Any], next_ids: Tensor, aux: Tensor,
                    embed: Tensor) -> Tensor:
-    """Logits of the head's first draft step (llama_eagle3.py, layer 0, norm_after_residual, no fc norms)."""
+    """Logits of the head's first draft step (llama_eagle3.py, layer 0, norm_after_residual, no fc
+    norms)."""
     p = "midlayer."
     hidden = aux @ w["fc.weight"].T
     residual = hidden
@@ -111,8 +115,10 @@ def eagle3_forward(w: dict[str, Tensor], cfg: dict[str, Any], next_ids: Tensor, 
     return rms(out + residual, w["norm.weight"]) @ w["lm_head.weight"].T
 
 
-def _dataset(target: Target, aux_ids: list[int], gen: torch.Generator) -> tuple[Tensor, Tensor, Tensor]:
-    """(next tokens, aux states, labels) for random prompts continued by the target's greedy decoding."""
+def _dataset(target: Target, aux_ids: list[int],
+             gen: torch.Generator) -> tuple[Tensor, Tensor, Tensor]:
+    """(next tokens, aux states, labels) for random prompts continued by the target's greedy
+    decoding."""
     vocab = target.cfg["vocab_size"]
     prompts = torch.randint(0, vocab, (256, 12), generator=gen)
     ids = target.greedy(prompts, 36)
@@ -124,7 +130,8 @@ def _dataset(target: Target, aux_ids: list[int], gen: torch.Generator) -> tuple[
 
 def train_eagle3(target_folder: Path, cfg: dict[str, Any], aux_ids: list[int], seed: int,
                  steps: int) -> tuple[dict[str, np.ndarray], float]:
-    """Trained head tensors (float32, checkpoint names) and the held-out top-1 agreement with the target."""
+    """Trained head tensors (float32, checkpoint names) and the held-out top-1 agreement with the
+    target."""
     torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
@@ -171,13 +178,15 @@ def train_eagle3(target_folder: Path, cfg: dict[str, Any], aux_ids: list[int], s
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m tests.support.distil TARGET CFG_JSON AUX_IDS_JSON SEED STEPS OUT_NPZ``: train in a fresh
-    interpreter (heads.write_eagle3_head runs it so): torch's compiler machinery, which Adam imports, fails in
-    a process where Ansible has patched sys.intern (a pytest session that ran a play or read an inventory)."""
+    """``python -m tests.support.distil TARGET CFG_JSON AUX_IDS_JSON SEED STEPS OUT_NPZ``: train in
+    a fresh interpreter (heads.write_eagle3_head runs it so): torch's compiler machinery, which Adam
+    imports, fails in a process where Ansible has patched sys.intern (a pytest session that ran a
+    play or read an inventory)."""
     import sys
 
     target, cfg, aux, seed, steps, out = (argv if argv is not None else sys.argv[1:])
-    tensors, accuracy = train_eagle3(Path(target), json.loads(cfg), json.loads(aux), int(seed), int(steps))
+    tensors, accuracy = train_eagle3(Path(target), json.loads(cfg), json.loads(aux), int(seed),
+                                     int(steps))
     np.savez(out, **tensors)
     print(json.dumps({"accuracy": accuracy}))
     return 0

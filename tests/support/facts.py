@@ -1,9 +1,10 @@
-"""The facts of the real Spark path (docs/spark-facts.md): every YAML block of that page, merged into one map
-of ``name -> {value, source}``. Tests compare the roles' defaults with these values.
+"""The facts of the real Spark path (docs/spark-facts.md): every YAML block of that page, merged
+into one map of ``name -> {value, source}``. Tests compare the roles' defaults with these values.
 
-A fact whose home is the registry (sparkspec.registry.data) holds no value of its own: it names the registry's
-key (``registry: SERVE_DEFAULTS.max_model_len``, ``*`` for every built-in method) and cites the source; its
-value is read from the registry (:func:`registry_value`), so the page cites and never copies."""
+A fact whose home is the registry (sparkspec.registry.data) holds no value of its own: it names the
+registry's key (``registry: SERVE_DEFAULTS.max_model_len``, ``*`` for every built-in method) and
+cites the source; its value is read from the registry (:func:`registry_value`), so the page cites
+and never copies."""
 
 from __future__ import annotations
 
@@ -19,16 +20,18 @@ _BLOCK = re.compile(r"^```yaml\n(.*?)^```", re.S | re.M)
 
 
 def load(path: Path = FACTS_FILE) -> dict[str, dict[str, Any]]:
-    """Every fact of the page; a name given twice, or a fact without a value or a source, is an error."""
+    """Every fact of the page; a name given twice, or a fact without a value or a source, is an
+    error."""
     facts: dict[str, dict[str, Any]] = {}
     for block in _BLOCK.findall(path.read_text()):
         for name, fact in (yaml.safe_load(block) or {}).items():
             if name in facts:
                 raise ValueError(f"{path}: fact {name} is given twice")
-            if not isinstance(fact, dict) or set(fact) not in ({"value", "source"}, {"registry", "source"}) \
+            if not isinstance(fact, dict) \
+                    or set(fact) not in ({"value", "source"}, {"registry", "source"}) \
                     or not str(fact["source"]).strip():
-                raise ValueError(f"{path}: fact {name} needs exactly a value (or a registry key) and a "
-                                 "non-empty source")
+                raise ValueError(f"{path}: fact {name} needs exactly a value (or a registry key) "
+                                 "and a non-empty source")
             if "registry" in fact:
                 fact = {**fact, "value": registry_value(fact["registry"])}
             facts[name] = fact
@@ -36,8 +39,8 @@ def load(path: Path = FACTS_FILE) -> dict[str, dict[str, Any]]:
 
 
 def registry_value(key: str) -> Any:
-    """The registry data at a dotted key (TABLE.name.field...); ``*`` maps every entry that has the rest (a
-    missing key is a KeyError: a citation of nothing)."""
+    """The registry data at a dotted key (TABLE.name.field...); ``*`` maps every entry that has the
+    rest (a missing key is a KeyError: a citation of nothing)."""
     from sparkspec.registry import data
 
     head, *rest = key.split(".")

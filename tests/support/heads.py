@@ -1,17 +1,21 @@
-"""Draft heads for the tiny Qwen3 target (tests/support/tinymodel.py) in the layouts vLLM 0.32 loads.
+"""Draft heads for the tiny Qwen3 target (tests/support/tinymodel.py) in the layouts vLLM 0.32
+loads.
 
-* EAGLE3 (``LlamaForCausalLMEagle3``, one Llama layer whose attention reads ``[embed, hidden]``, ``fc`` over
-  the target's aux hidden states named by ``eagle_config.eagle_aux_hidden_state_layer_ids``), DISTILLED from
-  its target: the target's forward is reproduced below in torch (it matches vLLM's Qwen3), training data is
-  the target's own greedy outputs and aux states, and the head's forward follows vllm/model_executor/models/
-  llama_eagle3.py step for step (the first draft position, which is all that ``num_speculative_tokens: 1``
-  uses).
-* DFlash (``DFlashDraftModel``, ``model_type: qwen3``, ``dflash_config``), random weights: it drafts, it
-  accepts next to nothing; the lossless check and the drafts counter are what it exercises.
+* EAGLE3 (``LlamaForCausalLMEagle3``, one Llama layer whose attention reads ``[embed, hidden]``,
+  ``fc`` over the target's aux hidden states named by
+  ``eagle_config.eagle_aux_hidden_state_layer_ids``), DISTILLED from its target: the target's
+  forward is reproduced below in torch (it matches vLLM's Qwen3), training data is the target's own
+  greedy outputs and aux states, and the head's forward follows vllm/model_executor/models/
+  llama_eagle3.py step for step (the first draft position, which is all that
+  ``num_speculative_tokens: 1`` uses).
+* DFlash (``DFlashDraftModel``, ``model_type: qwen3``, ``dflash_config``), random weights: it
+  drafts, it accepts next to nothing; the lossless check and the drafts counter are what it
+  exercises.
 
-Distilling costs CPU time, so the head is cached by content: its ``model.safetensors`` records the key
-(target weights and config digest, generator version, seed) in its metadata, and a folder whose file carries
-the current key is left as it is. The same key gives the same bytes on one machine (torch on CPU, one thread).
+Distilling costs CPU time, so the head is cached by content: its ``model.safetensors`` records the
+key (target weights and config digest, generator version, seed) in its metadata, and a folder whose
+file carries the current key is left as it is. The same key gives the same bytes on one machine
+(torch on CPU, one thread).
 """
 
 from __future__ import annotations
@@ -33,10 +37,12 @@ from sparkspec.errors import UserError
 from sparkspec.validate import repo_folder
 from tests.support import tinymodel
 
-GENERATOR_VERSION = 1  # bump when this module or distil.py changes what it writes: the caches then rebuild
+# bump when this module or distil.py changes what it writes: the caches then rebuild
+GENERATOR_VERSION = 1
 TARGET_REPO = "sparkspec/sim-tiny"
 EAGLE3_AUX_IDS = [0, 1]         # aux state i = the input of target layer i (0: the embeddings)
-DFLASH_BLOCK = 16               # z-lab's block: the built-in dflash k (12) and the most a block holds (15)
+# z-lab's block: the built-in dflash k (12) and the most a block holds (15)
+DFLASH_BLOCK = 16
 DFLASH_TARGET_LAYERS = [0, 1]   # zero-based target layers (vLLM adds 1 to reach the aux ids)
 KEY = "sparkspec.generator_key"
 EPS = 1e-6
@@ -47,12 +53,13 @@ class Head:
     path: Path
     key: str
     trained: bool                 # False when the cached folder was reused
-    train_accuracy: float | None  # share of held-out positions where the head predicts the target's token
+    # share of held-out positions where the head predicts the target's token
+    train_accuracy: float | None
 
 
 def target_dir(out: Path) -> Path:
-    """The target's generated folder beside ``out`` (the one the simulated hub publishes), written if
-    missing."""
+    """The target's generated folder beside ``out`` (the one the simulated hub publishes), written
+    if missing."""
     path = Path(out).parent / repo_folder(TARGET_REPO)
     tinymodel.write_tiny_model(path, seed=0)
     return path
@@ -83,7 +90,8 @@ def _write(out: Path, cfg: dict[str, Any], tensors: dict[str, np.ndarray], key: 
     write_file(tmp, {n: ("BF16", tuple(a.shape), tinymodel._bf16(a)) for n, a in tensors.items()},
                metadata={"format": "pt", KEY: key})
     os.replace(tmp, out / "model.safetensors")
-    (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n",
+                                     encoding="utf-8")
 
 
 def _target_config(target: Path) -> dict[str, Any]:
@@ -92,8 +100,9 @@ def _target_config(target: Path) -> dict[str, Any]:
 
 
 def _common(t: dict[str, Any]) -> dict[str, Any]:
-    keys = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
-            "rms_norm_eps", "rope_theta", "max_position_embeddings", "vocab_size", "hidden_act")
+    keys = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+            "head_dim", "rms_norm_eps", "rope_theta", "max_position_embeddings", "vocab_size",
+            "hidden_act")
     return {k: t[k] for k in keys} | {"num_hidden_layers": 1, "tie_word_embeddings": False,
                                       "torch_dtype": "bfloat16", "attention_bias": False}
 
@@ -102,7 +111,8 @@ def eagle3_config(target: dict[str, Any]) -> dict[str, Any]:
     return _common(target) | {
         "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
         "draft_vocab_size": target["vocab_size"], "target_hidden_size": target["hidden_size"],
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": EAGLE3_AUX_IDS, "use_aux_hidden_state": True},
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": EAGLE3_AUX_IDS,
+                         "use_aux_hidden_state": True},
     }
 
 
@@ -153,7 +163,8 @@ def write_dflash_head(out: str | Path, seed: int = 0) -> Head:
     hid, vocab = tcfg["hidden_size"], tcfg["vocab_size"]
     tensors = _random_layer(rng, cfg, "layers.0.", hid, qk_norm=True)
     tensors |= {
-        "fc.weight": rng.standard_normal((hid, len(DFLASH_TARGET_LAYERS) * hid), np.float32) * hid ** -0.5,
+        "fc.weight": (rng.standard_normal((hid, len(DFLASH_TARGET_LAYERS) * hid), np.float32)
+                      * hid ** -0.5),
         "hidden_norm.weight": np.ones(hid, np.float32),
         "norm.weight": np.ones(hid, np.float32),
         "lm_head.weight": rng.standard_normal((vocab, hid), np.float32) * 0.5,
@@ -164,13 +175,14 @@ def write_dflash_head(out: str | Path, seed: int = 0) -> Head:
 
 def _train_eagle3(target: Path, cfg: dict[str, Any], seed: int,
                   steps: int) -> tuple[dict[str, np.ndarray], float]:
-    """tests.support.distil in a fresh interpreter (see its main): the trained tensors and the held-out
-    agreement with the target."""
+    """tests.support.distil in a fresh interpreter (see its main): the trained tensors and the
+    held-out agreement with the target."""
     root = Path(__file__).resolve().parents[2]
     with tempfile.TemporaryDirectory(prefix="sparkspec-distil-") as tmp:
         npz = Path(tmp) / "head.npz"
-        proc = subprocess.run([sys.executable, "-m", "tests.support.distil", str(target), json.dumps(cfg),
-                               json.dumps(EAGLE3_AUX_IDS), str(seed), str(steps), str(npz)],
+        proc = subprocess.run([sys.executable, "-m", "tests.support.distil", str(target),
+                               json.dumps(cfg), json.dumps(EAGLE3_AUX_IDS), str(seed), str(steps),
+                               str(npz)],
                               cwd=root, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             raise RuntimeError(f"distilling the EAGLE3 head failed: {proc.stderr.strip()[-2000:]}")
@@ -180,8 +192,9 @@ def _train_eagle3(target: Path, cfg: dict[str, Any], seed: int,
 
 
 def write_eagle3_head(out: str | Path, seed: int = 0, steps: int = 400) -> Head:
-    """The EAGLE3 head distilled from the tiny target in ``steps`` Adam steps (cached: see the module's
-    docstring); ``steps=0`` writes random weights in the same layout, without torch (for the unit tests)."""
+    """The EAGLE3 head distilled from the tiny target in ``steps`` Adam steps (cached: see the
+    module's docstring); ``steps=0`` writes random weights in the same layout, without torch (for
+    the unit tests)."""
     out = Path(out)
     target = target_dir(out)
     tcfg = _target_config(target)
@@ -197,7 +210,8 @@ def write_eagle3_head(out: str | Path, seed: int = 0, steps: int = 400) -> Head:
         hid = tcfg["hidden_size"]
         tensors = _random_layer(rng, cfg, "midlayer.", 2 * hid, qk_norm=False) | {
             "midlayer.hidden_norm.weight": np.ones(hid, np.float32),
-            "fc.weight": rng.standard_normal((hid, len(EAGLE3_AUX_IDS) * hid), np.float32) * hid ** -0.5,
+            "fc.weight": (rng.standard_normal((hid, len(EAGLE3_AUX_IDS) * hid), np.float32)
+                          * hid ** -0.5),
             "norm.weight": np.ones(hid, np.float32),
             "lm_head.weight": rng.standard_normal((tcfg["vocab_size"], hid), np.float32) * 0.5,
         }

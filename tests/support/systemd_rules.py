@@ -1,10 +1,11 @@
-"""systemd's parse-back rules (every version >= 249), written from systemd's sources and independent of
-sparkspec.systemd: what systemd reads from a unit file (src/shared/conf-parser.c), an Exec line
-(src/core/load-fragment.c config_parse_exec over src/basic/extract-word.c and escape.c's cunescape_one),
-its % specifiers (src/shared/specifier.c), the $ expansion at exec time (src/basic/env-util.c) and an
-environment file (src/basic/env-file.c). The tests quote a value, parse the text back with these rules and
-compare with the record. Input these rules do not model, or that systemd would refuse, ignore or change
-(an unknown escape, a specifier, $VAR, two commands on one line), raises Refused."""
+"""systemd's parse-back rules (every version >= 249), written from systemd's sources and independent
+of sparkspec.systemd: what systemd reads from a unit file (src/shared/conf-parser.c), an Exec line
+(src/core/load-fragment.c config_parse_exec over src/basic/extract-word.c and escape.c's
+cunescape_one), its % specifiers (src/shared/specifier.c), the $ expansion at exec time
+(src/basic/env-util.c) and an environment file (src/basic/env-file.c). The tests quote a value,
+parse the text back with these rules and compare with the record. Input these rules do not model, or
+that systemd would refuse, ignore or change (an unknown escape, a specifier, $VAR, two commands on
+one line), raises Refused."""
 
 from __future__ import annotations
 
@@ -29,9 +30,9 @@ class Refused(ValueError):
 
 
 def unit_entries(text: str) -> list[tuple[str, str, str]]:
-    """(section, key, value) of every assignment, as config_parse() reads them: comments skipped (inside
-    continuations too), a line ending in an unescaped backslash joined to the next with a space, key and value
-    stripped of whitespace."""
+    """(section, key, value) of every assignment, as config_parse() reads them: comments skipped
+    (inside continuations too), a line ending in an unescaped backslash joined to the next with a
+    space, key and value stripped of whitespace."""
     out: list[tuple[str, str, str]] = []
     section, continuation = "", None
     for raw in LINE_END.split(text):
@@ -87,9 +88,10 @@ def _cunescape_one(text: str, i: int) -> tuple[str, int]:
 
 
 def extract_word(text: str, pos: int, *, cunescape: bool) -> tuple[str | None, int]:
-    """extract_first_word(separators=whitespace, EXTRACT_UNQUOTE [|EXTRACT_CUNESCAPE]): the word from pos
-    (None at the end) and where the next one starts. Quotes may open and close anywhere in a word; a
-    backslash escapes inside quotes and out (without cunescape it keeps the next character as is)."""
+    """extract_first_word(separators=whitespace, EXTRACT_UNQUOTE [|EXTRACT_CUNESCAPE]): the word
+    from pos (None at the end) and where the next one starts. Quotes may open and close anywhere in
+    a word; a backslash escapes inside quotes and out (without cunescape it keeps the next character
+    as is)."""
     n = len(text)
     while pos < n and text[pos] in WHITESPACE:
         pos += 1
@@ -145,8 +147,8 @@ def specifiers(word: str) -> str:
 
 
 def env_expand(word: str) -> str:
-    """replace_env_argv() for one word, with no variable set: $$ is $; ${X} and a word that is $X would be
-    replaced."""
+    """replace_env_argv() for one word, with no variable set: $$ is $; ${X} and a word that is $X
+    would be replaced."""
     if word.startswith("$") and word[1:2] not in ("{", "$"):
         raise Refused(f"{word!r} would be replaced by a variable's words")
     out: list[str] = []
@@ -165,7 +167,8 @@ def env_expand(word: str) -> str:
 class ExecCommand:
     prefixes: str
     path: str
-    argv: list[str]   # as systemd stores it (systemctl show): specifiers resolved, $ not yet expanded
+    # as systemd stores it (systemctl show): specifiers resolved, $ not yet expanded
+    argv: list[str]
 
     def exec_argv(self) -> list[str]:
         """What the program gets (no ':' prefix: $ expanded)."""
@@ -215,7 +218,8 @@ def simplified_path(path: str) -> str:
 
 
 def path_list(value: str) -> list[str]:
-    """ReadWritePaths=/ReadOnlyPaths=: words unquoted (no C escapes), '-' and '+' prefixes kept apart."""
+    """ReadWritePaths=/ReadOnlyPaths=: words unquoted (no C escapes), '-' and '+' prefixes kept
+    apart."""
     out: list[str] = []
     pos = 0
     while True:
@@ -230,15 +234,17 @@ def path_list(value: str) -> list[str]:
 
 
 def raw_path(value: str) -> str:
-    """WorkingDirectory=/EnvironmentFile=: the raw value, specifiers resolved, simplified ('-' kept)."""
+    """WorkingDirectory=/EnvironmentFile=: the raw value, specifiers resolved, simplified ('-'
+    kept)."""
     prefix = "-" if value.startswith("-") else ""
     return prefix + simplified_path(specifiers(value[len(prefix):]))
 
 
 def env_file(text: str) -> dict[str, str]:
-    """parse_env_file_internal(): NAME=value lines; 'single' and "double" quotes (inside double quotes only
-    \\ " ` $ are escapes, any other backslash stays); an unquoted backslash escapes the next character; a
-    comment line's backslash swallows the next character, a newline too (systemd < 254)."""
+    """parse_env_file_internal(): NAME=value lines; 'single' and "double" quotes (inside double
+    quotes only \\ " ` $ are escapes, any other backslash stays); an unquoted backslash escapes the
+    next character; a comment line's backslash swallows the next character, a newline too (systemd <
+    254)."""
     out: dict[str, str] = {}
     state, key, value, trailing = "PRE_KEY", "", "", 0
     for c in text + "\n":
@@ -288,10 +294,10 @@ def env_file(text: str) -> dict[str, str]:
     return out
 
 
-# ---- the real unit template, rendered in-process ----------------------------------------------------------
+# ---- the real unit template, rendered in-process -------------------------------------------------
 
-# (served_model_name, extra_args) for the unit template: hostile to systemd's lines, quotes, escapes,
-# specifiers, $ expansion, ';' and command prefixes; each must reach vLLM exactly.
+# (served_model_name, extra_args) for the unit template: hostile to systemd's lines, quotes,
+# escapes, specifiers, $ expansion, ';' and command prefixes; each must reach vLLM exactly.
 HOSTILE_RENDERS: list[tuple[str, list[str]]] = [
     ("plain", []),
     ("m%n $HOME 'q' \"d\" \\ ;",
@@ -303,7 +309,8 @@ _LOADER: list[bool] = []
 
 
 def small_contract() -> dict[str, Any]:
-    """A one-profile, plain-model contract (sparkspec_<key> values without the prefix), fresh each call."""
+    """A one-profile, plain-model contract (sparkspec_<key> values without the prefix), fresh each
+    call."""
     return {"method": "baseline", "method_switch": "", "methods": {}, "profile": "p",
             "profiles": {"p": {"kind": "plain", "dir": "m", "served_model_name": "m",
                                "model": {"repo": "org/m", "revision": "a" * 40}}},
@@ -313,10 +320,11 @@ def small_contract() -> dict[str, Any]:
 
 def render_unit(served_name: str, extra_args: list[str],
                 venv: str = "/opt/venvs/vllm") -> tuple[str, list[str]]:
-    """The deploy role's unit template rendered by Ansible's templating with the contract role's filters
-    (in-process: no playbook, no host), for the registry's resolution of a small contract with a hostile
-    served_model_name, extra_args and venv (set on the resolved host, past the schema, so the quoting alone
-    must hold); and the argv the unit must run: the venv's python and vllm_command's arguments."""
+    """The deploy role's unit template rendered by Ansible's templating with the contract role's
+    filters (in-process: no playbook, no host), for the registry's resolution of a small contract
+    with a hostile served_model_name, extra_args and venv (set on the resolved host, past the
+    schema, so the quoting alone must hold); and the argv the unit must run: the venv's python and
+    vllm_command's arguments."""
     from sparkspec import registry
 
     resolved = registry.resolve(small_contract())
@@ -328,8 +336,9 @@ def render_unit(served_name: str, extra_args: list[str],
 
 def render_resolved(resolved: dict[str, Any], template: str = "vllm.service.j2",
                     extra: dict[str, Any] | None = None) -> tuple[str, list[str]]:
-    """The unit template rendered for a resolved host (:func:`render_unit`), and the argv vLLM's unit must run
-    (``template``: another of the deploy role's templates, e.g. a Ray cluster's ray.service.j2)."""
+    """The unit template rendered for a resolved host (:func:`render_unit`), and the argv vLLM's
+    unit must run (``template``: another of the deploy role's templates, e.g. a Ray cluster's
+    ray.service.j2)."""
     from ansible.parsing.dataloader import DataLoader
     from ansible.plugins.loader import filter_loader, init_plugin_loader
     from ansible.template import Templar, trust_as_template
@@ -339,27 +348,30 @@ def render_resolved(resolved: dict[str, Any], template: str = "vllm.service.j2",
     venv = resolved["venv"]
     vllm = registry.vllm_command(resolved, {"unit": "u", "bind_address": "127.0.0.1", "port": 8000,
                                             "user": "sparkspec"})
-    argv = [f"{resolved['venv']}/bin/python", "-m", "vllm.entrypoints.openai.api_server", *vllm["args"]]
+    argv = [f"{resolved['venv']}/bin/python", "-m", "vllm.entrypoints.openai.api_server",
+            *vllm["args"]]
     cluster = resolved.get("cluster")
     entry = [f"{venv}/bin/vllm", "serve"]
     if cluster and cluster["ray"]:   # a Ray cluster's head: `vllm serve` with the Ray executor
         argv = [*entry, *vllm["args"]]
     elif cluster:   # `vllm serve` under sparkspec's peer check
         peers = [w for p in cluster["peers"] for w in ("--peer", p)]
-        argv = ["/opt/venvs/tools/bin/sparkspec", "cluster", "supervise", "--rank", str(cluster["rank"]),
-                "--listen", cluster["listen"], *peers, "--join-timeout", str(cluster["join_timeout"]),
+        argv = ["/opt/venvs/tools/bin/sparkspec", "cluster", "supervise",
+                "--rank", str(cluster["rank"]), "--listen", cluster["listen"], *peers,
+                "--join-timeout", str(cluster["join_timeout"]),
                 "--lost-after", str(cluster["lost_after"]), "--", *entry, *vllm["args"]]
     if not _LOADER:
         init_plugin_loader()
         filter_loader.add_directory(str(ROOT / "roles/sparkspec/filter_plugins"))
         _LOADER.append(True)
     variables = {
-        "ansible_managed": "Ansible managed", "sparkspec_resolved": resolved, "sparkspec_user": "sparkspec",
-        "sparkspec_unit_name": "sparkspec-vllm", "deploy_drop_page_cache": True, "_deploy_venv": venv,
-        "_deploy_args": vllm["args"], "deploy_restart_sec": 10, "deploy_timeout_stop_sec": 90,
-        "deploy_limit_nofile": 65536, "deploy_read_write_paths": ["/var/lib/sparkspec"],
-        "sparkspec_models_dir": "/opt/models", "deploy_private_devices": False,
-        "deploy_device_allow": ["char-nvidia* rw"], "deploy_address_families": ["AF_UNIX", "AF_INET"],
+        "ansible_managed": "Ansible managed", "sparkspec_resolved": resolved,
+        "sparkspec_user": "sparkspec", "sparkspec_unit_name": "sparkspec-vllm",
+        "deploy_drop_page_cache": True, "_deploy_venv": venv, "_deploy_args": vllm["args"],
+        "deploy_restart_sec": 10, "deploy_timeout_stop_sec": 90, "deploy_limit_nofile": 65536,
+        "deploy_read_write_paths": ["/var/lib/sparkspec"], "sparkspec_models_dir": "/opt/models",
+        "deploy_private_devices": False, "deploy_device_allow": ["char-nvidia* rw"],
+        "deploy_address_families": ["AF_UNIX", "AF_INET"],
         "deploy_memory_deny_write_execute": False,
         "deploy_unit_extra": [] if cluster else ["LimitMEMLOCK=infinity"],
         "sparkspec_tools_venv": "/opt/venvs/tools", "_deploy_serve_entry": entry,
@@ -369,4 +381,5 @@ def render_resolved(resolved: dict[str, Any], template: str = "vllm.service.j2",
     loader = DataLoader()
     loader.set_basedir(str(templates))     # where {% include %} finds sandbox.j2
     source = (templates / template).read_text()
-    return str(Templar(loader=loader, variables=variables).template(trust_as_template(source))), argv
+    return (str(Templar(loader=loader, variables=variables).template(trust_as_template(source))),
+            argv)

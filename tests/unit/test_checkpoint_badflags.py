@@ -1,7 +1,7 @@
-"""Every flag of ``sparkspec checkpoint assemble|add-mtp|verify|generate`` fed bad values (the files they
-read: test_checkpoint_badinput.py). Each case asserts the exact outcome through tests.badinput: exit 2,
-exactly one line ``sparkspec: error: ...`` matching the case's regex, no traceback, and every folder involved
-unchanged by content hash (nothing written, nothing left behind)."""
+"""Every flag of ``sparkspec checkpoint assemble|add-mtp|verify|generate`` fed bad values (the files
+they read: test_checkpoint_badinput.py). Each case asserts the exact outcome through tests.badinput:
+exit 2, exactly one line ``sparkspec: error: ...`` matching the case's regex, no traceback, and
+every folder involved unchanged by content hash (nothing written, nothing left behind)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from conftest import Tree
 from sparkspec.checkpoint.selection import EXTRA_FILE
 from tests.badinput import refused_untouched
 
-# --- flags --------------------------------------------------------------------------------------------------
+# --- flags ----------------------------------------------------------------------------------------
 NUMBERS = {"nan": "nan", "inf": "inf", "negative": "-1", "huge": "99999999999", "float": "1.5",
            "word": "many"}
 
@@ -24,14 +24,15 @@ def _flag_cases() -> list[Any]:
     cases = []
     for flag, action in (("--expect-fp8", "assemble"), ("--expect-mtp", "verify")):
         for kind, value in NUMBERS.items():
-            cases.append(pytest.param(action, flag, value, r"argument "
-                                                           rf"{flag}: ", id=f"{action}{flag}={kind}"))
-    bounds = {"--hidden": ("0", "100", "8320"), "--layers": ("0", "129"), "--experts": ("0", "1", "513"),
-              "--shared-intermediate": ("0", "130", "8320"), "--mtp-layers": ("5",), "--shards": ("0", "257")}
+            cases.append(pytest.param(action, flag, value, rf"argument {flag}: ",
+                                      id=f"{action}{flag}={kind}"))
+    bounds = {"--hidden": ("0", "100", "8320"), "--layers": ("0", "129"),
+              "--experts": ("0", "1", "513"), "--shared-intermediate": ("0", "130", "8320"),
+              "--mtp-layers": ("5",), "--shards": ("0", "257")}
     for flag, special in bounds.items():
         for kind, value in [*NUMBERS.items(), *((f"edge{v}", v) for v in special)]:
-            cases.append(pytest.param("generate", flag, value, r"argument "
-                                                               rf"{flag}: ", id=f"generate{flag}={kind}"))
+            cases.append(pytest.param("generate", flag, value, rf"argument {flag}: ",
+                                      id=f"generate{flag}={kind}"))
     for flag, value in (("--kind", "int8"), ("--scale-dtype", "F16")):
         cases.append(pytest.param("generate", flag, value, rf"argument {flag}: invalid choice",
                                   id=f"generate{flag}={value}"))
@@ -39,14 +40,16 @@ def _flag_cases() -> list[Any]:
 
 
 @pytest.mark.parametrize("action, flag, value, match", _flag_cases())
-def test_bad_number_or_choice_flag(ckpt_tree: Tree, action: str, flag: str, value: str, match: str) -> None:
+def test_bad_number_or_choice_flag(ckpt_tree: Tree, action: str, flag: str, value: str,
+                                   match: str) -> None:
     argv: list[str | Path]
     if action == "assemble":
         argv = [*ckpt_tree.assemble(), flag, value]
     elif action == "verify":
         argv = ["checkpoint", "verify", ckpt_tree.int4, "--no-load", flag, value]
     else:
-        argv = ["checkpoint", "generate", "--kind", "int4", "--out", ckpt_tree.root / "gen", flag, value]
+        argv = ["checkpoint", "generate", "--kind", "int4", "--out", ckpt_tree.root / "gen",
+                flag, value]
         if flag == "--kind":
             argv = ["checkpoint", "generate", "--out", ckpt_tree.root / "gen", flag, value]
     refused_untouched(argv, [ckpt_tree.root], match=match)
@@ -65,15 +68,16 @@ PATH_CASES: list[tuple[str, str, str, str]] = [
     ("fifo", "verify", "fifo", r"not a directory"),
     ("empty_folder", "verify", "empty", r"index not found"),
     ("file", "generate --out", "file", r"--out .* not a folder"),
-    ("foreign", "generate --out", "foreign", r"was not written by python -m tests.support checkpoint "
-                                             r"generate"),
+    ("foreign", "generate --out", "foreign",
+     r"was not written by python -m tests.support checkpoint generate"),
     ("file_parent", "assemble --out", "under_file", r"--out .*: .*notes.txt is not a folder"),
     ("foreign", "assemble --out", "foreign", r"was not written by sparkspec checkpoint assemble"),
     ("empty_string", "assemble --out", "", r"--out .* contains the input --int4"),
 ]
 
 
-@pytest.mark.parametrize("case, command, bad, match", PATH_CASES, ids=[f"{c[1]}={c[0]}" for c in PATH_CASES])
+@pytest.mark.parametrize("case, command, bad, match", PATH_CASES,
+                         ids=[f"{c[1]}={c[0]}" for c in PATH_CASES])
 def test_bad_path_flag(ckpt_tree: Tree, case: str, command: str, bad: str, match: str,
                        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(ckpt_tree.root)  # '' is the current folder: the one holding the sources
@@ -90,7 +94,8 @@ def test_bad_path_flag(ckpt_tree: Tree, case: str, command: str, bad: str, match
     if action == "add-mtp":
         ckpt_tree.hybrid(mtp=False)
     if action == "assemble":
-        args = {"--int4": ckpt_tree.int4, "--fp8": ckpt_tree.fp8, "--out": ckpt_tree.out, flag: value}
+        args = {"--int4": ckpt_tree.int4, "--fp8": ckpt_tree.fp8, "--out": ckpt_tree.out,
+                flag: value}
         argv = ["checkpoint", "assemble", *[x for kv in args.items() for x in kv]]
     elif action == "add-mtp":
         args = {"--source": ckpt_tree.int4, "--target": ckpt_tree.out, flag: value}

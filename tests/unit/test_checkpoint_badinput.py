@@ -1,7 +1,8 @@
-"""Every file format ``sparkspec checkpoint assemble|add-mtp|verify`` read, fed bad content (the flags: in
-test_checkpoint_badflags.py). Each case asserts the exact outcome through tests.badinput: exit 2, exactly one
-line ``sparkspec: error: ...`` matching the case's regex, no traceback, and every folder involved unchanged by
-content hash (inputs, outputs, and nothing left behind: no temp, lock or partial output)."""
+"""Every file format ``sparkspec checkpoint assemble|add-mtp|verify`` read, fed bad content (the
+flags: in test_checkpoint_badflags.py). Each case asserts the exact outcome through tests.badinput:
+exit 2, exactly one line ``sparkspec: error: ...`` matching the case's regex, no traceback, and
+every folder involved unchanged by content hash (inputs, outputs, and nothing left behind: no temp,
+lock or partial output)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ Damage = Callable[[Path], object]  # does something to the file at that path
 DEEP = "[" * 5000 + "]" * 5000
 
 
-# --- file formats -------------------------------------------------------------------------------------------
+# --- file formats ---------------------------------------------------------------------------------
 def _fifo(path: Path) -> Path:
     os.mkfifo(path)
     return path
@@ -82,15 +83,19 @@ HEADER_DAMAGE: dict[str, tuple[Damage, str]] = {
     "shape_negative": (lambda p: _edit_header(p, _entry("shape", [-1, 4])), r"bad shape"),
     "shape_bool": (lambda p: _edit_header(p, _entry("shape", [True])), r"bad shape"),
     "offsets_short": (lambda p: _edit_header(p, _entry("data_offsets", [0])), r"bad data_offsets"),
-    "offsets_missing": (lambda p: _edit_header(p, _entry("data_offsets", _DROP)), r"bad data_offsets"),
-    "entry_not_object": (lambda p: _edit_header(p, lambda d: {**d, _first_tensor(d): 3}), r"is not an "
-                                                                                          r"object"),
-    "metadata_nested": (lambda p: _edit_header(p, lambda d: {**d, "__metadata__": {"a": {"b": "c"}}}),
+    "offsets_missing": (lambda p: _edit_header(p, _entry("data_offsets", _DROP)),
+                        r"bad data_offsets"),
+    "entry_not_object": (lambda p: _edit_header(p, lambda d: {**d, _first_tensor(d): 3}),
+                         r"is not an object"),
+    "metadata_nested": (lambda p: _edit_header(p, lambda d: {**d,
+                                                             "__metadata__": {"a": {"b": "c"}}}),
                         r"__metadata__ is not a string-to-string map"),
     "not_object": (lambda p: _set_header(p, "[1, 2]"), r"header JSON is not an object"),
-    "deep_nesting": (lambda p: _set_header(p, '{"x": ' + DEEP + "}"), r"not valid JSON .*nests deeper"),
+    "deep_nesting": (lambda p: _set_header(p, '{"x": ' + DEEP + "}"),
+                     r"not valid JSON .*nests deeper"),
     "nan": (lambda p: _edit_header(p, _entry("shape", float("nan"))), r"not valid JSON .*NaN"),
-    "huge_integer": (lambda p: _set_header(p, '{"x": {"dtype": "U8", "shape": [' + "9" * 5000 + "]}}"),
+    "huge_integer": (lambda p: _set_header(p, '{"x": {"dtype": "U8", "shape": ['
+                                              + "9" * 5000 + "]}}"),
                      r"not valid JSON"),
     "not_utf8": (lambda p: p.write_bytes(struct.pack("<Q", 2) + b"\xff\xfe" + p.read_bytes()[8:]),
                  r"not valid JSON \(UnicodeDecodeError"),
@@ -133,7 +138,8 @@ def _first_mapped(value: Any) -> Damage:
 
 # damage common to every JSON file the commands read
 JSON_DAMAGE: dict[str, tuple[Damage, str]] = {
-    "truncated": (lambda p: p.write_bytes(p.read_bytes()[: len(p.read_bytes()) // 2]), r"not valid JSON"),
+    "truncated": (lambda p: p.write_bytes(p.read_bytes()[: len(p.read_bytes()) // 2]),
+                  r"not valid JSON"),
     "deep_nesting": (_raw(DEEP), r"not valid JSON .*nests deeper"),
     "nan": (_raw('{"a": NaN}'), r"not valid JSON .*NaN"),
     "not_object": (_raw("[1, 2, 3]"), r"not a JSON object"),
@@ -150,15 +156,19 @@ INDEX_DAMAGE: dict[str, tuple[Damage, str]] = {
     "file_in_folder": (_first_mapped("sub/x.safetensors"), r"not a plain file name"),
     "file_dotdot": (_first_mapped(".."), r"not a plain file name"),
     "total_size_string": (_json_damage(("metadata", "total_size"), "1 GB"), r"'total_size' is str"),
-    "total_size_negative": (_json_damage(("metadata", "total_size"), -5), r"total_size is negative"),
+    "total_size_negative": (_json_damage(("metadata", "total_size"), -5),
+                            r"total_size is negative"),
     "metadata_list": (_json_damage(("metadata",), []), r"'metadata' is list"),
 }
 INT4_CONFIG_DAMAGE: dict[str, tuple[Damage, str]] = {
     **JSON_DAMAGE,
     "text_config_list": (_json_damage(("text_config",), []), r"text_config is list"),
-    "layers_string": (_json_damage(("text_config", "num_hidden_layers"), "4"), r"num_hidden_layers is '4'"),
-    "layers_zero": (_json_damage(("text_config", "num_hidden_layers"), 0), r"num_hidden_layers is 0"),
-    "layers_float": (_json_damage(("text_config", "num_hidden_layers"), 4.5), r"num_hidden_layers is 4.5"),
+    "layers_string": (_json_damage(("text_config", "num_hidden_layers"), "4"),
+                      r"num_hidden_layers is '4'"),
+    "layers_zero": (_json_damage(("text_config", "num_hidden_layers"), 0),
+                    r"num_hidden_layers is 0"),
+    "layers_float": (_json_damage(("text_config", "num_hidden_layers"), 4.5),
+                     r"num_hidden_layers is 4.5"),
     "shared_negative": (_json_damage(("text_config", "shared_expert_intermediate_size"), -128),
                         r"shared_expert_intermediate_size is -128"),
 }
@@ -166,18 +176,21 @@ FP8_CONFIG_DAMAGE: dict[str, tuple[Damage, str]] = {
     **JSON_DAMAGE,
     "block_zero": (_json_damage(("quantization_config", "weight_block_size"), [0, 128]),
                    r"weight_block_size"),
-    "block_string": (_json_damage(("quantization_config", "weight_block_size"), "128"), r"weight_block_size"),
-    "block_one": (_json_damage(("quantization_config", "weight_block_size"), [128]), r"weight_block_size"),
+    "block_string": (_json_damage(("quantization_config", "weight_block_size"), "128"),
+                     r"weight_block_size"),
+    "block_one": (_json_damage(("quantization_config", "weight_block_size"), [128]),
+                  r"weight_block_size"),
     "block_bool": (_json_damage(("quantization_config", "weight_block_size"), [True, 128]),
                    r"weight_block_size"),
-    "quantization_string": (_json_damage(("quantization_config",), "fp8"), r"quantization_config is str"),
+    "quantization_string": (_json_damage(("quantization_config",), "fp8"),
+                            r"quantization_config is str"),
 }
 HYBRID_CONFIG_DAMAGE: dict[str, tuple[Damage, str]] = {
     **JSON_DAMAGE,
-    "mtp_negative": (_json_damage(("text_config", "mtp_num_hidden_layers"), -1), r"mtp_num_hidden_layers is "
-                                                                                 r"-1"),
-    "mtp_string": (_json_damage(("text_config", "mtp_num_hidden_layers"), "1"), r"mtp_num_hidden_layers is "
-                                                                                r"'1'"),
+    "mtp_negative": (_json_damage(("text_config", "mtp_num_hidden_layers"), -1),
+                     r"mtp_num_hidden_layers is -1"),
+    "mtp_string": (_json_damage(("text_config", "mtp_num_hidden_layers"), "1"),
+                   r"mtp_num_hidden_layers is '1'"),
     "experts_string": (_json_damage(("text_config", "num_experts"), "4"), r"num_experts is '4'"),
     "experts_zero": (_json_damage(("text_config", "num_experts"), 0), r"num_experts is 0"),
 }
@@ -200,18 +213,19 @@ def _cases() -> list[Any]:
 
     def add(table: dict[str, tuple[Damage, str]], target: str, command: str) -> None:
         for name, (damage, match) in table.items():
-            cases.append(pytest.param(target, command, damage, match, id=f"{target}-{name}-{command}"))
+            cases.append(pytest.param(target, command, damage, match,
+                                      id=f"{target}-{name}-{command}"))
 
     add(HEADER_DAMAGE, "int4-shard", "assemble")
-    add({k: HEADER_DAMAGE[k] for k in ("truncated", "deep_nesting", "fifo", "shape_string")}, "fp8-shard",
-        "assemble")
-    add({k: HEADER_DAMAGE[k] for k in ("truncated", "deep_nesting", "fifo", "folder", "nan")}, "extra",
-        "add-mtp")
-    add({k: HEADER_DAMAGE[k] for k in ("truncated", "deep_nesting", "fifo", "offsets_short")}, "hybrid-shard",
-        "add-mtp")
+    add({k: HEADER_DAMAGE[k] for k in ("truncated", "deep_nesting", "fifo", "shape_string")},
+        "fp8-shard", "assemble")
+    add({k: HEADER_DAMAGE[k] for k in ("truncated", "deep_nesting", "fifo", "folder", "nan")},
+        "extra", "add-mtp")
+    add({k: HEADER_DAMAGE[k] for k in ("truncated", "deep_nesting", "fifo", "offsets_short")},
+        "hybrid-shard", "add-mtp")
     add(INDEX_DAMAGE, "int4-index", "assemble")
-    add({k: INDEX_DAMAGE[k] for k in ("file_parent", "weight_map_list", "fifo", "deep_nesting")}, "fp8-index",
-        "assemble")
+    add({k: INDEX_DAMAGE[k] for k in ("file_parent", "weight_map_list", "fifo", "deep_nesting")},
+        "fp8-index", "assemble")
     add(INDEX_DAMAGE, "hybrid-index", "verify")
     add({k: INDEX_DAMAGE[k] for k in ("file_absolute", "total_size_string", "fifo", "truncated")},
         "hybrid-index", "add-mtp")
@@ -219,8 +233,8 @@ def _cases() -> list[Any]:
     add(FP8_CONFIG_DAMAGE, "fp8-config", "assemble")
     add(HYBRID_CONFIG_DAMAGE, "hybrid-config", "verify")
     add(MANIFEST_DAMAGE, "manifest", "verify")
-    add({k: MANIFEST_DAMAGE[k] for k in ("truncated", "fifo", "folder", "deep_nesting")}, "manifest",
-        "assemble")
+    add({k: MANIFEST_DAMAGE[k] for k in ("truncated", "fifo", "folder", "deep_nesting")},
+        "manifest", "assemble")
     add({k: JSON_DAMAGE[k] for k in ("truncated", "fifo", "deep_nesting")}, "manifest", "add-mtp")
     return cases
 
@@ -235,8 +249,10 @@ def _target(ckpt_tree: Tree, target: str, command: str) -> Path:
             "extra": ckpt_tree.int4 / EXTRA_FILE,
             "hybrid-shard": ckpt_tree.out / SHARD, "int4-index": ckpt_tree.int4 / INDEX_NAME,
             "fp8-index": ckpt_tree.fp8 / INDEX_NAME, "hybrid-index": ckpt_tree.out / INDEX_NAME,
-            "int4-config": ckpt_tree.int4 / "config.json", "fp8-config": ckpt_tree.fp8 / "config.json",
-            "hybrid-config": ckpt_tree.out / "config.json", "manifest": ckpt_tree.out / MANIFEST_NAME}[target]
+            "int4-config": ckpt_tree.int4 / "config.json",
+            "fp8-config": ckpt_tree.fp8 / "config.json",
+            "hybrid-config": ckpt_tree.out / "config.json",
+            "manifest": ckpt_tree.out / MANIFEST_NAME}[target]
 
 
 @pytest.mark.parametrize("target, command, damage, match", _cases())
@@ -252,7 +268,7 @@ def test_bad_file(ckpt_tree: Tree, target: str, command: str, damage: Damage, ma
     assert path.name in line or str(path.parent) in line, f"the line does not name {path}: {line}"
 
 
-# --- other files the commands read --------------------------------------------------------------------------
+# --- other files the commands read ----------------------------------------------------------------
 @pytest.mark.parametrize("damage, match", [
     ("garbage", r"revision 'not a revision!' is not a commit id"),
     ("fifo", r"not a regular file"),
@@ -288,7 +304,8 @@ def test_shard_linked_out_of_the_source_is_refused(ckpt_tree: Tree) -> None:
     elsewhere = ckpt_tree.root / "elsewhere.safetensors"
     shard.rename(elsewhere)
     shard.symlink_to(elsewhere)
-    refused_untouched(ckpt_tree.assemble(), [ckpt_tree.root], match=rf"{SHARD}: links out of --int4")
+    refused_untouched(ckpt_tree.assemble(), [ckpt_tree.root],
+                      match=rf"{SHARD}: links out of --int4")
 
 
 def test_mtp_tensor_also_in_a_model_shard_is_refused_by_add_mtp(ckpt_tree: Tree) -> None:
@@ -303,7 +320,7 @@ def test_mtp_tensor_also_in_a_model_shard_is_refused_by_add_mtp(ckpt_tree: Tree)
 def test_extra_file_with_a_non_mtp_tensor_is_refused(ckpt_tree: Tree) -> None:
     out = ckpt_tree.hybrid(mtp=False)
     extra = ckpt_tree.int4 / EXTRA_FILE
-    _edit_header(extra,
-                 lambda d: {("lm_head.weight" if k == _first_tensor(d) else k): v for k, v in d.items()})
+    _edit_header(extra, lambda d: {("lm_head.weight" if k == _first_tensor(d) else k): v
+                                   for k, v in d.items()})
     refused_untouched(["checkpoint", "add-mtp", "--source", ckpt_tree.int4, "--target", out],
                       [ckpt_tree.root], match=r"non-MTP tensors \(e.g. lm_head.weight\)")

@@ -1,6 +1,6 @@
-"""`sparkspec checkpoint digest` (a cluster's gate compares the nodes' digests): the same for the same
-checkpoint in another folder, different when any byte differs, also where assemble's manifest still holds the
-old record of a changed file."""
+"""`sparkspec checkpoint digest` (a cluster's gate compares the nodes' digests): the same for the
+same checkpoint in another folder, different when any byte differs, also where assemble's manifest
+still holds the old record of a changed file."""
 
 from __future__ import annotations
 
@@ -16,17 +16,17 @@ def digest(folder: Path) -> dict:
     return result.json
 
 
-def test_an_assembled_hybrid_digests_from_its_manifest_and_a_changed_byte_shows(ckpt_tree: Tree,
-                                                                               tmp_path: Path) -> None:
+def test_an_assembled_hybrid_digests_from_its_manifest_and_a_changed_byte_shows(
+        ckpt_tree: Tree, tmp_path: Path) -> None:
     out = ckpt_tree.hybrid()
     first = digest(out)
     assert first["source"] == "manifest" and first["files"] > 3
     copy = tmp_path / "copy"
-    shutil.copytree(out, copy)          # another node's copy: other inodes and times, the same bytes
+    shutil.copytree(out, copy)  # another node's copy: other inodes and times, the same bytes
     assert digest(copy)["digest"] == first["digest"]
     shard = sorted(copy.glob("*.safetensors"))[-1]
     data = bytearray(shard.read_bytes())
-    data[-1] ^= 0xFF                    # one byte of tensor data; the manifest's record is now stale
+    data[-1] ^= 0xFF            # one byte of tensor data; the manifest's record is now stale
     shard.write_bytes(bytes(data))
     assert digest(copy)["digest"] != first["digest"]
 

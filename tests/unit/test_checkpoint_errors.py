@@ -1,4 +1,5 @@
-"""Each bad input: exit 2, one stderr line naming the file, no traceback, nothing left that verify accepts."""
+"""Each bad input: exit 2, one stderr line naming the file, no traceback, nothing left that verify
+accepts."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from sparkspec.checkpoint.selection import EXTRA_FILE
 from tests.support import testckpt
 
 
-def _assert_one_line_exit_2(res, names: Path | str, rc: int = 2) -> str:  # type: ignore[no-untyped-def]
+def _assert_one_line_exit_2(res, names: Path | str,  # type: ignore[no-untyped-def]
+                            rc: int = 2) -> str:
     assert res.rc == rc, (res.stdout, res.stderr)
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
@@ -29,7 +31,8 @@ def _assert_nothing_verifiable(out: Path) -> None:
 
 
 def _assemble(p: CkptPair, fp8: Path | None = None):  # type: ignore[no-untyped-def]
-    return run_cli("checkpoint", "assemble", "--int4", p.int4, "--fp8", fp8 or p.fp8, "--out", p.out)
+    return run_cli("checkpoint", "assemble", "--int4", p.int4, "--fp8", fp8 or p.fp8,
+                   "--out", p.out)
 
 
 def _first_shard(directory: Path) -> Path:
@@ -37,7 +40,8 @@ def _first_shard(directory: Path) -> Path:
 
 
 def _retype(path: Path, name: str, dtype: str) -> None:
-    """Rewrite a file so that ``name`` has another dtype of the same size (a valid file, wrong content)."""
+    """Rewrite a file so that ``name`` has another dtype of the same size (a valid file, wrong
+    content)."""
     header = read_header(path)
     raw = path.read_bytes()
     specs = [(t.name, dtype if t.name == name else t.dtype, t.shape,
@@ -103,19 +107,21 @@ def test_missing_model_extra_tensors(ckpt_pair: CkptPair) -> None:
     (p.int4 / EXTRA_FILE).unlink()
     res = run_cli("checkpoint", "add-mtp", "--source", p.int4, "--target", p.out)
     _assert_one_line_exit_2(res, p.int4 / EXTRA_FILE)
-    assert run_cli("checkpoint", "verify", p.out).rc == 2  # the hybrid without its MTP head is refused
+    # the hybrid without its MTP head is refused
+    assert run_cli("checkpoint", "verify", p.out).rc == 2
 
 
 def test_add_mtp_without_target_index(ckpt_pair: CkptPair, tmp_path: Path) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()
-    line = _assert_one_line_exit_2(run_cli("checkpoint", "add-mtp", "--source", ckpt_pair.int4, "--target",
-                                           empty), empty)
+    line = _assert_one_line_exit_2(run_cli("checkpoint", "add-mtp", "--source", ckpt_pair.int4,
+                                           "--target", empty), empty)
     assert "was not written by sparkspec checkpoint assemble" in line
     assert list(empty.iterdir()) == []
 
 
-def test_output_filesystem_too_small(ckpt_pair: CkptPair, ckpt_tmpfs: Callable[[str], Path]) -> None:
+def test_output_filesystem_too_small(ckpt_pair: CkptPair,
+                                     ckpt_tmpfs: Callable[[str], Path]) -> None:
     mount = ckpt_tmpfs("1m")
     ckpt_pair.out = mount / "hybrid"
     line = _assert_one_line_exit_2(_assemble(ckpt_pair), mount)
@@ -134,7 +140,8 @@ def test_output_filesystem_fills_up_during_add_mtp_copy(ckpt_pair: CkptPair,
     p.out = mount / "hybrid"
     assert _assemble(p).rc == 0, "tmpfs sized too small for the hybrid itself"
     index_before = (p.out / INDEX_NAME).read_bytes()
-    line = _assert_one_line_exit_2(run_cli("checkpoint", "add-mtp", "--source", p.int4, "--target", p.out),
+    line = _assert_one_line_exit_2(run_cli("checkpoint", "add-mtp", "--source", p.int4,
+                                           "--target", p.out),
                                    p.out / EXTRA_FILE, rc=1)  # a run-time failure: exit 1
     assert "no space left" in line
     assert (p.out / INDEX_NAME).read_bytes() == index_before and not (p.out / EXTRA_FILE).exists()
@@ -144,8 +151,8 @@ def test_output_filesystem_fills_up_during_add_mtp_copy(ckpt_pair: CkptPair,
 
 def test_bad_pattern_and_out_collisions(ckpt_pair: CkptPair, tmp_path: Path) -> None:
     p = ckpt_pair
-    res = run_cli("checkpoint", "assemble", "--int4", p.int4, "--fp8", p.fp8, "--out", p.out, "--fp8-pattern",
-                  "(")
+    res = run_cli("checkpoint", "assemble", "--int4", p.int4, "--fp8", p.fp8, "--out", p.out,
+                  "--fp8-pattern", "(")
     assert "--fp8-pattern" in _assert_one_line_exit_2(res, "(")
     foreign = tmp_path / "foreign"
     foreign.mkdir()

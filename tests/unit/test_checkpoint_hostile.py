@@ -1,8 +1,8 @@
-"""The checkpoint commands against a hostile user: outputs that would overwrite inputs or other people's
-files, corrupted outputs reported up to date, add-mtp half done, duplicate tensors, non-regular files,
-read-only and full filesystems. Each refusal is one line, exit 2 (1 for a run-time failure), and leaves every
-folder involved byte for byte as it was (tests.badinput fingerprints them: a leftover temp, lock or link
-counts as a change)."""
+"""The checkpoint commands against a hostile user: outputs that would overwrite inputs or other
+people's files, corrupted outputs reported up to date, add-mtp half done, duplicate tensors,
+non-regular files, read-only and full filesystems. Each refusal is one line, exit 2 (1 for a
+run-time failure), and leaves every folder involved byte for byte as it was (tests.badinput
+fingerprints them: a leftover temp, lock or link counts as a change)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ from tests.badinput import assert_refused, fingerprint, refused_untouched, run
 
 
 class Hang(BaseException):
-    """A command still running after its deadline (not an OSError: the CLI must not turn it into a line)."""
+    """A command still running after its deadline (not an OSError: the CLI must not turn it into a
+    line)."""
 
 
 @contextmanager
@@ -42,8 +43,8 @@ def deadline(seconds: int = 10) -> Iterator[None]:
 
 
 def _assemble(p: CkptPair, out: Path | None = None, fp8: Path | None = None) -> list[str | Path]:
-    return ["checkpoint", "assemble", "--int4", p.int4, "--fp8", fp8 or p.fp8, "--out", out or p.out,
-            "--json"]
+    return ["checkpoint", "assemble", "--int4", p.int4, "--fp8", fp8 or p.fp8,
+            "--out", out or p.out, "--json"]
 
 
 def _built(p: CkptPair, out: Path | None = None, fp8: Path | None = None) -> dict:
@@ -57,8 +58,8 @@ def _first_shard(directory: Path) -> Path:
 
 
 def _flip_inside(path: Path) -> None:
-    """Overwrite bytes in the middle of the data without changing the size, then put the old mtime back
-    (what a careless tool or an attacker does; only the change time keeps the trace)."""
+    """Overwrite bytes in the middle of the data without changing the size, then put the old mtime
+    back (what a careless tool or an attacker does; only the change time keeps the trace)."""
     st = path.stat()
     header = read_header(path)
     at = header.data_start + header.data_size // 2
@@ -71,13 +72,14 @@ def _flip_inside(path: Path) -> None:
     assert path.stat().st_size == st.st_size and path.stat().st_mtime_ns == st.st_mtime_ns
 
 
-# --- generate: never deletes what it did not write ----------------------------------------------------------
+# --- generate: never deletes what it did not write ------------------------------------------------
 def test_generate_refuses_a_folder_it_did_not_write(tmp_path: Path) -> None:
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "thesis.tex").write_text("years of work")
     refused_untouched(["checkpoint", "generate", "--kind", "int4", "--out", mine], [tmp_path],
-                      match=r"--out .*mine.* was not written by python -m tests.support checkpoint generate")
+                      match=r"--out .*mine.* was not written by "
+                            r"python -m tests.support checkpoint generate")
 
 
 def test_generate_refuses_a_file_and_a_symlink_as_out(tmp_path: Path) -> None:
@@ -88,8 +90,8 @@ def test_generate_refuses_a_file_and_a_symlink_as_out(tmp_path: Path) -> None:
     target = tmp_path / "target"
     target.mkdir()
     (tmp_path / "link").symlink_to(target)
-    refused_untouched(["checkpoint", "generate", "--kind", "fp8", "--out", tmp_path / "link"], [tmp_path],
-                      match="symbolic link")
+    refused_untouched(["checkpoint", "generate", "--kind", "fp8", "--out", tmp_path / "link"],
+                      [tmp_path], match="symbolic link")
 
 
 def test_generate_replaces_its_own_output_by_a_swap_and_leaves_nothing(tmp_path: Path) -> None:
@@ -100,17 +102,19 @@ def test_generate_replaces_its_own_output_by_a_swap_and_leaves_nothing(tmp_path:
     assert second.rc == 0, second.stderr
     config = json.loads((out / "config.json").read_text())
     assert config["text_config"]["num_hidden_layers"] == 8
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["gen"]  # no temp, old copy or lock beside it
+    # no temp, old copy or lock beside it
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gen"]
 
 
-# --- assemble: outputs apart from inputs, never through a link, replaced only when assemble wrote them ------
+# --- assemble: outputs apart from inputs, never via a link, replaced only if assemble wrote them --
 @pytest.mark.parametrize("where, how", [
     ("inside_int4", "is inside the input --int4"),
     ("equals_fp8", "is the input --fp8"),
     ("contains_both", "contains the input --int4"),
     ("link_into_int4", "is inside the input --int4"),
 ])
-def test_assemble_out_overlapping_an_input_is_refused_before_anything(ckpt_pair: CkptPair, where: str,
+def test_assemble_out_overlapping_an_input_is_refused_before_anything(ckpt_pair: CkptPair,
+                                                                      where: str,
                                                                       how: str) -> None:
     p = ckpt_pair
     root = p.int4.parent
@@ -142,7 +146,7 @@ def test_assemble_replaces_its_own_output_and_leaves_no_lock(ckpt_pair: CkptPair
     assert sorted(x.name for x in p.out.parent.iterdir() if x.name.startswith(".out")) == []
 
 
-# --- an honest no-op and verify --full ----------------------------------------------------------------------
+# --- an honest no-op and verify --full ------------------------------------------------------------
 def test_bytes_overwritten_inside_a_shard_are_not_up_to_date(ckpt_pair: CkptPair) -> None:
     p = ckpt_pair
     _built(p)
@@ -166,27 +170,30 @@ def test_verify_full_rehashes_everything_and_names_the_first_bad_file(ckpt_pair:
     manifest = json.loads((p.out / MANIFEST_NAME).read_text())
     hashed = [f for f, rec in manifest["outputs"].items() if manifest["hash"] in rec]
     assert doc["rehashed"] == len(hashed) and len(hashed) >= 3
-    # the manifest's stat record matches, so only --full can find this: data rewritten, stat record faked
+    # the manifest's stat record matches, so only --full can find this: data rewritten, stat record
+    # faked
     second = p.out / "model-00002-of-00002.safetensors"
     _flip_inside(second)
     _flip_inside(_first_shard(p.out))
     for name in (second.name, _first_shard(p.out).name):
         st = (p.out / name).stat()
-        manifest["outputs"][name].update(ctime_ns=st.st_ctime_ns, mtime_ns=st.st_mtime_ns, ino=st.st_ino)
+        manifest["outputs"][name].update(ctime_ns=st.st_ctime_ns, mtime_ns=st.st_mtime_ns,
+                                         ino=st.st_ino)
     (p.out / MANIFEST_NAME).write_text(json.dumps(manifest))
-    assert run("checkpoint", "verify", p.out, "--expect-mtp", "0", "--no-load").rc == 0  # stat agrees
+    # stat agrees
+    assert run("checkpoint", "verify", p.out, "--expect-mtp", "0", "--no-load").rc == 0
     full = run("checkpoint", "verify", p.out, "--expect-mtp", "0", "--no-load", "--full")
-    assert_refused(full, 2, match=rf"{_first_shard(p.out).name}: differs from what assemble wrote .*\(\+1 "
-                                  r"more")
+    assert_refused(full, 2, match=rf"{_first_shard(p.out).name}: differs from what assemble wrote "
+                                  r".*\(\+1 more")
 
 
 def test_verify_full_needs_assembles_manifest(ckpt_pair: CkptPair) -> None:
     p = ckpt_pair
-    refused_untouched(["checkpoint", "verify", p.fp8, "--no-load", "--full", "--expect-mtp", "0"], [p.fp8],
-                      match=rf"{MANIFEST_NAME}.*--full")
+    refused_untouched(["checkpoint", "verify", p.fp8, "--no-load", "--full", "--expect-mtp", "0"],
+                      [p.fp8], match=rf"{MANIFEST_NAME}.*--full")
 
 
-# --- add-mtp: validate everything, then link and write; nothing half done ----------------------------------
+# --- add-mtp: validate everything, then link and write; nothing half done -------------------------
 def test_add_mtp_refused_after_validation_leaves_the_target_as_it_was(ckpt_pair: CkptPair) -> None:
     p = ckpt_pair
     _built(p)
@@ -194,32 +201,36 @@ def test_add_mtp_refused_after_validation_leaves_the_target_as_it_was(ckpt_pair:
     weight_map = dict(doc["weight_map"])
     weight_map["model.language_model.ghost.weight"] = _first_shard(p.out).name
     write_index(p.out, weight_map, doc["metadata"]["total_size"])
-    refused_untouched(["checkpoint", "add-mtp", "--source", p.int4, "--target", p.out], [p.int4.parent],
-                      match="ghost.weight.* no such tensor")
+    refused_untouched(["checkpoint", "add-mtp", "--source", p.int4, "--target", p.out],
+                      [p.int4.parent], match="ghost.weight.* no such tensor")
     assert not (p.out / EXTRA_FILE).exists()
 
 
 @pytest.mark.parametrize("target", ["int4", "fp8"])
-def test_add_mtp_never_writes_into_a_source_or_a_foreign_checkpoint(ckpt_pair: CkptPair, target: str) -> None:
+def test_add_mtp_never_writes_into_a_source_or_a_foreign_checkpoint(ckpt_pair: CkptPair,
+                                                                    target: str) -> None:
     p = ckpt_pair
-    match = "is the input --source" if target == "int4" else "not written by sparkspec checkpoint assemble"
+    match = ("is the input --source" if target == "int4"
+             else "not written by sparkspec checkpoint assemble")
     refused_untouched(["checkpoint", "add-mtp", "--source", p.int4, "--target", getattr(p, target)],
                       [p.int4.parent], match=match)
 
 
-# --- duplicate tensors, non-regular files -------------------------------------------------------------------
+# --- duplicate tensors, non-regular files ---------------------------------------------------------
 @pytest.mark.parametrize("side", ["int4", "fp8"])
-def test_duplicate_tensor_across_shards_is_refused_naming_both(ckpt_pair: CkptPair, side: str) -> None:
+def test_duplicate_tensor_across_shards_is_refused_naming_both(ckpt_pair: CkptPair,
+                                                               side: str) -> None:
     p = ckpt_pair
     directory = getattr(p, side)
     weight_map = read_index(directory)["weight_map"]
-    name = ("model.language_model.layers.3.mlp.shared_expert.up_proj.weight_scale_inv" if side == "fp8"
-            else "lm_head.weight")
+    name = ("model.language_model.layers.3.mlp.shared_expert.up_proj.weight_scale_inv"
+            if side == "fp8" else "lm_head.weight")
     home = weight_map[name]
     other = next(f for f in sorted(set(weight_map.values())) if f != home)
     info = read_header(directory / home).tensors[name]
     add_tensor(directory / other, name, info.dtype, info.shape, bytes(info.nbytes))
-    refused_untouched(_assemble(p), [p.int4.parent], match=rf"{name}.*({home}.*{other}|{other}.*{home})")
+    refused_untouched(_assemble(p), [p.int4.parent],
+                      match=rf"{name}.*({home}.*{other}|{other}.*{home})")
 
 
 @pytest.mark.parametrize("command", ["assemble", "verify"])
@@ -236,8 +247,9 @@ def test_a_fifo_as_a_shard_is_refused_without_hanging(ckpt_pair: CkptPair, comma
         refused_untouched(argv, [p.int4.parent], match=rf"{shard.name}.* not a regular file")
 
 
-# --- read-only and full filesystems -------------------------------------------------------------------------
-def test_read_only_output_folder_is_one_line(ckpt_pair: CkptPair, ckpt_tmpfs: Callable[..., Path]) -> None:
+# --- read-only and full filesystems ---------------------------------------------------------------
+def test_read_only_output_folder_is_one_line(ckpt_pair: CkptPair,
+                                             ckpt_tmpfs: Callable[..., Path]) -> None:
     p = ckpt_pair
     mount = ckpt_tmpfs("64m", readonly=True)
     refused_untouched(_assemble(p, mount / "hybrid"), [p.int4.parent, mount],
@@ -303,7 +315,8 @@ def test_io_error_while_verify_rehashes_is_exit_1(ckpt_pair: CkptPair,
 
     monkeypatch.setattr(ckpt_manifest, "rehash", bad_sector)
     refused_untouched(["checkpoint", "verify", p.out, "--expect-mtp", "0", "--no-load", "--full"],
-                      [p.int4.parent], rc=1, match=r"Input/output error \(a run-time failure\); check the")
+                      [p.int4.parent], rc=1,
+                      match=r"Input/output error \(a run-time failure\); check the")
 
 
 @pytest.mark.parametrize("to", ["valid_head_elsewhere", "secret_file"])
@@ -315,21 +328,25 @@ def test_add_mtp_refuses_a_head_that_links_out_of_source_before_reading_it(ckpt_
     head = p.int4 / EXTRA_FILE
     if to == "valid_head_elsewhere":
         head.rename(outside)
-    else:  # stands in for /etc/shadow: its first 8 bytes must not be read (nor shown as a header length)
+    else:
+        # stands in for /etc/shadow: its first 8 bytes must not be read (nor shown as a header
+        # length)
         outside.write_bytes(b"SECRET!!" + b"x" * 64)
         head.unlink()
     head.symlink_to(outside)
-    out = refused_untouched(["checkpoint", "add-mtp", "--source", p.int4, "--target", p.out], [p.int4.parent],
-                            match=r"links out of --source")
-    assert "SECRET" not in out.stderr and str(int.from_bytes(b"SECRET!!", "little")) not in out.stderr
+    out = refused_untouched(["checkpoint", "add-mtp", "--source", p.int4, "--target", p.out],
+                            [p.int4.parent], match=r"links out of --source")
+    assert ("SECRET" not in out.stderr
+            and str(int.from_bytes(b"SECRET!!", "little")) not in out.stderr)
     assert not (p.out / EXTRA_FILE).exists()
 
 
 @pytest.mark.parametrize("name", ["config.json", "first-shard"])
-def test_verify_never_reads_through_a_link_out_of_the_checkpoint(ckpt_pair: CkptPair, tmp_path: Path,
-                                                               name: str) -> None:
-    """A file of the checkpoint swapped for a link to a file elsewhere (a secret, say) is refused by name
-    before verify reads or hashes it: nothing of the other file reaches the output."""
+def test_verify_never_reads_through_a_link_out_of_the_checkpoint(ckpt_pair: CkptPair,
+                                                                 tmp_path: Path,
+                                                                 name: str) -> None:
+    """A file of the checkpoint swapped for a link to a file elsewhere (a secret, say) is refused by
+    name before verify reads or hashes it: nothing of the other file reaches the output."""
     p = ckpt_pair
     _built(p)
     secret = tmp_path / "secret"
@@ -338,6 +355,7 @@ def test_verify_never_reads_through_a_link_out_of_the_checkpoint(ckpt_pair: Ckpt
     target.unlink()
     target.symlink_to(secret)
     for full in ([], ["--full"]):
-        out = refused_untouched(["checkpoint", "verify", "--no-load", *full, p.out], [p.out, secret], 2,
+        out = refused_untouched(["checkpoint", "verify", "--no-load", *full, p.out],
+                                [p.out, secret], 2,
                                 match=rf"{target.name}: links out of the checkpoint")
         assert "s3cr3t" not in out.stderr + out.stdout

@@ -1,8 +1,8 @@
-"""`checkpoint build` / `verify` / `add-mtp`, second hostile round (issue 23): build refuses, before it writes
-anything, what add-mtp or verify would refuse after it; build and verify check config.json with one
-function; the manifest records add-mtp's files (the MTP head and the index) and a no-op or verify checks them
-as it checks the shards. Each refusal: exit 2, one `sparkspec: error:` line, the tree unchanged
-(tests/badinput.py)."""
+"""`checkpoint build` / `verify` / `add-mtp`, second hostile round (issue 23): build refuses, before
+it writes anything, what add-mtp or verify would refuse after it; build and verify check config.json
+with one function; the manifest records add-mtp's files (the MTP head and the index) and a no-op or
+verify checks them as it checks the shards. Each refusal: exit 2, one `sparkspec: error:` line, the
+tree unchanged (tests/badinput.py)."""
 
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ from tests.unit.conftest import Tree
 
 
 def _build(tree: Tree, *extra: str | Path) -> list[str | Path]:
-    return ["checkpoint", "build", "--int4", tree.int4, "--fp8", tree.fp8, "--out", tree.out, "--no-load",
-            *extra]
+    return ["checkpoint", "build", "--int4", tree.int4, "--fp8", tree.fp8, "--out", tree.out,
+            "--no-load", *extra]
 
 
 def _link_out(tree: Tree) -> list[str | Path]:
@@ -71,13 +71,17 @@ BUILDS: dict[str, tuple[Callable[[Tree], list[str | Path]], str]] = {
                                   t.fp8 / "hybrid"], "is inside the input --fp8"),
     "out-foreign": (_foreign_out, "was not written by"),
     "progress-foreign": (_foreign_progress, "p.json: exists and was not written by this command"),
-    "progress-inside-int4": (lambda t: _build(t, "--progress-file", t.int4 / "p.json"), "is inside --int4"),
-    "progress-inside-out": (lambda t: _build(t, "--progress-file", t.out / "p.json"), "is inside --out"),
+    "progress-inside-int4": (lambda t: _build(t, "--progress-file", t.int4 / "p.json"),
+                             "is inside --int4"),
+    "progress-inside-out": (lambda t: _build(t, "--progress-file", t.out / "p.json"),
+                            "is inside --out"),
     "no-mtp-head": (_no_head, f"{EXTRA_FILE}: not found"),
-    "expect-mtp-wrong": (lambda t: _build(t, "--expect-mtp", "1"), r"MTP tensors but --expect-mtp expects 1"),
+    "expect-mtp-wrong": (lambda t: _build(t, "--expect-mtp", "1"),
+                         r"MTP tensors but --expect-mtp expects 1"),
     # verify's keys: before, assemble took them, wrote the hybrid, and verify refused it afterwards
     "experts-string": (_config("num_experts", "4"), "num_experts is '4'"),
-    "mtp-layers-huge": (_config("mtp_num_hidden_layers", 1 << 30), "mtp_num_hidden_layers is 1073741824"),
+    "mtp-layers-huge": (_config("mtp_num_hidden_layers", 1 << 30),
+                        "mtp_num_hidden_layers is 1073741824"),
     "layers-zero": (_config("num_hidden_layers", 0), "num_hidden_layers is 0"),
 }
 
@@ -96,7 +100,8 @@ def test_build_refuses_before_it_writes(ckpt_tree: Tree, case: str) -> None:
 ])
 def test_verify_and_build_refuse_the_same_config(ckpt_tree: Tree, key: str, value: object,
                                                  match: str) -> None:
-    """One config check: a hybrid whose config.json build would refuse is refused by verify, same line."""
+    """One config check: a hybrid whose config.json build would refuse is refused by verify, same
+    line."""
     out = ckpt_tree.hybrid()
     _set_config(out, key, value)
     refused_untouched(["checkpoint", "verify", out, "--no-load"], [ckpt_tree.root], match=match)
@@ -114,7 +119,8 @@ def test_the_manifest_records_add_mtps_files_and_a_rerun_is_a_no_op(ckpt_tree: T
         assert isinstance(outputs[name][HASH_NAME], str), outputs[name]
         assert outputs[name]["size"] == (ckpt_tree.out / name).stat().st_size
     again = run(*_build(ckpt_tree, "--json"))
-    assert again.rc == 0 and json.loads(again.stdout.splitlines()[-1])["changed"] is False, again.stderr
+    assert again.rc == 0 and json.loads(again.stdout.splitlines()[-1])["changed"] is False, \
+        again.stderr
 
 
 def _flip_data_byte(path: Path, keep_mtime: bool) -> None:
@@ -133,15 +139,17 @@ def _flip_data_byte(path: Path, keep_mtime: bool) -> None:
                          ids=["changed-file", "mtime-set-back-full"])
 def test_verify_checks_the_mtp_head_against_the_manifest(ckpt_tree: Tree, keep_mtime: bool,
                                                          flags: list[str]) -> None:
-    """A head changed after add-mtp recorded it: verify re-hashes it (its record changed), --full always."""
+    """A head changed after add-mtp recorded it: verify re-hashes it (its record changed), --full
+    always."""
     _built(ckpt_tree)
     head = ckpt_tree.out / EXTRA_FILE
     os.unlink(head)  # its own inode (a copy), so the source stays as it was
     shutil.copy2(ckpt_tree.int4 / EXTRA_FILE, head)
-    assert run("checkpoint", "add-mtp", "--source", ckpt_tree.int4, "--target", ckpt_tree.out).rc == 0
+    assert run("checkpoint", "add-mtp", "--source", ckpt_tree.int4,
+               "--target", ckpt_tree.out).rc == 0
     _flip_data_byte(head, keep_mtime)
-    refused_untouched(["checkpoint", "verify", ckpt_tree.out, "--no-load", *flags], [ckpt_tree.root],
-                      match=rf"{EXTRA_FILE}: differs from what add-mtp wrote")
+    refused_untouched(["checkpoint", "verify", ckpt_tree.out, "--no-load", *flags],
+                      [ckpt_tree.root], match=rf"{EXTRA_FILE}: differs from what add-mtp wrote")
 
 
 def test_add_mtp_writes_again_an_index_changed_since_it_recorded_it(ckpt_tree: Tree) -> None:
@@ -151,6 +159,8 @@ def test_add_mtp_writes_again_an_index_changed_since_it_recorded_it(ckpt_tree: T
     index.write_text(json.dumps(doc))  # the same map, other bytes: not what add-mtp recorded
     refused_untouched(["checkpoint", "verify", ckpt_tree.out, "--no-load"], [ckpt_tree.root],
                       match=f"{INDEX_NAME}: differs from what add-mtp wrote")
-    fixed = run("checkpoint", "add-mtp", "--source", ckpt_tree.int4, "--target", ckpt_tree.out, "--json")
-    assert fixed.rc == 0 and json.loads(fixed.stdout.splitlines()[-1])["changed"] is True, fixed.stderr
+    fixed = run("checkpoint", "add-mtp", "--source", ckpt_tree.int4, "--target", ckpt_tree.out,
+                "--json")
+    assert fixed.rc == 0 and json.loads(fixed.stdout.splitlines()[-1])["changed"] is True, \
+        fixed.stderr
     assert run("checkpoint", "verify", ckpt_tree.out, "--no-load").rc == 0

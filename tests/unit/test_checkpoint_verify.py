@@ -13,7 +13,8 @@ from sparkspec.checkpoint.selection import EXTRA_FILE
 @pytest.fixture
 def ckpt_hybrid(ckpt_pair: CkptPair) -> CkptPair:
     p = ckpt_pair
-    assert run_cli("checkpoint", "assemble", "--int4", p.int4, "--fp8", p.fp8, "--out", p.out).rc == 0
+    assert run_cli("checkpoint", "assemble", "--int4", p.int4, "--fp8", p.fp8,
+                   "--out", p.out).rc == 0
     assert run_cli("checkpoint", "add-mtp", "--source", p.int4, "--target", p.out).rc == 0
     return p
 
@@ -30,7 +31,8 @@ def test_complete_hybrid_passes_and_loads_with_fastsafetensors(ckpt_hybrid: Ckpt
 
 def test_hybrid_without_mtp_entries_fails(ckpt_pair: CkptPair) -> None:
     p = ckpt_pair
-    assert run_cli("checkpoint", "assemble", "--int4", p.int4, "--fp8", p.fp8, "--out", p.out).rc == 0
+    assert run_cli("checkpoint", "assemble", "--int4", p.int4, "--fp8", p.fp8,
+                   "--out", p.out).rc == 0
     res = run_cli("checkpoint", "verify", p.out)
     assert res.rc == 2
     last = res.stderr.strip().splitlines()[-1]
@@ -54,14 +56,16 @@ def _edit_index(directory: Path, fn) -> None:  # type: ignore[no-untyped-def]
 def test_inconsistent_index_fails(ckpt_hybrid: CkptPair, damage: str, words: str) -> None:
     out = ckpt_hybrid.out
     if damage == "unlisted_tensor":
-        _edit_index(out, lambda m,
-                    t: ({k: v for k, v in m.items() if not k.endswith("input_layernorm.weight")}, t))
+        _edit_index(out, lambda m, t: (
+            {k: v for k, v in m.items() if not k.endswith("input_layernorm.weight")}, t))
     elif damage == "phantom_entry":
-        _edit_index(out, lambda m, t: ({**m, "model.language_model.ghost.weight": m["lm_head.weight"]}, t))
+        _edit_index(out, lambda m, t: (
+            {**m, "model.language_model.ghost.weight": m["lm_head.weight"]}, t))
     elif damage == "wrong_total":
         _edit_index(out, lambda m, t: (m, t + 2))
     elif damage == "scale_missing":
-        _edit_index(out, lambda m, t: ({k: v for k, v in m.items() if not k.endswith("weight_scale_inv")}, t))
+        _edit_index(out, lambda m, t: (
+            {k: v for k, v in m.items() if not k.endswith("weight_scale_inv")}, t))
     elif damage == "extra_file_missing":
         (out / EXTRA_FILE).unlink()
     res = run_cli("checkpoint", "verify", out, "--json")
@@ -74,7 +78,8 @@ def test_inconsistent_index_fails(ckpt_hybrid: CkptPair, damage: str, words: str
 def test_says_plainly_when_loader_check_is_skipped(ckpt_hybrid: CkptPair, tmp_path: Path) -> None:
     blocker = tmp_path / "block"
     blocker.mkdir()
-    (blocker / "fastsafetensors.py").write_text("raise ImportError('fastsafetensors not installed here')\n")
+    (blocker / "fastsafetensors.py").write_text(
+        "raise ImportError('fastsafetensors not installed here')\n")
     res = run_cli("checkpoint", "verify", ckpt_hybrid.out, env={"PYTHONPATH": str(blocker)})
     assert res.rc == 0, res.stderr
     assert "loader check skipped: fastsafetensors/torch not importable" in res.stdout

@@ -20,7 +20,8 @@ MEMBERS = {
     "spark01": {"role": "head", "interface": "enp1s0f0np0", "address": "192.168.100.10",
                 "rdma_devices": ["rocep1s0f0", "roceP2p1s0f0"]},
 }
-# Qwen3.5-122B-A10B's text_config (../shared/FORMATS.md): 32 heads, 2 KV heads, 48 layers, 16/64 linear heads.
+# Qwen3.5-122B-A10B's text_config (../shared/FORMATS.md): 32 heads, 2 KV heads, 48 layers, 16/64
+# linear heads.
 QWEN35_122B = {"model_type": "qwen3_5_moe", "text_config": {
     "num_attention_heads": 32, "num_key_value_heads": 2, "num_hidden_layers": 48,
     "linear_num_key_heads": 16, "linear_num_value_heads": 64}}
@@ -28,8 +29,8 @@ QWEN35_122B = {"model_type": "qwen3_5_moe", "text_config": {
 
 def place(me: str, spec: Any = None, members: Any = None, speculative: str | None = None,
           accelerator: str = "gb10") -> dict[str, Any] | None:
-    return resolve_cluster(SPEC if spec is None else spec, MEMBERS if members is None else members, me,
-                           speculative=speculative, accelerator=accelerator)
+    return resolve_cluster(SPEC if spec is None else spec, MEMBERS if members is None else members,
+                           me, speculative=speculative, accelerator=accelerator)
 
 
 def test_head_is_rank_0_whatever_the_inventory_order() -> None:
@@ -72,38 +73,50 @@ def _members(**changes: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(("spec", "members", "me", "speculative", "accel", "expect"), [
-    (SPEC, _members(spark02={"role": "head"}), "spark01", None, "gb10", "2 heads (spark02, spark01)"),
+    (SPEC, _members(spark02={"role": "head"}), "spark01", None, "gb10",
+     "2 heads (spark02, spark01)"),
     (SPEC, _members(spark01={"role": "worker"}), "spark01", None, "gb10", "no head"),
-    (SPEC, _members(spark02={}), "spark01", None, "gb10", "sparkspec_cluster_node of spark02: missing"),
+    (SPEC, _members(spark02={}), "spark01", None, "gb10",
+     "sparkspec_cluster_node of spark02: missing"),
     (SPEC, _members(spark02={"role": "leader"}), "spark01", None, "gb10", "is not head or worker"),
     ({**SPEC, "nnodes": 3, "tensor_parallel_size": 3}, MEMBERS, "spark01", None, "gb10",
      "is 3 and the group has 2 hosts"),
-    ({**SPEC, "tensor_parallel_size": 1}, MEMBERS, "spark01", None, "gb10", "set tensor_parallel_size: 2"),
-    ({**SPEC, "tensor_parallel_size": 1, "pipeline_parallel_size": 2}, MEMBERS, "spark01", "mtp", "gb10",
-     "speculative decoding across nodes needs tensor parallel"),
-    ({**SPEC, "tensor_parallel_size": 1, "pipeline_parallel_size": 2}, MEMBERS, "spark01", None, "none",
-     "AssertionError in sync_and_gather_intermediate_tensors"),
+    ({**SPEC, "tensor_parallel_size": 1}, MEMBERS, "spark01", None, "gb10",
+     "set tensor_parallel_size: 2"),
+    ({**SPEC, "tensor_parallel_size": 1, "pipeline_parallel_size": 2}, MEMBERS, "spark01", "mtp",
+     "gb10", "speculative decoding across nodes needs tensor parallel"),
+    ({**SPEC, "tensor_parallel_size": 1, "pipeline_parallel_size": 2}, MEMBERS, "spark01", None,
+     "none", "AssertionError in sync_and_gather_intermediate_tensors"),
     ({**SPEC, "backend": "slurm"}, MEMBERS, "spark01", None, "gb10", "is not a backend; use mp"),
     ({**SPEC, "ray_port": 29502}, MEMBERS, "spark01", None, "gb10", "is also peer_port"),
     ({**SPEC, "ray_object_store_mb": 10}, MEMBERS, "spark01", None, "gb10", "ray_object_store_mb"),
     ({**SPEC, "peer_port": 29501}, MEMBERS, "spark01", None, "gb10", "also master_port"),
     ({**SPEC, "lost_after": 90}, MEMBERS, "spark01", None, "gb10", "lost_after"),
-    ({**SPEC, "group": "spark cluster"}, MEMBERS, "spark01", None, "gb10", "not an inventory group name"),
+    ({**SPEC, "group": "spark cluster"}, MEMBERS, "spark01", None, "gb10",
+     "not an inventory group name"),
     ({**SPEC, "tensor_parallell_size": 2}, MEMBERS, "spark01", None, "gb10",
      "did you mean tensor_parallel_size"),
-    (SPEC, MEMBERS, "spark03", None, "gb10", "spark03 sets sparkspec_cluster but is not in the group"),
+    (SPEC, MEMBERS, "spark03", None, "gb10",
+     "spark03 sets sparkspec_cluster but is not in the group"),
     (SPEC, {}, "spark01", None, "gb10", "the group has no hosts"),
     (SPEC, {**MEMBERS, "spark 03; x": MEMBERS["spark02"]}, "spark01", None, "gb10",
      "is not a host name the peer check takes"),
-    (SPEC, _members(spark02={"address": "192.168.100.10"}), "spark01", None, "gb10", "is also spark02's"),
-    (SPEC, _members(spark02={"address": "spark01.lan"}), "spark01", None, "gb10", "is not an IP address"),
-    (SPEC, _members(spark02={"interface": "eth0 --x"}), "spark01", None, "gb10", "not a network interface"),
-    (SPEC, _members(spark02={"interface": "a/b"}), "spark01", None, "gb10", "not a network interface"),
-    (SPEC, _members(spark02={"rdma_devices": "rocep1s0f0"}), "spark01", None, "gb10", "list of RDMA device"),
-    (SPEC, _members(spark02={"rdma_devices": ["x,y"]}), "spark01", None, "gb10", "list of RDMA device"),
+    (SPEC, _members(spark02={"address": "192.168.100.10"}), "spark01", None, "gb10",
+     "is also spark02's"),
+    (SPEC, _members(spark02={"address": "spark01.lan"}), "spark01", None, "gb10",
+     "is not an IP address"),
+    (SPEC, _members(spark02={"interface": "eth0 --x"}), "spark01", None, "gb10",
+     "not a network interface"),
+    (SPEC, _members(spark02={"interface": "a/b"}), "spark01", None, "gb10",
+     "not a network interface"),
+    (SPEC, _members(spark02={"rdma_devices": "rocep1s0f0"}), "spark01", None, "gb10",
+     "list of RDMA device"),
+    (SPEC, _members(spark02={"rdma_devices": ["x,y"]}), "spark01", None, "gb10",
+     "list of RDMA device"),
 ])
-def test_bad_cluster_is_one_line_naming_the_fix(spec: Any, members: Any, me: str, speculative: str | None,
-                                                accel: str, expect: str) -> None:
+def test_bad_cluster_is_one_line_naming_the_fix(spec: Any, members: Any, me: str,
+                                                speculative: str | None, accel: str,
+                                                expect: str) -> None:
     with pytest.raises(UserError) as info:
         place(me, spec, members, speculative, accel)
     assert expect in str(info.value) and "\n" not in str(info.value)
@@ -112,12 +125,13 @@ def test_bad_cluster_is_one_line_naming_the_fix(spec: Any, members: Any, me: str
 def test_layout_against_the_122b() -> None:
     layout = {**place("spark01"), "group": "spark_cluster"}  # type: ignore[dict-item]
     check_layout(layout, QWEN35_122B, "qwen3.5-122b")                     # TP 2: fits
-    check_layout({**layout, "tensor_parallel_size": 4}, QWEN35_122B, "m")  # 2 KV heads replicated over 4
+    # 2 KV heads replicated over 4
+    check_layout({**layout, "tensor_parallel_size": 4}, QWEN35_122B, "m")
     with pytest.raises(UserError, match="does not divide qwen3.5-122b's 32 attention heads"):
         check_layout({**layout, "tensor_parallel_size": 3}, QWEN35_122B, "qwen3.5-122b")
     with pytest.raises(UserError, match="one must divide the other"):
-        check_layout(layout, {"num_attention_heads": 6, "num_key_value_heads": 3, "num_hidden_layers": 2},
-                     "m")
+        check_layout(layout, {"num_attention_heads": 6, "num_key_value_heads": 3,
+                              "num_hidden_layers": 2}, "m")
     with pytest.raises(UserError, match="linear_num_key_heads"):
         check_layout({**layout, "tensor_parallel_size": 32}, QWEN35_122B, "m")
     with pytest.raises(UserError, match="more than m's 2 layers"):
@@ -137,11 +151,13 @@ def test_vllm_command_head_serves_http_worker_is_headless() -> None:
     head = registry.vllm_command(_resolved("spark01", "ngram"), service)
     worker = registry.vllm_command(_resolved("spark02", "ngram"), service)
     model = head["args"][0]
-    assert model.startswith("/") and "--model" not in head["args"]     # `vllm serve MODEL`: --model refused
-    assert head["args"][head["args"].index("--port") + 1] == "8000" and "--headless" not in head["args"]
+    # `vllm serve MODEL`: --model refused
+    assert model.startswith("/") and "--model" not in head["args"]
+    assert (head["args"][head["args"].index("--port") + 1] == "8000"
+            and "--headless" not in head["args"])
     assert "--port" not in worker["args"] and "--host" not in worker["args"]
     assert worker["args"][-1] == "--headless"
-    assert "--speculative-config" in worker["args"]              # every rank runs the same engine config
+    assert "--speculative-config" in worker["args"]  # every rank runs the same engine config
     assert head["record"]["url"] == "http://127.0.0.1:8000" and worker["record"]["url"] == ""
     assert worker["record"]["cluster"]["head"] == {"host": "spark01", "address": "192.168.100.10"}
     assert worker["env"]["VLLM_HOST_IP"] == "192.168.100.11"
@@ -164,4 +180,5 @@ def test_unit_runs_vllm_serve_under_the_peer_check(me: str) -> None:
     assert argv[1:3] == ["cluster", "supervise"] and argv[argv.index("--") + 2] == "serve"
     assert service["RestartPreventExitStatus"] == "4"
     entries = [(k, v) for section, k, v in unit_entries(text) if section == "Service"]
-    assert ("LimitMEMLOCK", "infinity") in entries and ("DeviceAllow", "char-infiniband_verbs rw") in entries
+    assert (("LimitMEMLOCK", "infinity") in entries
+            and ("DeviceAllow", "char-infiniband_verbs rw") in entries)

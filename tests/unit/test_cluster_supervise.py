@@ -1,6 +1,6 @@
-"""``sparkspec cluster supervise``: real supervisor processes on loopback, children that are small Python
-scripts, short timeouts. Each test checks what a unit would see: exit codes, the lines, and by pid that no
-process of the child's group is left."""
+"""``sparkspec cluster supervise``: real supervisor processes on loopback, children that are small
+Python scripts, short timeouts. Each test checks what a unit would see: exit codes, the lines, and
+by pid that no process of the child's group is left."""
 
 from __future__ import annotations
 
@@ -27,8 +27,10 @@ from sparkspec.errors import UserError
 
 REPO = Path(__file__).resolve().parents[2]
 # the command as the host CLI will run it, without editing sparkspec.cli's list of command modules
-RUNNER = ("import sys\nfrom sparkspec.cli import cluster, run\nfrom sparkspec.cli.common import Parser\n"
-          "parser = Parser(prog='sparkspec')\ncluster.register(parser.add_subparsers(dest='command'))\n"
+RUNNER = ("import sys\nfrom sparkspec.cli import cluster, run\n"
+          "from sparkspec.cli.common import Parser\n"
+          "parser = Parser(prog='sparkspec')\n"
+          "cluster.register(parser.add_subparsers(dest='command'))\n"
           "sys.exit(run(parser, sys.argv[1:]))\n")
 FAST = ["--interval", "0.2", "--lost-after", "1", "--join-timeout", "3", "--stop-timeout", "1"]
 # a child that writes its pid and waits; a second argument makes it exit with that code instead
@@ -85,7 +87,8 @@ def get(port: int, path: str, method: str = "GET") -> tuple[int, bytes]:
 class Supervisor:
     """A supervisor process; its stdout lines are read as they come."""
 
-    def __init__(self, rank: int, port: int, peers: dict[str, int], child: list[str], *flags: str) -> None:
+    def __init__(self, rank: int, port: int, peers: dict[str, int], child: list[str],
+                 *flags: str) -> None:
         peer_args = [a for name, p in peers.items() for a in ("--peer", f"{name}=127.0.0.1:{p}")]
         self.proc = subprocess.Popen(
             [sys.executable, "-c", RUNNER, "cluster", "supervise", "--rank", str(rank), "--listen",
@@ -140,7 +143,8 @@ class FakePeer:
     """A beacon whose answer the test sets: a peer that restarts or loses its child on cue."""
 
     def __init__(self, rank: int = 0) -> None:
-        self.doc: dict[str, Any] = {"rank": rank, "instance": "a" * 16, "child": "running", "uptime_s": 1.0}
+        self.doc: dict[str, Any] = {"rank": rank, "instance": "a" * 16, "child": "running",
+                                    "uptime_s": 1.0}
         fake = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -212,25 +216,29 @@ def test_two_supervisors_join_and_a_dead_child_loses_its_peer(tmp_path: Path,
     assert gone(worker_child), "the worker's child outlived the lost head"
 
 
-def test_a_peer_that_never_joins_exits_4_with_one_line(tmp_path: Path, started: list[Supervisor]) -> None:
+def test_a_peer_that_never_joins_exits_4_with_one_line(tmp_path: Path,
+                                                       started: list[Supervisor]) -> None:
     port, missing = free_port(), free_port()
-    sup = Supervisor(0, port, {"spark02": missing}, [SLEEPER, str(tmp_path / "pid")], "--join-timeout", "1.5")
+    sup = Supervisor(0, port, {"spark02": missing}, [SLEEPER, str(tmp_path / "pid")],
+                     "--join-timeout", "1.5")
     started.append(sup)
     (child,) = pids(tmp_path / "pid")
     rc, out, err = sup.finish()
     assert rc == sv.EXIT_JOIN_TIMEOUT == 4, (out, err)
-    assert err == (f"sparkspec: error: worker spark02 (127.0.0.1:{missing}) did not join within 1.5 s; start "
-                   "sparkspec's unit on spark02 or check the link\n")
+    assert err == (f"sparkspec: error: worker spark02 (127.0.0.1:{missing}) did not join within "
+                   "1.5 s; start sparkspec's unit on spark02 or check the link\n")
     assert gone(child)
 
 
 @pytest.mark.parametrize(("change", "lost_after", "seen"), [
-    # a restart counts at once: with --lost-after 600 the supervisor still ends within finish()'s wait
+    # a restart counts at once: with --lost-after 600 the supervisor still ends within finish()'s
+    # wait
     ({"instance": "b" * 16}, "600", f"it restarted (instance {'a' * 16} is now {'b' * 16})"),
     ({"child": "exited"}, "1", "its child exited for "),
 ])
-def test_a_restarted_or_childless_head_is_lost(tmp_path: Path, started: list[Supervisor], fake_head: FakePeer,
-                                               change: dict[str, str], lost_after: str, seen: str) -> None:
+def test_a_restarted_or_childless_head_is_lost(tmp_path: Path, started: list[Supervisor],
+                                               fake_head: FakePeer, change: dict[str, str],
+                                               lost_after: str, seen: str) -> None:
     sup = Supervisor(1, free_port(), {"spark01": fake_head.port}, [SLEEPER, str(tmp_path / "pid")],
                      "--lost-after", lost_after)
     started.append(sup)
@@ -243,7 +251,8 @@ def test_a_restarted_or_childless_head_is_lost(tmp_path: Path, started: list[Sup
     assert gone(child)
 
 
-def test_a_worker_joins_only_a_head(tmp_path: Path, started: list[Supervisor], fake_head: FakePeer) -> None:
+def test_a_worker_joins_only_a_head(tmp_path: Path, started: list[Supervisor],
+                                    fake_head: FakePeer) -> None:
     fake_head.doc["rank"] = 2  # another worker, given as the head by mistake
     sup = Supervisor(1, free_port(), {"spark01": fake_head.port}, [SLEEPER, str(tmp_path / "pid")],
                      "--join-timeout", "1")
@@ -255,7 +264,8 @@ def test_a_worker_joins_only_a_head(tmp_path: Path, started: list[Supervisor], f
 
 def test_sigterm_stops_the_whole_child_group(tmp_path: Path, started: list[Supervisor]) -> None:
     port = free_port()
-    sup = Supervisor(0, port, {"w": free_port()}, [GROUP, str(tmp_path / "pids")], "--join-timeout", "60")
+    sup = Supervisor(0, port, {"w": free_port()}, [GROUP, str(tmp_path / "pids")],
+                     "--join-timeout", "60")
     started.append(sup)
     child, grandchild = pids(tmp_path / "pids")
     instance = re.search(r"instance ([0-9a-f]+)", sup.expect("beacon at"))
@@ -293,17 +303,20 @@ GOOD: dict[str, Any] = {"rank": 0, "listen": "127.0.0.1:29502", "peers": ["w=127
     ({"listen": "host name:1"}, r"^--listen 'host name:1': not ADDR:PORT"),
     ({"peers": []}, r"^no --peer given"),
     ({"peers": ["w=127.0.0.1:29502"]}, r"^--peer w is this node's own --listen"),
-    ({"peers": ["w=127.0.0.1:1", "w=127.0.0.1:2"]}, r"^--peer w \(127\.0\.0\.1:2\) repeats --peer w"),
+    ({"peers": ["w=127.0.0.1:1", "w=127.0.0.1:2"]},
+     r"^--peer w \(127\.0\.0\.1:2\) repeats --peer w"),
     ({"peers": ["a=127.0.0.1:1", "b=127.0.0.1:1"]}, r"^--peer b .* repeats --peer a"),
     ({"peers": ["-bad=127.0.0.1:1"]}, r"^--peer '-bad=127\.0\.0\.1:1': not NAME=ADDR:PORT"),
     ({"peers": ["w=127.0.0.1"]}, r"^--peer w '127\.0\.0\.1': not ADDR:PORT"),
-    ({"rank": 1, "peers": ["a=127.0.0.1:1", "b=127.0.0.1:2"]}, r"^--rank 1 is a worker.*give one --peer"),
+    ({"rank": 1, "peers": ["a=127.0.0.1:1", "b=127.0.0.1:2"]},
+     r"^--rank 1 is a worker.*give one --peer"),
     ({"join_timeout": 0}, r"^--join-timeout 0: must be a number of seconds > 0"),
     ({"stop_timeout": float("nan")}, r"^--stop-timeout nan: must be a number of seconds > 0"),
     ({"interval": 1.0, "lost_after": 1.5}, r"^--lost-after 1\.5 is less than twice --interval 1"),
     ({"command": []}, r"^the child command is missing"),
     ({"command": ["python3", "-c", "pass"]}, r"first word is not an absolute path"),
-    ({"command": ["/nonexistent/vllm"]}, r"^the child command '/nonexistent/vllm' is not an executable file"),
+    ({"command": ["/nonexistent/vllm"]},
+     r"^the child command '/nonexistent/vllm' is not an executable file"),
 ])
 def test_bad_options_are_one_line_user_errors(change: dict[str, Any], match: str) -> None:
     with pytest.raises(UserError, match=match) as caught:
@@ -327,10 +340,11 @@ def test_bad_options_start_nothing(tmp_path: Path, flags: list[str]) -> None:
     port, marker = free_port(), tmp_path / "started"
     argv = ["--interval", "0.2", "--lost-after", "1.5", *(f.format(port=port) for f in flags),
             "--", EXE, "-c", f"open({str(marker)!r}, 'w')"]
-    proc = subprocess.run([EXE, "-c", RUNNER, "cluster", "supervise", *argv], cwd=REPO, capture_output=True,
-                          text=True, timeout=30, check=False)
+    proc = subprocess.run([EXE, "-c", RUNNER, "cluster", "supervise", *argv], cwd=REPO,
+                          capture_output=True, text=True, timeout=30, check=False)
     assert proc.returncode == 2, proc
-    assert proc.stderr.startswith("sparkspec: error: ") and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith("sparkspec: error: ") and proc.stderr.count("\n") == 1, \
+        proc.stderr
     assert "Traceback" not in proc.stderr and not marker.exists()
     with socket.socket() as s:
         s.bind(("127.0.0.1", port))  # nothing holds the port

@@ -1,7 +1,7 @@
-"""`invoke compare` on a cluster (tasks.lib.cluster_target, tasks.compare.plan): the group or all its members
-run every play as one, the head answers (status, results, reports/compare/<head>/), part of a cluster is
-refused before anything runs, and a host that serves alone works as before. Inventory parsing only: no
-container."""
+"""`invoke compare` on a cluster (tasks.lib.cluster_target, tasks.compare.plan): the group or all
+its members run every play as one, the head answers (status, results, reports/compare/<head>/), part
+of a cluster is refused before anything runs, and a host that serves alone works as before.
+Inventory parsing only: no container."""
 
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ SIM = ROOT / "inventories/sim"
 NAMES = tuple(f"sparkspec_{key}" for key in CONTRACT)
 
 
-@pytest.mark.parametrize("host", ["spark_cluster", "pair-head,pair-worker", "pair-worker, pair-head",
-                                  "sparks"])
+@pytest.mark.parametrize("host", ["spark_cluster", "pair-head,pair-worker",
+                                  "pair-worker, pair-head", "sparks"])
 def test_the_group_or_all_its_members_is_the_whole_cluster_with_its_head(host):
     inv = load(PAIR)
     target = resolve_target(inv, host)
@@ -38,14 +38,15 @@ def test_the_group_or_all_its_members_is_the_whole_cluster_with_its_head(host):
     assert (nodes["pair-head"]["role"], nodes["pair-worker"]["role"]) == ("head", "worker")
 
 
-@pytest.mark.parametrize("host, missing", [("pair-head", "pair-worker"), ("pair-worker", "pair-head")])
+@pytest.mark.parametrize("host, missing", [("pair-head", "pair-worker"),
+                                           ("pair-worker", "pair-head")])
 def test_a_member_alone_is_refused_naming_the_missing_and_the_group(host, missing):
     with pytest.raises(UserError) as err:
         resolve_target(load(PAIR), host)
     line = str(err.value)
     assert "\n" not in line
-    assert line == (f"--host {host}: cluster spark_cluster runs as one, and {missing} is missing; pass the "
-                    "group: --host spark_cluster")
+    assert line == (f"--host {host}: cluster spark_cluster runs as one, and {missing} is missing; "
+                    "pass the group: --host spark_cluster")
 
 
 def test_a_host_that_serves_alone_is_its_own_head():
@@ -58,7 +59,8 @@ def _mixed(tmp_path: Path) -> Path:
     folder = tmp_path / "inv"
     folder.mkdir()
     hosts = yaml.safe_load((PAIR / "hosts.yml").read_text())
-    hosts["all"]["children"]["sparks"]["children"]["alone"] = {"hosts": {"solo01": {}, "solo02": {}}}
+    hosts["all"]["children"]["sparks"]["children"]["alone"] = {"hosts": {"solo01": {},
+                                                                         "solo02": {}}}
     (folder / "hosts.yml").write_text(yaml.safe_dump(hosts))
     (folder / "group_vars").symlink_to(PAIR / "group_vars")
     return folder
@@ -67,16 +69,18 @@ def _mixed(tmp_path: Path) -> Path:
 def test_a_stranger_or_several_lone_hosts_are_refused(tmp_path):
     inv = load(_mixed(tmp_path))
     assert resolve_target(inv, "solo01") == Target("solo01", "solo01", ("solo01",), None)
-    with pytest.raises(UserError, match=r"^--host spark_cluster,solo01: solo01 is not in cluster "
-                                        r"spark_cluster \(pair-head, pair-worker\); name one cluster"):
+    with pytest.raises(UserError,
+                       match=r"^--host spark_cluster,solo01: solo01 is not in cluster "
+                             r"spark_cluster \(pair-head, pair-worker\); name one cluster"):
         resolve_target(inv, "spark_cluster,solo01")
-    with pytest.raises(UserError, match=r"^--host alone: solo01, solo02 each serve alone; name one host"):
+    with pytest.raises(UserError,
+                       match=r"^--host alone: solo01, solo02 each serve alone; name one host"):
         resolve_target(inv, "alone")
 
 
 def test_the_rows_resolve_as_each_node_of_the_cluster_does():
-    """The play resolves a cluster's node with its group's members: compare's check must too (without them
-    the registry finds no hosts in the group)."""
+    """The play resolves a cluster's node with its group's members: compare's check must too
+    (without them the registry finds no hosts in the group)."""
     inv = load(PAIR)
     target = resolve_target(inv, "spark_cluster")
     values = inv.host_vars(target.head, NAMES)
@@ -97,8 +101,9 @@ def test_every_play_runs_on_the_whole_group_and_the_results_are_the_heads(tmp_pa
         ("baseline@sim-tiny", "spark_cluster", True), ("ngram@sim-tiny", "spark_cluster", False)]
     assert all(p.extra["verify_reports_dir"] == str(tmp_path) for p in out)
     assert [p.extra["verify_report_name"] for p in out] == ["baseline@sim-tiny", "ngram@sim-tiny"]
-    assert results(target, tmp_path, rows[1]) == (tmp_path / "pair-head/ngram@sim-tiny.json",
-                                                  tmp_path / "pair-head/lossless/ngram@sim-tiny.json")
+    assert results(target, tmp_path, rows[1]) == (
+        tmp_path / "pair-head/ngram@sim-tiny.json",
+        tmp_path / "pair-head/lossless/ngram@sim-tiny.json")
 
 
 def test_a_host_alone_keeps_its_own_name_and_a_row_that_does_not_serve_switches(tmp_path):

@@ -1,7 +1,7 @@
-"""roles/deploy/files/deploy_lock.py, run as the deploy runs it (without systemd: no $NOTIFY_SOCKET): it holds
-the lock root's alone (mode 0600, also on a file an older sparkspec left world-readable: flock works on a
-read-only descriptor, so a lock others can open is one they can hold), and a second holder gives up after its
-wait in one line."""
+"""roles/deploy/files/deploy_lock.py, run as the deploy runs it (without systemd: no
+$NOTIFY_SOCKET): it holds the lock root's alone (mode 0600, also on a file an older sparkspec left
+world-readable: flock works on a read-only descriptor, so a lock others can open is one they can
+hold), and a second holder gives up after its wait in one line."""
 
 from __future__ import annotations
 
@@ -25,11 +25,11 @@ def test_the_lock_is_root_only_and_a_second_holder_gives_up(tmp_path: Path) -> N
         assert holder.stdout is not None
         assert holder.stdout.readline().strip() == f"deploy lock: holding {lock}"
         assert lock.stat().st_mode & 0o777 == 0o600
-        second = subprocess.run([sys.executable, str(SCRIPT), str(lock), "1"], capture_output=True, text=True,
-                                env=env, timeout=30, check=False)
+        second = subprocess.run([sys.executable, str(SCRIPT), str(lock), "1"], capture_output=True,
+                                text=True, env=env, timeout=30, check=False)
         assert second.returncode == 1
-        assert second.stdout.strip() == (f"deploy lock: {lock} is still held after 1 s (a watchdog restart "
-                                          "or another deploy)")
+        assert second.stdout.strip() == (f"deploy lock: {lock} is still held after 1 s "
+                                          "(a watchdog restart or another deploy)")
     finally:
         holder.terminate()
         holder.wait(timeout=30)

@@ -1,12 +1,12 @@
-"""``vllm_build_helper.py fa-archs``: flash-attention's own arch selection keeps 12.1a for FA2 only after the
-edit.
+"""``vllm_build_helper.py fa-archs``: flash-attention's own arch selection keeps 12.1a for FA2 only
+after the edit.
 
 vLLM 0.32.0 builds ``_vllm_fa2_C`` from vllm-project/flash-attention, a CMake project with its own
 supported-arch list (ending at 12.0) and its own FA2 list (``"8.0+PTX"``, earlier
-``"8.0;9.0;10.0;10.1;12.0"``). The two FA copies under tests/data/flash-attention (see SOURCES.md there) are
-evaluated with their own cmake/utils.cmake through ``cmake -P``: the supported-arch block, the CUDA_ARCHS
-selection and the FA2 line are taken from the copy's CMakeLists.txt by regex, so what ``fa-archs`` wrote is
-what runs.
+``"8.0;9.0;10.0;10.1;12.0"``). The two FA copies under tests/data/flash-attention (see SOURCES.md
+there) are evaluated with their own cmake/utils.cmake through ``cmake -P``: the supported-arch
+block, the CUDA_ARCHS selection and the FA2 line are taken from the copy's CMakeLists.txt by regex,
+so what ``fa-archs`` wrote is what runs.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ ROOT = Path(__file__).resolve().parents[2]
 HELPER = ROOT / "roles" / "vllm_build" / "files" / "vllm_build_helper.py"
 DATA = ROOT / "tests" / "data" / "flash-attention"
 COMMITS = ("617264c1", "6d21ae21")
-# What torch's CMake puts in CMAKE_CUDA_FLAGS for TORCH_CUDA_ARCH_LIST=12.1a / 12.1 (FA reads the archs from
-# it when built on its own); the rest of the flags only has to be non-empty (clear_cuda_arches needs a
-# string).
+# What torch's CMake puts in CMAKE_CUDA_FLAGS for TORCH_CUDA_ARCH_LIST=12.1a / 12.1 (FA reads the
+# archs from it when built on its own); the rest of the flags only has to be non-empty
+# (clear_cuda_arches needs a string).
 TORCH_FLAGS = {"12.1a": "-Xfatbin -compress-all -gencode arch=compute_121a,code=sm_121a",
                "12.1": "-Xfatbin -compress-all -gencode arch=compute_121,code=sm_121"}
 
@@ -51,8 +51,8 @@ def fa_copy(tmp: Path, commit: str) -> Path:
 
 
 def fa_archs(src: Path, arch: str = "12.1a") -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(HELPER), "fa-archs", str(src), arch], capture_output=True,
-                          text=True, check=False)
+    return subprocess.run([sys.executable, str(HELPER), "fa-archs", str(src), arch],
+                          capture_output=True, text=True, check=False)
 
 
 def _grab(pattern: str, text: str) -> str:
@@ -63,8 +63,9 @@ def _grab(pattern: str, text: str) -> str:
 
 def fa2_archs(cmake: str, src: Path, *, nvcc: str = "13.0", flags: str = TORCH_FLAGS["12.1a"],
               cuda_archs: str = "") -> tuple[str, str]:
-    """(CUDA_ARCHS, FA2_ARCHS) as FA's CMakeLists.txt in ``src`` computes them, through its own utils.cmake.
-    ``cuda_archs`` preset: what vLLM's CMake hands down to FA (FA skips its own extraction then)."""
+    """(CUDA_ARCHS, FA2_ARCHS) as FA's CMakeLists.txt in ``src`` computes them, through its own
+    utils.cmake. ``cuda_archs`` preset: what vLLM's CMake hands down to FA (FA skips its own
+    extraction then)."""
     text = (src / "CMakeLists.txt").read_text()
     supported = _grab(r"^set\(CUDA_SUPPORTED_ARCHS .*?^endif\(\)\n", text)
     select = _grab(r"^[ \t]*clear_cuda_arches\(CUDA_ARCH_FLAGS\).*?"
@@ -96,8 +97,8 @@ def test_the_copies_are_the_recorded_files() -> None:
         assert hashlib.sha256((DATA / rel).read_bytes()).hexdigest() == digest, rel
 
 
-# Unedited FA: 12.1a collapses to 12.0 in FA's own list; FA2 then gets sm_80 + PTX (617264c1) or sm_120
-# (6d21ae21), never sm_121a. Edited: 12.1 stays, and FA2 gets 12.1a.
+# Unedited FA: 12.1a collapses to 12.0 in FA's own list; FA2 then gets sm_80 + PTX (617264c1) or
+# sm_120 (6d21ae21), never sm_121a. Edited: 12.1 stays, and FA2 gets 12.1a.
 UNEDITED = {"617264c1": ("12.0", "8.0+PTX"), "6d21ae21": ("12.0", "12.0")}
 
 
@@ -109,7 +110,7 @@ def test_unedited_fa_drops_12_1a_from_fa2(cmake: str, tmp_path: Path, commit: st
 
 
 @pytest.mark.parametrize("commit", COMMITS)
-@pytest.mark.parametrize("nvcc", ["13.0", "13.4", "12.9"])   # FA's CUDA >= 13.0 and >= 12.8 branches
+@pytest.mark.parametrize("nvcc", ["13.0", "13.4", "12.9"])  # FA's CUDA >= 13.0 and >= 12.8 branches
 def test_edited_fa_builds_fa2_for_12_1a(cmake: str, tmp_path: Path, commit: str, nvcc: str) -> None:
     src = fa_copy(tmp_path, commit)
     result = fa_archs(src)
@@ -126,8 +127,8 @@ def test_edited_fa_with_12_1(cmake: str, tmp_path: Path, commit: str) -> None:
 
 
 def test_the_edit_needs_vllms_arch_patch_too(cmake: str, tmp_path: Path) -> None:
-    """An unpatched vLLM hands FA CUDA_ARCHS=12.0 (its own collapse): the FA edit alone cannot bring 12.1a
-    back."""
+    """An unpatched vLLM hands FA CUDA_ARCHS=12.0 (its own collapse): the FA edit alone cannot bring
+    12.1a back."""
     src = fa_copy(tmp_path, "617264c1")
     assert fa_archs(src).returncode == 0
     assert fa2_archs(cmake, src, cuda_archs="12.0") == ("12.0", "8.0+PTX")
@@ -156,7 +157,7 @@ def test_the_json_line_the_edited_lines_and_idempotence(tmp_path: Path, commit: 
     assert sum('"12.0" "12.1")' in edit["new"] for edit in doc["edits"]) == want_supported
     assert sum(';12.1a" "${CUDA_ARCHS}")' in edit["new"] for edit in doc["edits"]) == 1
     assert stat.S_IMODE(cmakelists.stat().st_mode) == 0o640
-    assert sorted(p.name for p in src.iterdir()) == ["CMakeLists.txt", "cmake"]   # no temp file left
+    assert sorted(p.name for p in src.iterdir()) == ["CMakeLists.txt", "cmake"]  # no temp file left
     content, mtime = cmakelists.read_bytes(), cmakelists.stat().st_mtime_ns
     second = fa_archs(src)
     assert second.returncode == 0
@@ -180,9 +181,8 @@ def test_a_cmakelists_without_the_fa2_line_is_refused(tmp_path: Path, commit: st
     src = fa_copy(tmp_path, commit)
     cmakelists = src / "CMakeLists.txt"
     text = cmakelists.read_text()
-    cmakelists.write_text(re.sub(r"cuda_archs_loose_intersection\(FA2_ARCHS [^\n]*", "set(FA2_ARCHS "
-                                                                                     "${CUDA_ARCHS})",
-                                 text))
+    cmakelists.write_text(re.sub(r"cuda_archs_loose_intersection\(FA2_ARCHS [^\n]*",
+                                 "set(FA2_ARCHS ${CUDA_ARCHS})", text))
     line = _refused(src)
     assert line.startswith(f"{cmakelists}: 0 lines cuda_archs_loose_intersection(FA2_ARCHS")
     assert "set vllm_build_fa_arch_patch: false, or use a flash-attention source" in line
@@ -193,7 +193,8 @@ def test_a_cmakelists_without_the_supported_list_is_refused(tmp_path: Path) -> N
     cmakelists = src / "CMakeLists.txt"
     cmakelists.write_text(re.sub(r'"12\.0"\)', '"11.0")', cmakelists.read_text()))
     line = _refused(src)
-    assert line.startswith(f"{cmakelists}: no CUDA_SUPPORTED_ARCHS list ending at a 12.x below 12.1")
+    assert line.startswith(f"{cmakelists}: no CUDA_SUPPORTED_ARCHS list ending at a 12.x "
+                           "below 12.1")
     assert "vllm_build_fa_arch_patch: false" in line
 
 
@@ -204,8 +205,8 @@ def test_a_symlinked_cmakelists_is_refused(tmp_path: Path) -> None:
     (src / "CMakeLists.txt").symlink_to(real)
     content = real.read_bytes()
     line = _refused(src)
-    assert line == (f"{src / 'CMakeLists.txt'}: a symlink, refused (give fa-archs a real copy of the FA "
-                    "source)")
+    assert line == (f"{src / 'CMakeLists.txt'}: a symlink, refused (give fa-archs a real copy of "
+                    "the FA source)")
     assert real.read_bytes() == content
 
 

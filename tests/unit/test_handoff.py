@@ -1,8 +1,8 @@
-"""A cluster head's hand-off to its workers (issue 24; roles/checkpoint_fetch/tasks/handoff.yml): the folders
-the head serves and the fetch items a worker runs, from a resolved host; the digest a worker's copy must match
-(the same files give the same digest with assemble's manifest or without it); and a real `sparkspec hub serve`
-of a hard-linked hand-off root, pulled by `sparkspec fetch repo` over loopback with a token file, ending in
-equal digests."""
+"""A cluster head's hand-off to its workers (issue 24; roles/checkpoint_fetch/tasks/handoff.yml):
+the folders the head serves and the fetch items a worker runs, from a resolved host; the digest a
+worker's copy must match (the same files give the same digest with assemble's manifest or without
+it); and a real `sparkspec hub serve` of a hard-linked hand-off root, pulled by `sparkspec fetch
+repo` over loopback with a token file, ending in equal digests."""
 
 from __future__ import annotations
 
@@ -39,7 +39,8 @@ def contract() -> dict[str, Any]:
     out["profiles"]["h"] = {"kind": "hybrid", "served_model_name": "h", "dir": "h-hybrid",
                             "int4": {"repo": "org/h-int4", "revision": "c" * 40},
                             "fp8": {"repo": "org/h-fp8", "revision": "d" * 40},
-                            "heads": {"eagle3": head, "dflash": {"repo": "org/dflash", "revision": "e" * 40}}}
+                            "heads": {"eagle3": head,
+                                      "dflash": {"repo": "org/dflash", "revision": "e" * 40}}}
     out["stage_profiles"] = ["h", "p"]
     out["cluster"] = SPEC
     return out
@@ -55,19 +56,22 @@ def resolved(me: str, spec: Any = SPEC, **changes: Any) -> dict[str, Any]:
 def test_the_head_hands_over_every_served_folder_and_head_once() -> None:
     items = handoffs(resolved("spark01"))
     assert [(i["profile"], i["folder"], i["repo"]) for i in items] == [
-        ("h", "/opt/models/h-hybrid", "local/h-hybrid"),               # the assembled hybrid, not its sources
+        ("h", "/opt/models/h-hybrid", "local/h-hybrid"),  # the assembled hybrid, not its sources
         ("h", "/opt/models/h/org--eagle-head", "local/org.eagle-head"),
         ("h", "/opt/models/h/org--dflash", "local/org.dflash"),
-        ("p", "/opt/models/m", "local/m"),                             # the shared head only once
+        ("p", "/opt/models/m", "local/m"),  # the shared head only once
     ]
-    # a worker resolves the same list (the role fetches the head's; the paths are the same on every node)
+    # a worker resolves the same list (the role fetches the head's; the paths are the same on every
+    # node)
     assert handoffs(resolved("spark02")) == items
     # only the method's head where the fetch took only that one; nothing outside a cluster
-    assert [i["repo"] for i in handoffs(resolved("spark01"), heads="method")] == ["local/h-hybrid", "local/m"]
+    assert [i["repo"] for i in handoffs(resolved("spark01"), heads="method")] == ["local/h-hybrid",
+                                                                                  "local/m"]
     assert handoffs(resolved("spark01", spec=None)) == []
 
 
-@pytest.mark.parametrize("root", ["/opt/models/h", "/opt/models/h/org--dflash/", "/opt/models", "/opt"])
+@pytest.mark.parametrize("root", ["/opt/models/h", "/opt/models/h/org--dflash/", "/opt/models",
+                                  "/opt"])
 def test_a_folder_at_in_or_around_the_hand_off_root_is_refused(root: str) -> None:
     """The head removes its hand-off root each run: a checkpoint's folder there would go with it."""
     assert handoffs(resolved("spark01"), root="/opt/models/handoff")   # beside the folders: fine
@@ -78,7 +82,8 @@ def test_a_folder_at_in_or_around_the_hand_off_root_is_refused(root: str) -> Non
 
 def test_two_folders_served_under_one_name_are_refused_in_one_line() -> None:
     profiles = contract()["profiles"]
-    # the plain model's folder org.dflash and the head's folder org--dflash: one repo name, local/org.dflash
+    # the plain model's folder org.dflash and the head's folder org--dflash: one repo name,
+    # local/org.dflash
     clash = resolved("spark01", profiles={**profiles, "p": {**profiles["p"], "dir": "org.dflash"}})
     with pytest.raises(UserError) as err:
         handoffs(clash)
@@ -87,15 +92,19 @@ def test_two_folders_served_under_one_name_are_refused_in_one_line() -> None:
 
 
 def test_a_worker_fetches_each_folder_from_the_head_into_the_same_path() -> None:
-    items = handoff_items(handoffs(resolved("spark02")), "http://192.168.100.10:8089", "/opt/sparkspec/tok")
-    assert items[0] == ["repo", "local/h-hybrid", "--revision", "main", "--dest", "/opt/models/h-hybrid",
-                        "--endpoint", "http://192.168.100.10:8089", "--token-file", "/opt/sparkspec/tok"]
-    assert [(i[1], i[5]) for i in items] == [(h["repo"], h["folder"]) for h in handoffs(resolved("spark01"))]
+    items = handoff_items(handoffs(resolved("spark02")), "http://192.168.100.10:8089",
+                          "/opt/sparkspec/tok")
+    assert items[0] == ["repo", "local/h-hybrid", "--revision", "main",
+                        "--dest", "/opt/models/h-hybrid",
+                        "--endpoint", "http://192.168.100.10:8089",
+                        "--token-file", "/opt/sparkspec/tok"]
+    assert [(i[1], i[5]) for i in items] == [(h["repo"], h["folder"])
+                                             for h in handoffs(resolved("spark01"))]
 
 
 def test_a_source_build_s_wheelhouse_folder_lands_in_the_worker_s_staging_folder() -> None:
-    """vllm_build hands its stamp's wheelhouse folder over (roles/vllm_build/tasks/cluster.yml): served from
-    the head's path, fetched into a staging folder the worker's root copies from."""
+    """vllm_build hands its stamp's wheelhouse folder over (roles/vllm_build/tasks/cluster.yml):
+    served from the head's path, fetched into a staging folder the worker's root copies from."""
     item = handoff_folder("/opt/sparkspec/wheelhouse/vllm-0123456789ab", "/opt/sparkspec/handoff",
                           "vllm_build_wheelhouse", "vllm_build_wheelhouse",
                           "/opt/sparkspec/handoff-in/vllm-0123456789ab")
@@ -105,7 +114,8 @@ def test_a_source_build_s_wheelhouse_folder_lands_in_the_worker_s_staging_folder
                     "setting": "vllm_build_wheelhouse"}
     fetch = handoff_items([item], "http://192.168.100.10:8089", "/opt/sparkspec/tok")
     assert fetch == [["repo", "local/vllm-0123456789ab", "--revision", "main", "--dest",
-                      "/opt/sparkspec/handoff-in/vllm-0123456789ab", "--endpoint", "http://192.168.100.10:8089",
+                      "/opt/sparkspec/handoff-in/vllm-0123456789ab",
+                      "--endpoint", "http://192.168.100.10:8089",
                       "--token-file", "/opt/sparkspec/tok"]]
     # a checkpoint's folder lands where it is on the head (its dest is its folder)
     assert all(i["dest"] == i["folder"] and i["setting"] == "sparkspec_models_dir"
@@ -117,10 +127,11 @@ def test_a_source_build_s_wheelhouse_folder_lands_in_the_worker_s_staging_folder
     ("/opt/sparkspec", "is at, in or around the hand-off root"),
     ("/opt/sparkspec/wheelhouse/vllm 01", "cannot be served to the workers"),
 ])
-def test_a_wheelhouse_folder_the_hand_off_would_remove_or_cannot_serve_is_refused(folder: str,
-                                                                                  expect: str) -> None:
+def test_a_wheelhouse_folder_the_hand_off_would_remove_or_cannot_serve_is_refused(
+        folder: str, expect: str) -> None:
     with pytest.raises(UserError, match=expect) as info:
-        handoff_folder(folder, "/opt/sparkspec/handoff", "vllm_build_wheelhouse", "vllm_build_wheelhouse")
+        handoff_folder(folder, "/opt/sparkspec/handoff", "vllm_build_wheelhouse",
+                       "vllm_build_wheelhouse")
     assert str(info.value).startswith("vllm_build_wheelhouse: ") and "\n" not in str(info.value)
 
 
@@ -131,7 +142,8 @@ def digest(folder: Path) -> dict[str, Any]:
 
 
 def visible_copy(src: Path, dst: Path, manifest: bool) -> Path:
-    """A plain copy of the folder's visible files (what a worker's fetch gets): new inodes and times."""
+    """A plain copy of the folder's visible files (what a worker's fetch gets): new inodes and
+    times."""
     for path in src.rglob("*"):
         rel = path.relative_to(src)
         if any(part.startswith(".") for part in rel.parts) or path.is_dir():
@@ -146,7 +158,8 @@ def visible_copy(src: Path, dst: Path, manifest: bool) -> Path:
 def test_an_assembled_folder_digests_as_a_plain_copy_of_its_visible_files(ckpt_tree: Tree,
                                                                           tmp_path: Path) -> None:
     out = ckpt_tree.hybrid()
-    (out / "README.md").write_text("a file assemble did not write\n")   # a visible file the manifest lacks
+    # a visible file the manifest lacks
+    (out / "README.md").write_text("a file assemble did not write\n")
     first = digest(out)
     assert first["source"] == "manifest"
     bare = digest(visible_copy(out, tmp_path / "bare", manifest=False))
@@ -159,8 +172,9 @@ def test_an_assembled_folder_digests_as_a_plain_copy_of_its_visible_files(ckpt_t
 
 
 def test_a_hard_link_to_a_hybrid_keeps_assemble_s_records(ckpt_tree: Tree, tmp_path: Path) -> None:
-    """The hand-off root links the hybrid's files: a link changes a file's change time, not a byte, so the
-    next `checkpoint build` must still find the hybrid current (no rebuild) and the digest the same."""
+    """The hand-off root links the hybrid's files: a link changes a file's change time, not a byte,
+    so the next `checkpoint build` must still find the hybrid current (no rebuild) and the digest
+    the same."""
     out = ckpt_tree.hybrid()
     before = digest(out)
     subprocess.run(["cp", "-al", "--", str(out), str(tmp_path / "root")], check=True)
@@ -170,8 +184,8 @@ def test_a_hard_link_to_a_hybrid_keeps_assemble_s_records(ckpt_tree: Tree, tmp_p
 
 
 def _serve(root: Path, token_file: Path) -> tuple[subprocess.Popen[str], str]:
-    argv = [sys.executable, "-m", "sparkspec.cli", "hub", "serve", "--root", str(root), "--port", "0",
-            "--token-file", str(token_file)]
+    argv = [sys.executable, "-m", "sparkspec.cli", "hub", "serve", "--root", str(root),
+            "--port", "0", "--token-file", str(token_file)]
     proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None
     lines: list[str] = []
@@ -189,7 +203,8 @@ def test_a_worker_pulls_the_hard_linked_root_and_ends_with_the_head_s_digest(ckp
     root = tmp_path / "handoff"
     (root / "local").mkdir(parents=True)
     subprocess.run(["cp", "-al", "--", str(out), str(root / "local" / "h-hybrid")], check=True)
-    assert os.stat(root / "local" / "h-hybrid" / "config.json").st_ino == os.stat(out / "config.json").st_ino
+    assert (os.stat(root / "local" / "h-hybrid" / "config.json").st_ino
+            == os.stat(out / "config.json").st_ino)
     (root / "local" / "h-hybrid" / ".sparkspec-published").touch()
     tokens = tmp_path / "tokens"
     tokens.write_text("hf_handoff_token\n")

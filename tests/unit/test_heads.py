@@ -1,7 +1,7 @@
-"""``sparkspec checkpoint check-head``: the generated EAGLE3 and DFlash heads pass against the tiny target,
-and each bad head (built by the generator, then corrupted) is refused in one line naming the field, exit 2,
-nothing changed. The distilled EAGLE3 weights do not matter here: the random layout (steps=0) is the same
-files."""
+"""``sparkspec checkpoint check-head``: the generated EAGLE3 and DFlash heads pass against the tiny
+target, and each bad head (built by the generator, then corrupted) is refused in one line naming the
+field, exit 2, nothing changed. The distilled EAGLE3 weights do not matter here: the random layout
+(steps=0) is the same files."""
 
 from __future__ import annotations
 
@@ -53,7 +53,8 @@ def test_generated_heads_fit_the_tiny_target(tree: Path, method: str) -> None:
     assert out.rc == 0, out.stderr
     doc = json.loads(out.stdout.strip().splitlines()[-1])
     assert doc["method"] == method and doc["hidden_size"] == 256 and doc["target_layers"] == 2
-    assert doc["aux_layers"] == (heads.EAGLE3_AUX_IDS if method == "eagle3" else heads.DFLASH_TARGET_LAYERS)
+    assert doc["aux_layers"] == (heads.EAGLE3_AUX_IDS if method == "eagle3"
+                                 else heads.DFLASH_TARGET_LAYERS)
     assert f"{method} head OK" in out.stderr
 
 
@@ -81,8 +82,8 @@ CASES = [
      r"dflash_config.target_layer_ids \[0, 2\] has \[2\] outside 0..1"),
     ("dflash-layer-negative", "dflash", "dflash/config.json",
      _set("target_layer_ids", [-1, 1], "dflash_config"), r"has \[-1\] outside 0..1"),
-    ("dflash-mask-outside-vocab", "dflash", "dflash/config.json", _set("mask_token_id", 512, "dflash_config"),
-     r"mask_token_id 512 is outside the vocabulary"),
+    ("dflash-mask-outside-vocab", "dflash", "dflash/config.json",
+     _set("mask_token_id", 512, "dflash_config"), r"mask_token_id 512 is outside the vocabulary"),
     ("dflash-block-size", "dflash", "dflash/config.json", _set("block_size", 1, "dflash_config"),
      r"block_size is 1, expected an integer >= 2"),
     ("eagle3-aux-out-of-range", "eagle3", "eagle3/config.json",
@@ -96,14 +97,15 @@ CASES = [
      r"vocabulary 1000 differs from the target's 512"),
     ("dflash-given-eagle3-head", "dflash", "eagle3/config.json", lambda d: None,
      r"a DFlash head has \[DFlashDraftModel\]"),
-    ("eagle3-given-dflash-head", "eagle3", "dflash/config.json", lambda d: None, r"not an EAGLE3 head"),
+    ("eagle3-given-dflash-head", "eagle3", "dflash/config.json", lambda d: None,
+     r"not an EAGLE3 head"),
 ]
 
 
 @pytest.mark.parametrize(("method", "rel", "change", "match"), [c[1:] for c in CASES],
                          ids=[c[0] for c in CASES])
-def test_bad_head_is_refused(tree: Path, method: str, rel: str, change: Callable[[dict[str, Any]], object],
-                             match: str) -> None:
+def test_bad_head_is_refused(tree: Path, method: str, rel: str,
+                             change: Callable[[dict[str, Any]], object], match: str) -> None:
     _edit(tree / rel, change)
     head = rel.split("/")[0] if not rel.startswith("sparkspec--") else method
     refused_untouched(_check(tree, method, head), [tree], match=match)
@@ -111,7 +113,8 @@ def test_bad_head_is_refused(tree: Path, method: str, rel: str, change: Callable
 
 def test_missing_head_files(tree: Path) -> None:
     (tree / "eagle3" / "model.safetensors").unlink()
-    refused_untouched(_check(tree, "eagle3"), [tree], match=r"no \*.safetensors in the head's folder")
+    refused_untouched(_check(tree, "eagle3"), [tree],
+                      match=r"no \*.safetensors in the head's folder")
     shutil.rmtree(tree / "dflash")
     refused_untouched(_check(tree, "dflash"), [tree], match=r"head config.json not found")
     (tree / "eagle3" / "config.json").write_text("{not json")
@@ -119,7 +122,8 @@ def test_missing_head_files(tree: Path) -> None:
 
 
 def test_generator_is_cached_by_content(head_sources: Path, tmp_path: Path) -> None:
-    """A second run with the same target, version and seed rewrites nothing; another seed regenerates."""
+    """A second run with the same target, version and seed rewrites nothing; another seed
+    regenerates."""
     shutil.copytree(head_sources, tmp_path / "h")
     first = heads.write_dflash_head(tmp_path / "h" / "dflash")
     assert not first.trained
@@ -131,10 +135,10 @@ def test_generator_is_cached_by_content(head_sources: Path, tmp_path: Path) -> N
 
 
 def test_distillation_runs_after_ansible_patched_the_interpreter(tmp_path: Path) -> None:
-    """The simulated hub distils the EAGLE3 head inside a pytest session that has already read an inventory
-    with Ansible, which replaces sys.intern; torch's compiler machinery (imported by Adam) then fails to
-    import. The training runs in a fresh interpreter, so it works here too (CI's first session trains the head
-    this way)."""
+    """The simulated hub distils the EAGLE3 head inside a pytest session that has already read an
+    inventory with Ansible, which replaces sys.intern; torch's compiler machinery (imported by Adam)
+    then fails to import. The training runs in a fresh interpreter, so it works here too (CI's first
+    session trains the head this way)."""
     import sys
 
     from tasks.lib import inventory
@@ -147,7 +151,8 @@ def test_distillation_runs_after_ansible_patched_the_interpreter(tmp_path: Path)
 
 
 def test_a_dflash_k_must_fit_the_heads_block(tree: Path) -> None:
-    """The deploy passes the method's k: the head's own block (the bonus token and k drafts) must hold it."""
+    """The deploy passes the method's k: the head's own block (the bonus token and k drafts) must
+    hold it."""
     block = json.loads((tree / "dflash" / "config.json").read_text())["dflash_config"]["block_size"]
     out = run(*_check(tree, "dflash"), "--k", str(block - 1))
     assert out.rc == 0, out.stderr

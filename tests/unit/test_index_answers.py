@@ -1,8 +1,8 @@
-"""The package index's recorded answers (tests/data/index-answers, see its README): what vLLM 0.32.0 pins
-for a DGX Spark (Linux aarch64, CPython 3.12), that each pin is served there, that the served torch is a
-CUDA 13 build, and that pins the index does not carry are refused. No network: the answers were recorded with
-``python -m tests.support.index_answers record``; the recorder's parsing and the loader's markers are tested
-on hand-written input."""
+"""The package index's recorded answers (tests/data/index-answers, see its README): what vLLM 0.32.0
+pins for a DGX Spark (Linux aarch64, CPython 3.12), that each pin is served there, that the served
+torch is a CUDA 13 build, and that pins the index does not carry are refused. No network: the
+answers were recorded with ``python -m tests.support.index_answers record``; the recorder's parsing
+and the loader's markers are tested on hand-written input."""
 
 from __future__ import annotations
 
@@ -40,7 +40,8 @@ def by_name(requirements: list[str]) -> dict[str, list[Requirement]]:
 
 def only(reqs: dict[str, list[Requirement]], name: str) -> Requirement:
     assert name in reqs, f"{name} not among the requirements that apply: {sorted(reqs)}"
-    assert len({str(r) for r in reqs[name]}) == 1, f"{name} required in more than one way: {reqs[name]}"
+    assert len({str(r) for r in reqs[name]}) == 1, \
+        f"{name} required in more than one way: {reqs[name]}"
     return reqs[name][0]
 
 
@@ -51,7 +52,7 @@ def served_answer(name: str, version: str) -> dict:
     return data
 
 
-# ---- every recorded answer ---------------------------------------------------------------------------------
+# ---- every recorded answer -----------------------------------------------------------------------
 
 
 def test_answers_were_recorded() -> None:
@@ -71,10 +72,12 @@ def test_answer_parses(path: Path) -> None:
     assert data["date"].endswith("Z") and date.utcoffset() == UTC.utcoffset(None)
     argv = shlex.split(data["command"])
     assert argv[-1] == data["requested"]
-    asked = (("--platform", ia.PLATFORM), ("--python-version", ia.PYTHON_VERSION), ("--report", "R.json"))
+    asked = (("--platform", ia.PLATFORM), ("--python-version", ia.PYTHON_VERSION),
+             ("--report", "R.json"))
     for flag, value in asked:
         assert argv[argv.index(flag) + 1] == value
-    assert {"install", "--dry-run", "--no-deps", "--ignore-installed", "--only-binary=:all:"} <= set(argv)
+    assert {"install", "--dry-run", "--no-deps", "--ignore-installed",
+            "--only-binary=:all:"} <= set(argv)
     if data["served"]:
         assert re.fullmatch(r"[0-9a-f]{64}", data["sha256"])
         assert data["url"].rsplit("/", 1)[-1] == data["file"]
@@ -91,7 +94,7 @@ def test_answer_parses(path: Path) -> None:
         assert any(refusal in line for line in data["errors"])
 
 
-# ---- what vLLM 0.32.0 needs, and that it is served ---------------------------------------------------------
+# ---- what vLLM 0.32.0 needs, and that it is served -----------------------------------------------
 
 
 def test_vllm_0_32_0_is_served_as_an_aarch64_wheel() -> None:
@@ -121,7 +124,8 @@ def test_a_served_fastsafetensors_meets_vllms_floor() -> None:
     recorded = [a for a in ia.answers() if a["name"] == "fastsafetensors" and a["served"]]
     assert recorded, "no served fastsafetensors recorded"
     for data in recorded:
-        assert Version(data["version"]) in floor, f"fastsafetensors {data['version']} is below vLLM's {floor}"
+        assert Version(data["version"]) in floor, \
+            f"fastsafetensors {data['version']} is below vLLM's {floor}"
 
 
 def test_vllm_asks_cutlass_dsl_for_cuda_13_and_that_extra_is_served() -> None:
@@ -149,12 +153,13 @@ def test_vllm_requires_keeps_aarch64_and_drops_other_machines_and_extras() -> No
     aarch64_only = [r for r in recorded if 'platform_machine == "aarch64"' in r]
     s390x_only = [r for r in recorded if re.search(r';\s*platform_machine == "s390x"\s*$', r)]
     extras_only = [r for r in recorded if re.search(r';\s*extra == "[^"]+"\s*$', r)]
-    assert aarch64_only and s390x_only and extras_only, "the recorded metadata lacks the markers read here"
+    assert aarch64_only and s390x_only and extras_only, \
+        "the recorded metadata lacks the markers read here"
     assert set(aarch64_only) <= set(kept)
     assert not (set(s390x_only) | set(extras_only)) & set(kept)
 
 
-# ---- torch 2.13.0 is a CUDA 13 build -----------------------------------------------------------------------
+# ---- torch 2.13.0 is a CUDA 13 build -------------------------------------------------------------
 
 
 def test_torch_2_13_0_is_a_cuda_13_build_for_aarch64() -> None:
@@ -172,7 +177,7 @@ def test_torch_2_13_0_is_a_cuda_13_build_for_aarch64() -> None:
     assert {"cudart", "cublas", "nvrtc"} <= only(reqs, "cuda-toolkit").extras
 
 
-# ---- refusals ----------------------------------------------------------------------------------------------
+# ---- refusals ------------------------------------------------------------------------------------
 
 
 def test_torch_with_a_cu130_label_is_not_served_though_2_13_0_is() -> None:
@@ -200,7 +205,7 @@ def test_an_unrecorded_pin_is_no_evidence(tmp_path: Path) -> None:
         ia.requires("vllm", "0.32.0", directory=tmp_path)
 
 
-# ---- the loader's markers (hand-written) -------------------------------------------------------------------
+# ---- the loader's markers (hand-written) ---------------------------------------------------------
 
 HAND_WRITTEN = [
     "plain",
@@ -246,19 +251,21 @@ def test_requires_reads_markers_of_a_recorded_answer(tmp_path: Path) -> None:
     assert ia.requires("Demo", "1.0", directory=tmp_path) == ia.applicable(HAND_WRITTEN)
 
 
-# ---- the recorder's parsing of pip (hand-written pip output) -----------------------------------------------
+# ---- the recorder's parsing of pip (hand-written pip output) -------------------------------------
 
 REPORT = {"install": [{
     "download_info": {"url": "https://files.example/p/demo-1.0-py3-none-any.whl",
                       "archive_info": {"hash": "sha256=" + "ab" * 32}},
-    "metadata": {"name": "Demo", "version": "1.0", "requires_python": ">=3.10", "requires_dist": ["a>=1"]},
+    "metadata": {"name": "Demo", "version": "1.0", "requires_python": ">=3.10",
+                 "requires_dist": ["a>=1"]},
 }]}
 
 
 def test_outcome_of_a_served_pin() -> None:
     data = ia.outcome("demo==1.0", 0, "", REPORT)
     assert data["served"] is True
-    assert (data["name"], data["version"], data["file"]) == ("demo", "1.0", "demo-1.0-py3-none-any.whl")
+    assert (data["name"], data["version"], data["file"]) == ("demo", "1.0",
+                                                             "demo-1.0-py3-none-any.whl")
     assert data["sha256"] == "ab" * 32 and data["requires_dist"] == ["a>=1"]
     with pytest.raises(ia.IndexQueryError, match="report is for demo==1.0"):
         ia.outcome("demo==2.0", 0, "", REPORT)
@@ -282,7 +289,8 @@ def fake_pip(monkeypatch: pytest.MonkeyPatch, code: str) -> None:
 def test_record_writes_what_pip_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fake_pip(monkeypatch, f"import json; json.dump({REPORT!r}, open('R.json', 'w'))")
     path, data = ia.record_one("demo==1.0", tmp_path)
-    assert path == tmp_path / "demo-1.0.json" and [p.name for p in tmp_path.iterdir()] == ["demo-1.0.json"]
+    assert (path == tmp_path / "demo-1.0.json"
+            and [p.name for p in tmp_path.iterdir()] == ["demo-1.0.json"])
     assert json.loads(path.read_text()) == data and data["served"]
     assert data["file"] == "demo-1.0-py3-none-any.whl"
     assert path.stat().st_mode & 0o777 == 0o644
@@ -300,8 +308,9 @@ def test_record_writes_a_refusal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 
 def test_a_failure_that_is_no_refusal_records_nothing(tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    fake_pip(monkeypatch, "import sys; sys.stderr.write('WARNING: Retrying\\nERROR: Could not install"
-                          " packages due to an OSError: connection refused\\n'); sys.exit(1)")
+    fake_pip(monkeypatch, "import sys; sys.stderr.write('WARNING: Retrying\\nERROR: Could not "
+                          "install packages due to an OSError: connection refused\\n'); "
+                          "sys.exit(1)")
     with pytest.raises(ia.IndexQueryError, match="without refusing"):
         ia.record(tmp_path, ["demo==1.0"])
     assert not list(tmp_path.iterdir())

@@ -1,7 +1,7 @@
-"""The sparkspec role's sparkspec_job_wait module (the long poll behind sparkspec_progress), run as Ansible
-runs a module: its file with the arguments in a JSON file. An ended job's result comes back as async_status
-gives it and its results file is gone; a running job returns at the wait's end with the progress text; a job
-id that is not async_wrapper's is refused before any file is read."""
+"""The sparkspec role's sparkspec_job_wait module (the long poll behind sparkspec_progress), run as
+Ansible runs a module: its file with the arguments in a JSON file. An ended job's result comes back
+as async_status gives it and its results file is gone; a running job returns at the wait's end with
+the progress text; a job id that is not async_wrapper's is refused before any file is read."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ JID = "j123456789.4242"
 def _run(tmp_path: Path, **args: object) -> tuple[dict, float]:
     (tmp_path / "args.json").write_text(json.dumps({"ANSIBLE_MODULE_ARGS": args}))
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, str(MODULE), str(tmp_path / "args.json")], capture_output=True,
-                          text=True, check=False, timeout=60)
+    proc = subprocess.run([sys.executable, str(MODULE), str(tmp_path / "args.json")],
+                          capture_output=True, text=True, check=False, timeout=60)
     took = time.monotonic() - start
     return json.loads(proc.stdout.strip().splitlines()[-1]), took
 
@@ -33,7 +33,8 @@ def _write(path: Path, doc: dict) -> None:
     tmp.rename(path)   # as async_wrapper writes: whole documents only
 
 
-def test_a_job_that_ends_during_the_wait_returns_its_result_and_its_file_is_removed(tmp_path: Path) -> None:
+def test_a_job_that_ends_during_the_wait_returns_its_result_and_its_file_is_removed(
+        tmp_path: Path) -> None:
     jobs = tmp_path / "async"
     jobs.mkdir()
     _write(jobs / JID, {"started": 1, "finished": 0, "ansible_job_id": JID})
@@ -55,10 +56,12 @@ def test_a_running_job_returns_at_the_wait_end_with_the_progress_text(tmp_path: 
     jobs.mkdir()
     _write(jobs / JID, {"started": 1, "finished": 0, "ansible_job_id": JID})
     (jobs / "progress.json").write_text('{"done": 5, "total": 10}')
-    got, _ = _run(tmp_path, jid=JID, async_dir=str(jobs), wait=0.3, progress=str(jobs / "progress.json"))
+    got, _ = _run(tmp_path, jid=JID, async_dir=str(jobs), wait=0.3,
+                  progress=str(jobs / "progress.json"))
     assert (got["finished"], got["progress"]) == (False, '{"done": 5, "total": 10}')
     assert (jobs / JID).exists()
-    got, _ = _run(tmp_path, jid=JID, async_dir=str(jobs), wait=0, progress=str(jobs / "absent.json"))
+    got, _ = _run(tmp_path, jid=JID, async_dir=str(jobs), wait=0,
+                  progress=str(jobs / "absent.json"))
     assert (got["finished"], got["progress"]) == (False, None)
 
 

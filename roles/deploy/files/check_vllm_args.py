@@ -1,6 +1,7 @@
 """Check a vLLM command line with the installed vLLM's own argument parser (run by the deploy role).
 
-Usage: <vllm venv>/bin/python check_vllm_args.py [--cache DIR] ARG... | --records; exit 0 accepted, 2 refused.
+Usage: <vllm venv>/bin/python check_vllm_args.py [--cache DIR] ARG... | --records;
+       exit 0 accepted, 2 refused.
 """
 
 import contextlib
@@ -12,7 +13,8 @@ import json
 import os
 import sys
 
-# on the host the deploy puts sparkspec_host.py beside this file; in the checkout it is the contract role's
+# on the host the deploy puts sparkspec_host.py beside this file; in the checkout it is the
+# contract role's
 _HERE = os.path.dirname(os.path.realpath(__file__))
 sys.path.append(os.path.join(_HERE, "..", "..", "sparkspec", "module_utils"))
 from sparkspec_host import vllm_identity  # noqa: E402
@@ -38,7 +40,8 @@ def spec_fields() -> frozenset:
 
 
 def refusal(parser, fields: frozenset, argv: list[str]) -> str:
-    """Empty when the parser accepts argv and every speculative config key is a field, else the message."""
+    """Empty when the parser accepts argv and every speculative config key is a field, else the
+    message."""
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err):
@@ -52,8 +55,8 @@ def refusal(parser, fields: frozenset, argv: list[str]) -> str:
     for key in spec if isinstance(spec, dict) else ():
         if str(key).replace("-", "_") not in fields:
             close = difflib.get_close_matches(str(key).replace("-", "_"), sorted(fields), 1, 0.5)
-            return (f"vLLM refused the command line: --speculative-config key {key!r} is not a field of this "
-                    "vLLM's SpeculativeConfig (its engine would refuse it at "
+            return (f"vLLM refused the command line: --speculative-config key {key!r} is not a "
+                    "field of this vLLM's SpeculativeConfig (its engine would refuse it at "
                     f"start){'; use ' + close[0] if close else ''}")
     return ""
 

@@ -12,8 +12,8 @@ import stat
 import sys
 import time
 
-# on the host the deploy puts sparkspec_host.py beside this file (run with -I: not on sys.path by itself); in
-# the checkout it is the contract role's
+# on the host the deploy puts sparkspec_host.py beside this file (run with -I: not on sys.path by
+# itself); in the checkout it is the contract role's
 _HERE = os.path.dirname(os.path.realpath(__file__))
 sys.path += [_HERE, os.path.join(_HERE, "..", "..", "sparkspec", "module_utils")]
 from sparkspec_host import atomic_write, vllm_identity  # noqa: E402
@@ -28,7 +28,7 @@ class Refused(Exception):
 
 
 def owned_folder(path, what, create):
-    """Refuses a path that is a link, not a folder or not this user's; creates it (0700) when absent."""
+    """Refuses a path that is a link, not a folder or not this user's; makes it (0700) if absent."""
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -41,13 +41,15 @@ def owned_folder(path, what, create):
                           "folder and deploy_read_write_paths") from None
         return False
     if stat.S_ISLNK(st.st_mode):
-        raise Refused(f"{what} {path} is a symbolic link; point deploy_compile_cache_dir at a real folder "
-                      "of the service user")
+        raise Refused(f"{what} {path} is a symbolic link; point deploy_compile_cache_dir at a real "
+                      "folder of the service user")
     if not stat.S_ISDIR(st.st_mode):
-        raise Refused(f"{what} {path} is not a folder; remove it or set another deploy_compile_cache_dir")
+        raise Refused(f"{what} {path} is not a folder; remove it or set another "
+                      "deploy_compile_cache_dir")
     if st.st_uid != os.geteuid():
-        raise Refused(f"{what} {path} belongs to uid {st.st_uid}, not the service user (uid {os.geteuid()}); "
-                      "chown it to the service user or set another deploy_compile_cache_dir")
+        raise Refused(f"{what} {path} belongs to uid {st.st_uid}, not the service user "
+                      f"(uid {os.geteuid()}); chown it to the service user or set another "
+                      "deploy_compile_cache_dir")
     return True
 
 
@@ -63,7 +65,7 @@ def read_record(folder):
 
 
 def remove(root, name):
-    """Moves ROOT/name aside first (a half-removed folder never looks like a cache), then removes it."""
+    """Moves ROOT/name aside (a half-removed folder never looks like a cache), then removes it."""
     aside = os.path.join(root, f"{STALE}{name}-{os.getpid()}")
     os.rename(os.path.join(root, name), aside)
     shutil.rmtree(aside, ignore_errors=True)
@@ -80,8 +82,8 @@ def size(folder):
 
 
 def prune(root, key, keep):
-    """Removes all but the KEEP most recently started key folders (this one always kept), and what an
-    interrupted removal left; never a link or anything not named like a key."""
+    """Removes all but the KEEP most recently started key folders (this one always kept), and what
+    an interrupted removal left; never a link or anything not named like a key."""
     folders = []
     for entry in os.scandir(root):
         if entry.name.startswith(STALE) and entry.is_dir(follow_symlinks=False):
@@ -139,8 +141,8 @@ def main(argv):
         print(f"sparkspec compile cache: refused: {exc}", file=sys.stderr, flush=True)
         return 1
     except OSError as exc:
-        print(f"sparkspec compile cache: {exc.filename or argv[0]}: {exc.strerror or exc}", file=sys.stderr,
-              flush=True)
+        print(f"sparkspec compile cache: {exc.filename or argv[0]}: {exc.strerror or exc}",
+              file=sys.stderr, flush=True)
         return 1
     return 0
 

@@ -1,4 +1,4 @@
-"""Hold the deploy's lock on a host for as long as this process lives: the lock the watchdog takes too.
+"""Hold the deploy's lock on a host as long as this process lives: the lock the watchdog takes too.
 
 Usage: deploy_lock.py LOCK WAIT_SECONDS (the deploy role runs it under systemd-run -p Type=notify)
 """
@@ -30,8 +30,10 @@ def main(argv: list[str]) -> int:
         print("usage: deploy_lock.py LOCK WAIT_SECONDS", file=sys.stderr)
         return 2
     path, wait = argv[1], float(argv[2])
-    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)   # /run/sparkspec: root's, on a tmpfs
-    # root's alone: flock works on a read-only descriptor, so a file others can open is a lock they can hold
+    # /run/sparkspec: root's, on a tmpfs
+    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+    # root's alone: flock works on a read-only descriptor, so a file others can open is a lock
+    # they can hold
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     os.fchmod(fd, 0o600)
     deadline = time.monotonic() + wait
@@ -41,8 +43,8 @@ def main(argv: list[str]) -> int:
             break
         except BlockingIOError:
             if time.monotonic() > deadline:
-                print(f"deploy lock: {path} is still held after {wait:g} s (a watchdog restart or another "
-                      "deploy)", flush=True)
+                print(f"deploy lock: {path} is still held after {wait:g} s (a watchdog restart or "
+                      "another deploy)", flush=True)
                 return 1
             time.sleep(0.5)
     os.ftruncate(fd, 0)

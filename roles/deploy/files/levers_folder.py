@@ -1,5 +1,6 @@
-"""Check that a levers plugin folder is whole: exit 0 when every file its dist-info RECORD lists has the
-recorded sha256 and size, 1 with one line otherwise (run by the deploy role with the tools venv's Python).
+"""Check that a levers plugin folder is whole: exit 0 when every file its dist-info RECORD lists has
+the recorded sha256 and size, 1 with one line otherwise (run by the deploy role with the tools
+venv's Python).
 
 Usage: python3 levers_folder.py DIR PACKAGE
 """

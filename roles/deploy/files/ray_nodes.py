@@ -1,7 +1,8 @@
-"""Wait until every node of a Ray cluster is alive in the head's GCS (run by the deploy role with the vLLM
-venv's python, where Ray is installed).
+"""Wait until every node of a Ray cluster is alive in the head's GCS (run by the deploy role with
+the vLLM venv's python, where Ray is installed).
 
-Usage: python ray_nodes.py GCS_ADDRESS TIMEOUT NAME=ADDRESS... ; exit 0 when each ADDRESS is alive, else 1.
+Usage: python ray_nodes.py GCS_ADDRESS TIMEOUT NAME=ADDRESS... ;
+       exit 0 when each ADDRESS is alive, else 1.
 """
 from __future__ import annotations
 
@@ -33,8 +34,8 @@ def main(argv: list[str]) -> int:
             print(json.dumps({"alive": sorted(seen)}))
             return 0
         if time.monotonic() > deadline:
-            print(f"{', '.join(missing)} did not join the Ray cluster at {gcs} within {timeout:.0f} s"
-                  f"{error}; "
+            print(f"{', '.join(missing)} did not join the Ray cluster at {gcs} within "
+                  f"{timeout:.0f} s{error}; "
                   f"see journalctl -u <unit>-ray on {missing[0]}", file=sys.stderr)
             return 1
         time.sleep(2)

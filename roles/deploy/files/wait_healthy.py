@@ -1,7 +1,8 @@
-"""Wait until a vLLM unit answers /health with 200; stop early when the unit crashes (run by the deploy role).
+"""Wait until a vLLM unit answers /health with 200; stop early when the unit crashes (run by the
+deploy role).
 
-Usage: python3 wait_healthy.py URL UNIT TIMEOUT_S DELAY_S [--journal-fail REGEX]... [--journal-need REGEX]...
-       [--startup REGEX]... [--progress-file PATH]
+Usage: python3 wait_healthy.py URL UNIT TIMEOUT_S DELAY_S [--journal-fail REGEX]...
+       [--journal-need REGEX]... [--startup REGEX]... [--progress-file PATH]
 """
 
 import json
@@ -13,7 +14,8 @@ import time
 import urllib.error
 import urllib.request
 
-# on the host the deploy puts sparkspec_host.py beside this file; in the checkout it is the contract role's
+# on the host the deploy puts sparkspec_host.py beside this file; in the checkout it is the
+# contract role's
 _HERE = os.path.dirname(os.path.realpath(__file__))
 sys.path.append(os.path.join(_HERE, "..", "..", "sparkspec", "module_utils"))
 from sparkspec_host import atomic_write, systemd_show  # noqa: E402
@@ -35,8 +37,8 @@ def health(url):
 
 HEALTH_POLL_S = 0.2
 HEALTHY_US: list[int] = []   # when /health first answered (µs, CLOCK_MONOTONIC)
-SECRET = re.compile(r"(key|token|secret|passw\w*|auth\w*)(['\"]?\s*[:=]\s*)(\[?['\"]?)[^'\",\s\])}]+",
-                    re.IGNORECASE)
+SECRET = re.compile(r"(key|token|secret|passw\w*|auth\w*)(['\"]?\s*[:=]\s*)"
+                    r"(\[?['\"]?)[^'\",\s\])}]+", re.IGNORECASE)
 
 
 def last_log_line(unit):
@@ -71,13 +73,15 @@ def journal_hits(unit, patterns):
     invocation = systemd_show(unit, ["InvocationID"]).get("InvocationID", "").strip()
     if not invocation:
         return []
-    out = subprocess.run(["journalctl", "--no-pager", "--output=cat", f"_SYSTEMD_INVOCATION_ID={invocation}"],
+    out = subprocess.run(["journalctl", "--no-pager", "--output=cat",
+                          f"_SYSTEMD_INVOCATION_ID={invocation}"],
                          capture_output=True, text=True, check=False).stdout
     return [ln for ln in out.splitlines() if any(re.search(p, ln) for p in patterns)]
 
 
 def startup_lines(unit, patterns):
-    """{start_us, lines: [[monotonic µs, text]...]} of the unit's current invocation (secrets masked)."""
+    """{start_us, lines: [[monotonic µs, text]...]} of the unit's current invocation (secrets
+    masked)."""
     shown = systemd_show(unit, ["InvocationID", "InactiveExitTimestampMonotonic"])
     invocation = shown.get("InvocationID", "").strip()
     lines = []
@@ -138,9 +142,11 @@ def main(argv):
 
 
 def wait(argv, progress):
-    """/health is polled every HEALTH_POLL_S (a local request: the play sees readiness within a fifth of a
-    second); the unit's state every DELAY_S (a systemctl call: a crash rolls back within DELAY_S)."""
-    url, unit, timeout, delay = argv[0].rstrip("/") + "/health", argv[1], float(argv[2]), float(argv[3])
+    """/health is polled every HEALTH_POLL_S (a local request: the play sees readiness within a
+    fifth of a second); the unit's state every DELAY_S (a systemctl call: a crash rolls back within
+    DELAY_S)."""
+    url, unit, timeout, delay = (argv[0].rstrip("/") + "/health", argv[1], float(argv[2]),
+                                 float(argv[3]))
     start = time.monotonic()
     restarts_at_start = int(unit_state(unit).get("NRestarts", "0") or 0)
     written = None
@@ -148,7 +154,8 @@ def wait(argv, progress):
     while True:
         waited = time.monotonic() - start
         if health(url) == 200:
-            HEALTHY_US.append(time.monotonic_ns() // 1000)   # CLOCK_MONOTONIC, systemd's and the journal's
+            # CLOCK_MONOTONIC, systemd's and the journal's
+            HEALTHY_US.append(time.monotonic_ns() // 1000)
             print(f"healthy after {waited:.0f} s")
             return 0
         if checked is None or waited - checked >= delay:

@@ -1,5 +1,6 @@
-"""Action plugin: run a long command on the host as an Ansible async job, print its progress in the play at
-least once a minute, and return the command's own result, as ``ansible.builtin.command`` would.
+"""Action plugin: run a long command on the host as an Ansible async job, print its progress in the
+play at least once a minute, and return the command's own result, as ``ansible.builtin.command``
+would.
 """
 
 from __future__ import annotations
@@ -38,39 +39,44 @@ class ActionModule(ActionBase):
         task_vars = task_vars or {}
         _, args = self.validate_argument_spec(argument_spec=ARGS)
         if not 1 <= args["interval"] <= 60:
-            raise AnsibleActionFail(f"interval {args['interval']}: give 1-60 seconds (a line at least once a "
-                                    "minute)")
+            raise AnsibleActionFail(f"interval {args['interval']}: give 1-60 seconds (a line at "
+                                    "least once a minute)")
         if args["timeout"] < 1:
-            raise AnsibleActionFail(f"timeout {args['timeout']}: give the seconds after which the command "
-                                    "is stopped (>= 1)")
-        if (args["argv"] is None) == (args["job"] is None) or (args["start"] and args["job"] is not None):
-            raise AnsibleActionFail("give argv (a command to run, optionally start: true) or job (the job a "
-                                    "task started with start: true), not both")
+            raise AnsibleActionFail(f"timeout {args['timeout']}: give the seconds after which the "
+                                    "command is stopped (>= 1)")
+        if (args["argv"] is None) == (args["job"] is None) \
+                or (args["start"] and args["job"] is not None):
+            raise AnsibleActionFail("give argv (a command to run, optionally start: true) or job "
+                                    "(the job a task started with start: true), not both")
         if self._task.check_mode:  # as command would: it skips without running anything
             if args["job"] is not None:
                 return {**result, "skipped": True, "msg": "check mode: no job was started"}
-            result.update(self._execute_module("ansible.legacy.command", module_args={"argv": args["argv"]},
+            result.update(self._execute_module("ansible.legacy.command",
+                                               module_args={"argv": args["argv"]},
                                                task_vars=task_vars))
             return result
         host = str(task_vars.get("inventory_hostname", "host"))
-        # not expanded here (a round trip): the command, async_status and slurp expand ~ as the user they run
-        # as
+        # not expanded here (a round trip): the command, async_status and slurp expand ~ as the
+        # user they run as
         async_dir = self.get_shell_option("async_dir", default="~/.ansible_async")
         if args["job"] is not None:
             jid, progress = _job(args["job"])
         else:
-            progress = self._connection._shell.join_path(async_dir,
-                                                         f"sparkspec-progress-{secrets.token_hex(8)}.json")
-            jid = self._start([*args["argv"], "--progress-file", progress], args["timeout"], task_vars)
+            progress = self._connection._shell.join_path(
+                async_dir, f"sparkspec-progress-{secrets.token_hex(8)}.json")
+            jid = self._start([*args["argv"], "--progress-file", progress], args["timeout"],
+                              task_vars)
             if args["start"]:
                 return {**result, "changed": True, "job": {"jid": jid, "progress": progress}}
         done: dict[str, Any] = {}
         try:
             done = self._follow(jid, async_dir, progress, host, args, task_vars)
         finally:
-            if not done.get("finished"):   # the wait module removed the results file of a job that ended
+            # the wait module removed the results file of a job that ended
+            if not done.get("finished"):
                 self._execute_module("ansible.legacy.async_status", task_vars=task_vars,
-                                     module_args={"jid": jid, "mode": "cleanup", "_async_dir": async_dir})
+                                     module_args={"jid": jid, "mode": "cleanup",
+                                                  "_async_dir": async_dir})
         for key in ASYNC_KEYS:
             done.pop(key, None)
         result.update(done)
@@ -105,7 +111,8 @@ class ActionModule(ActionBase):
                 raise AnsibleActionFail(f"lost the job of {what}: {status.get('msg', status)}")
             now = time.monotonic()
             if now - start > args["timeout"] + 60:
-                raise AnsibleActionFail(f"{what}: no result {args['timeout']} s after the start (timeout)")
+                raise AnsibleActionFail(f"{what}: no result {args['timeout']} s after the start "
+                                        "(timeout)")
             if now >= next_line:
                 doc = _progress(status.get("progress"))
                 stamp = doc.get("time") if doc else None
@@ -116,12 +123,14 @@ class ActionModule(ActionBase):
 
 
 def _job(job: dict[str, Any]) -> tuple[str, str]:
-    """The job a start: true task returned: async_wrapper's id (j<digits>.<pid>) and a progress file of
-    ours."""
+    """The job a start: true task returned: async_wrapper's id (j<digits>.<pid>) and a progress file
+    of ours."""
     jid, progress = str(job["jid"]), str(job["progress"])
-    if not re.fullmatch(r"j\d+\.\d+", jid) or not re.fullmatch(r"sparkspec-progress-[0-9a-f]{16}\.json",
-                                                                 progress.rsplit("/", 1)[-1]):
-        raise AnsibleActionFail(f"job {job!r} is not one that sparkspec_progress started (start: true)")
+    if not re.fullmatch(r"j\d+\.\d+", jid) \
+            or not re.fullmatch(r"sparkspec-progress-[0-9a-f]{16}\.json",
+                                progress.rsplit("/", 1)[-1]):
+        raise AnsibleActionFail(f"job {job!r} is not one that sparkspec_progress started "
+                                "(start: true)")
     return jid, progress
 
 

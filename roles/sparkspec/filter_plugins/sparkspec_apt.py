@@ -1,5 +1,5 @@
-"""Ansible filter for the monitoring role's webhook preflight: which Alertmanager apt would leave on the host,
-and whether that one keeps a webhook's URL secret (0.26.0 and later).
+"""Ansible filter for the monitoring role's webhook preflight: which Alertmanager apt would leave on
+the host, and whether that one keeps a webhook's URL secret (0.26.0 and later).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ _UPSTREAM = re.compile(r"(?:\d+:)?(\d+)\.(\d+)")
 
 
 def alertmanager_version(policy: Any) -> tuple[int, int] | None:
-    """(major, minor) of the Alertmanager apt keeps or would install, from ``apt-cache policy``'s text; None
-    where there is neither (the package is unknown to apt)."""
+    """(major, minor) of the Alertmanager apt keeps or would install, from ``apt-cache policy``'s
+    text; None where there is neither (the package is unknown to apt)."""
     fields = dict(_FIELD.findall(str(policy)))
     for name in ("Installed", "Candidate"):
         match = _UPSTREAM.match(fields.get(name, "(none)"))
@@ -28,14 +28,16 @@ def webhook_problem(policy: Any, host: str) -> str:
     """One line when a webhook cannot be kept secret on this host's Alertmanager, else ""."""
     version = alertmanager_version(policy)
     if version is None:
-        return (f"{host}: monitoring_webhook_url is set but apt knows no {PACKAGE} here (apt-cache policy "
-                f"{PACKAGE}); add the distribution's archive, or leave monitoring_webhook_url empty")
+        return (f"{host}: monitoring_webhook_url is set but apt knows no {PACKAGE} here (apt-cache "
+                f"policy {PACKAGE}); add the distribution's archive, or leave "
+                "monitoring_webhook_url empty")
     if version < SECRET_URL_SINCE:
         shown = ".".join(map(str, version))
-        return (f"{host}: monitoring_webhook_url is set, but this host's {PACKAGE} is {shown}, which shows a "
-                "webhook's URL (and its token) to every local user through its API before 0.26; leave "
-                "monitoring_webhook_url empty here (alerts stay in Alertmanager's UI), or use a host whose "
-                "Alertmanager is 0.26 or later (Ubuntu 24.04's)")
+        return (f"{host}: monitoring_webhook_url is set, but this host's {PACKAGE} is {shown}, "
+                "which shows a webhook's URL (and its token) to every local user through its API "
+                "before 0.26; leave monitoring_webhook_url empty here (alerts stay in "
+                "Alertmanager's UI), or use a host whose Alertmanager is 0.26 or later (Ubuntu "
+                "24.04's)")
     return ""
 
 

@@ -1,5 +1,5 @@
-"""Ansible filter for the monitoring role's port preflight: which of its listen ports another process holds
-(from ``ss -Hltnpe`` and ``ps -o pid=,unit= -e``).
+"""Ansible filter for the monitoring role's port preflight: which of its listen ports another
+process holds (from ``ss -Hltnpe`` and ``ps -o pid=,unit= -e``).
 """
 
 from __future__ import annotations
@@ -13,16 +13,18 @@ _PID = re.compile(r'\("([^"]*)",pid=(\d+)')
 _PORT = re.compile(r":(\d+)$")
 _UNSEEN = "a process outside this host's view (another container or namespace)"
 _CGROUP = re.compile(r"\bcgroup:(\S+)")
-# A system service's cgroup: /system.slice/<unit>.service exactly, below no .service and no user.slice (a
-# container's cgroup may come first: /libpod_parent/libpod-17d1/system.slice/... on the simulated Spark). A
-# user's `systemd-run --user --unit=prometheus` is .../user@1000.service/app.slice/prometheus.service: not it.
+# A system service's cgroup: /system.slice/<unit>.service exactly, below no .service and no
+# user.slice (a container's cgroup may come first: /libpod_parent/libpod-17d1/system.slice/... on
+# the simulated Spark). A user's `systemd-run --user --unit=prometheus` is
+# .../user@1000.service/app.slice/prometheus.service: not it.
 _SYSTEM_UNIT = re.compile(r"((?:/[^/]+)*?)/system\.slice/([^/]+\.service)")
 _UNIT = re.compile(r"[^/]+\.(?:service|scope)")
 
 
 def cgroup_unit(line: str) -> str | None:
-    """The system unit of an ``ss -e`` line's cgroup (``prometheus.service``); for any other unit's cgroup a
-    name that no system unit has (``prometheus.service (cgroup /user.slice/...)``); None without a unit."""
+    """The system unit of an ``ss -e`` line's cgroup (``prometheus.service``); for any other unit's
+    cgroup a name that no system unit has (``prometheus.service (cgroup /user.slice/...)``); None
+    without a unit."""
     match = _CGROUP.search(line)
     if match is None:
         return None
@@ -36,8 +38,8 @@ def cgroup_unit(line: str) -> str | None:
 
 
 def listeners(ss_lines: Iterable[str]) -> dict[int, list[tuple[list[tuple[str, int]], str | None]]]:
-    """Port -> one ([(process name, pid)], unit from the socket's cgroup or None) per listening socket in
-    ``ss -Hltnpe``'s lines."""
+    """Port -> one ([(process name, pid)], unit from the socket's cgroup or None) per listening
+    socket in ``ss -Hltnpe``'s lines."""
     out: dict[int, list[tuple[list[tuple[str, int]], str | None]]] = {}
     for line in ss_lines:
         cols = line.split()
@@ -61,7 +63,7 @@ def units(ps_lines: Iterable[str]) -> dict[int, str]:
 
 def port_conflicts(ss_lines: Iterable[str], ps_lines: Iterable[str],
                               ports: Iterable[Mapping[str, Any]]) -> list[str]:
-    """One line per port of ``ports`` ({port, var, unit}) that a process other than ``unit`` listens on."""
+    """One line per port of ``ports`` ({port, var, unit}) that a process but ``unit`` listens on."""
     held, unit_of = listeners(ss_lines), units(ps_lines)
     problems: list[str] = []
     for want in ports:
@@ -71,11 +73,13 @@ def port_conflicts(ss_lines: Iterable[str], ps_lines: Iterable[str],
             units_seen = {unit} if unit else {unit_of.get(pid) for _, pid in procs}
             if units_seen == {want["unit"]}:
                 continue
-            named = [f"{name} (pid {pid}, unit {unit or unit_of.get(pid, 'none')})" for name, pid in procs]
+            named = [f"{name} (pid {pid}, unit {unit or unit_of.get(pid, 'none')})"
+                     for name, pid in procs]
             others += named or [f"unit {unit}" if unit else _UNSEEN]
         if others:
-            problems.append(f"port {port} ({want['var']}) is already in use by {', '.join(others)}, not "
-                            f"{want['unit']}; stop that process or set {want['var']} to a free port")
+            problems.append(f"port {port} ({want['var']}) is already in use by "
+                            f"{', '.join(others)}, not {want['unit']}; stop that process or set "
+                            f"{want['var']} to a free port")
     return problems
 
 
@@ -83,18 +87,20 @@ _LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 
 
 def listen_address_problems(value: Any, var: str) -> list[str]:
-    """[] when ``value`` is an IP address (v4 or v6, no port, no zone) or a host name (RFC 1123 labels, the
-    last not all digits), else one line: the services get ``--web.listen-address=VALUE:PORT``."""
+    """[] when ``value`` is an IP address (v4 or v6, no port, no zone) or a host name (RFC 1123
+    labels, the last not all digits), else one line: the services get
+    ``--web.listen-address=VALUE:PORT``."""
     text = value if isinstance(value, str) and "%" not in value else ""   # no IPv6 zone
     try:
         ipaddress.ip_address(text)
         return []
     except ValueError:
         labels = text.split(".")
-        if 0 < len(text) <= 253 and all(_LABEL.fullmatch(lb) for lb in labels) and not labels[-1].isdigit():
+        if 0 < len(text) <= 253 and all(_LABEL.fullmatch(lb) for lb in labels) \
+                and not labels[-1].isdigit():
             return []
-    return [f"{var} {value!r:.80} is not an address or a host name without a port; give one of the host's, "
-            "e.g. 127.0.0.1 (the default), ::1, or 0.0.0.0 for every interface"]
+    return [f"{var} {value!r:.80} is not an address or a host name without a port; give one of the "
+            "host's, e.g. 127.0.0.1 (the default), ::1, or 0.0.0.0 for every interface"]
 
 
 class FilterModule:

@@ -1,5 +1,5 @@
-"""Ansible filters over sparkspec's registry of methods and profiles (sparkspec.registry), for the roles; an
-error comes back as one line in ``problems``, which the role asserts on.
+"""Ansible filters over sparkspec's registry of methods and profiles (sparkspec.registry), for the
+roles; an error comes back as one line in ``problems``, which the role asserts on.
 """
 
 from __future__ import annotations
@@ -32,29 +32,33 @@ def _record(slurped: Any) -> Mapping[str, Any] | None:
     except (binascii.Error, ValueError):
         record = None
     if not isinstance(record, Mapping) or not isinstance(record.get("method"), str):
-        raise registry.RegistryError(f"{slurped.get('source', 'the switch record')}: not a switch record "
-                                     "({method, inventory_method, time}); remove the file")
+        raise registry.RegistryError(f"{slurped.get('source', 'the switch record')}: not a switch "
+                                     "record ({method, inventory_method, time}); remove the file")
     return record
 
 
 def resolve(contract: Mapping[str, Any], slurped: Any = None, now: str = "",
-            set_names: Sequence[str] = (), cluster: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """registry.resolve for one host, with ``problems`` (empty, or the one line to stop the play with).
-    ``cluster``: {me, members, accelerator} where sparkspec_cluster is set."""
+            set_names: Sequence[str] = (),
+            cluster: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """registry.resolve for one host, with ``problems`` (empty, or the one line to stop the play
+    with). ``cluster``: {me, members, accelerator} where sparkspec_cluster is set."""
     try:
-        return {**registry.resolve(contract, _record(slurped), now, set_names, cluster), "problems": []}
+        return {**registry.resolve(contract, _record(slurped), now, set_names, cluster),
+                "problems": []}
     except UserError as exc:
         return {"problems": [str(exc)]}
 
 
 def registry_names(kind: str) -> list[str] | str:
-    """Names the registry owns, for the roles: ``contract`` (the contract's keys, without the sparkspec_
-    prefix) or ``renamed_pattern`` (a regular expression matching a variable this version renamed)."""
+    """Names the registry owns, for the roles: ``contract`` (the contract's keys, without the
+    sparkspec_ prefix) or ``renamed_pattern`` (a regular expression matching a variable this version
+    renamed)."""
     if kind == "contract":
         return list(registry.CONTRACT_KEYS)
     if kind == "renamed_pattern":
         return "^(" + "|".join(re.escape(name) for name in registry.RENAMED) + ")$"
-    raise AnsibleFilterError(f"sparkspec_registry_names: {kind!r} is not contract or renamed_pattern")
+    raise AnsibleFilterError(f"sparkspec_registry_names: {kind!r} is not contract or "
+                             "renamed_pattern")
 
 
 def vllm_command(resolved: Mapping[str, Any], service: Mapping[str, Any],
@@ -70,7 +74,8 @@ def downloads(resolved: Mapping[str, Any], heads: str = "all") -> list[dict[str,
     return registry.downloads(resolved, heads)
 
 
-def handoffs(resolved: Mapping[str, Any], heads: str = "all", root: str = "") -> list[dict[str, Any]]:
+def handoffs(resolved: Mapping[str, Any], heads: str = "all",
+             root: str = "") -> list[dict[str, Any]]:
     if resolved.get("problems"):
         raise AnsibleFilterError(resolved["problems"][0])
     try:
@@ -79,7 +84,8 @@ def handoffs(resolved: Mapping[str, Any], heads: str = "all", root: str = "") ->
         raise AnsibleFilterError(str(exc)) from None
 
 
-def handoff_folder(folder: str, root: str, where: str, setting: str, dest: str = "") -> dict[str, Any]:
+def handoff_folder(folder: str, root: str, where: str, setting: str,
+                   dest: str = "") -> dict[str, Any]:
     try:
         return _handoff_folder(folder, root, where, setting, dest)
     except UserError as exc:
@@ -91,7 +97,8 @@ def cluster_layout_problems(cluster: Mapping[str, Any], config_text: str, model:
     try:
         config = json.loads(config_text)
         if not isinstance(config, Mapping):
-            raise registry.RegistryError(f"{model}: config.json is not a JSON object; check the checkpoint")
+            raise registry.RegistryError(f"{model}: config.json is not a JSON object; check the "
+                                         "checkpoint")
         check_layout(cluster, config, model)
     except ValueError:
         return [f"{model}: config.json is not JSON; check the checkpoint"]
@@ -115,14 +122,15 @@ def lever_release_problems(resolved: Mapping[str, Any], release: str) -> list[st
 
 
 def drafting(spec: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """What of a speculative_config every node of a cluster must agree on: all but the draft model's local
-    folder (a node's own path)."""
+    """What of a speculative_config every node of a cluster must agree on: all but the draft model's
+    local folder (a node's own path)."""
     return None if spec is None else {k: v for k, v in spec.items() if k != "model"}
 
 
 def lever_markers(resolved: Mapping[str, Any]) -> list[str]:
-    """The journal line each lever on logs once it applied to the target model, as a regular expression (a
-    drafter's own head logs the same words with " in the draft model (...)" after them: not matched)."""
+    """The journal line each lever on logs once it applied to the target model, as a regular
+    expression (a drafter's own head logs the same words with " in the draft model (...)" after
+    them: not matched)."""
     return [re.escape(registry.LEVERS[lever]["marker"]) + r" \(\[\d+, \d+\], saved \d+ MB\)\s*$"
             for lever in resolved.get("levers") or {} if "marker" in registry.LEVERS[lever]]
 
@@ -133,9 +141,10 @@ def startup_patterns(_: Any = None) -> list[str]:
 
 
 def startup_report(stdout_lines: Sequence[str], unit: str) -> dict[str, Any]:
-    """The report of the start wait_healthy.py saw (its ``startup: JSON`` line), with its one-line summary;
-    None values where vLLM's journal did not say."""
-    found = [line.removeprefix("startup: ") for line in stdout_lines if line.startswith("startup: ")]
+    """The report of the start wait_healthy.py saw (its ``startup: JSON`` line), with its one-line
+    summary; None values where vLLM's journal did not say."""
+    found = [line.removeprefix("startup: ") for line in stdout_lines
+             if line.startswith("startup: ")]
     try:
         doc = json.loads(found[-1]) if found else {}
         out = startup.report(int(doc.get("start_us") or 0), doc.get("lines") or [],
@@ -149,11 +158,13 @@ class FilterModule:
     def filters(self) -> dict[str, Callable[..., Any]]:
         return {"sparkspec_resolve": resolve, "sparkspec_vllm_command": vllm_command,
                 "sparkspec_downloads": downloads, "sparkspec_handoffs": handoffs,
-                "sparkspec_handoff_items": handoff_items, "sparkspec_handoff_folder": handoff_folder,
+                "sparkspec_handoff_items": handoff_items,
+                "sparkspec_handoff_folder": handoff_folder,
                 "sparkspec_registry_names": registry_names,
                 "sparkspec_cluster_layout_problems": cluster_layout_problems,
                 "sparkspec_lever_head_problems": lever_head_problems,
-                "sparkspec_startup_patterns": startup_patterns, "sparkspec_startup_report": startup_report,
+                "sparkspec_startup_patterns": startup_patterns,
+                "sparkspec_startup_report": startup_report,
                 "sparkspec_lever_release_problems": lever_release_problems,
                 "sparkspec_lever_markers": lever_markers,
                 "sparkspec_drafting": drafting}

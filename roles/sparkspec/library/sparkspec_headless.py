@@ -1,6 +1,6 @@
 #!/usr/bin/python
-"""sparkspec_headless: serve headless (the default target multi-user, the display manager stopped), with the
-memory that freed, or put back what was there before; the record says both."""
+"""sparkspec_headless: serve headless (the default target multi-user, the display manager stopped),
+with the memory that freed, or put back what was there before; the record says both."""
 
 from __future__ import annotations
 
@@ -16,12 +16,13 @@ from ansible.module_utils.sparkspec_host import atomic_write, mem_available, rea
 
 DOCUMENTATION = r"""
 module: sparkspec_headless
-short_description: Serve headless, measuring the memory it frees, or put back the target and display manager
+short_description: Serve headless, measuring the memory it frees, or put back the target and display
+  manager
 description:
   - present sets the default target to C(target) and stops a running display manager
-    (display-manager.service), and records what was there (the default target, the display manager and whether
-    it ran) and the available memory before and after the stop. absent puts back what the record says and
-    removes it. SSH is not touched.
+    (display-manager.service), and records what was there (the default target, the display manager
+    and whether it ran) and the available memory before and after the stop. absent puts back what
+    the record says and removes it. SSH is not touched.
 options:
   state: {description: present (headless) or absent (as before), type: str, required: true,
           choices: [present, absent]}
@@ -46,9 +47,11 @@ TARGET, SERVICE = re.compile(NAME + r"\.target"), re.compile(NAME + r"\.service"
 def _systemctl(module: AnsibleModule, *args: str) -> str:
     """systemctl ARGS (unit names after --, never read as options); a failure stops the module."""
     verb, units = args[0], args[1:]
-    result = subprocess.run(["systemctl", verb, "--", *units], capture_output=True, text=True, check=False)
+    result = subprocess.run(["systemctl", verb, "--", *units], capture_output=True, text=True,
+                            check=False)
     if result.returncode != 0:
-        module.fail_json(msg=f"systemctl {' '.join(args)}: {result.stderr.strip() or result.returncode}")
+        module.fail_json(msg=f"systemctl {' '.join(args)}: "
+                             f"{result.stderr.strip() or result.returncode}")
     return result.stdout.strip()
 
 
@@ -57,18 +60,20 @@ def _write(path: str, record: dict[str, Any]) -> None:
 
 
 def _record(module: AnsibleModule, path: str) -> dict[str, Any] | None:
-    """The record an earlier run wrote, checked: a target to go back to, a display manager service (or
-    none) and whether it ran."""
+    """The record an earlier run wrote, checked: a target to go back to, a display manager service
+    (or none) and whether it ran."""
     if not os.path.lexists(path):
         return None
     doc = read_json(path) if os.path.isfile(path) and not os.path.islink(path) else None
     if not (isinstance(doc, dict) and isinstance(doc.get("previous_default"), str)
             and TARGET.fullmatch(doc["previous_default"])
             and (doc.get("display_manager") is None
-                 or isinstance(doc["display_manager"], str) and SERVICE.fullmatch(doc["display_manager"]))
+                 or isinstance(doc["display_manager"], str)
+                 and SERVICE.fullmatch(doc["display_manager"]))
             and isinstance(doc.get("display_manager_was_active"), bool)):
-        module.fail_json(msg=f"{path} is not a headless record sparkspec wrote; remove it after checking the "
-                             "host's default target (systemctl get-default) and display manager")
+        module.fail_json(msg=f"{path} is not a headless record sparkspec wrote; remove it after "
+                             "checking the host's default target (systemctl get-default) and "
+                             "display manager")
     return doc
 
 
@@ -80,8 +85,8 @@ def present(module: AnsibleModule, record: dict[str, Any] | None) -> dict[str, A
     running = loaded and dm.get("ActiveState") in ("active", "activating", "reloading")
     if record is None:   # what is there now, to put back
         record = {"previous_default": default if TARGET.fullmatch(default) else "graphical.target",
-                  "display_manager": dm["Id"] if loaded else None, "display_manager_was_active": running,
-                  "freed_bytes": None}
+                  "display_manager": dm["Id"] if loaded else None,
+                  "display_manager_was_active": running, "freed_bytes": None}
     todo = (["set-default"] if default != p["target"] else []) + (["stop"] if running else [])
     if not todo and os.path.exists(p["record"]):
         return {"changed": False, "record": record}
@@ -96,7 +101,8 @@ def present(module: AnsibleModule, record: dict[str, Any] | None) -> dict[str, A
         time.sleep(p["settle_s"])
         after = mem_available()
         if before is not None and after is not None:
-            record.update(mem_available_before=before, mem_available_after=after, freed_bytes=after - before,
+            record.update(mem_available_before=before, mem_available_after=after,
+                          freed_bytes=after - before,
                           measured_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         _write(p["record"], record)
     return {"changed": True, "record": record}
@@ -130,12 +136,13 @@ def main() -> None:
         module.fail_json(msg=f"headless_target {target!r} is not a systemd target name (e.g. "
                              "multi-user.target)")
     if not 0 <= settle <= 600:
-        module.fail_json(msg=f"headless_settle_s {settle!r} is not a number of seconds from 0 to 600")
+        module.fail_json(msg=f"headless_settle_s {settle!r} is not a number of seconds from 0 to "
+                             "600")
     loaded = systemd_show(target, ["LoadState"]).get("LoadState")
     if module.params["state"] == "present" and loaded != "loaded":
         module.fail_json(msg=f"sparkspec_headless: this host's systemd has no {target} (LoadState "
-                             f"{loaded or 'unknown'}), so it cannot boot headless; set sparkspec_headless: "
-                             "false")
+                             f"{loaded or 'unknown'}), so it cannot boot headless; set "
+                             "sparkspec_headless: false")
     record = _record(module, module.params["record"])
     module.exit_json(**(present if module.params["state"] == "present" else absent)(module, record))
 

@@ -1,8 +1,8 @@
 #!/usr/bin/python
 """sparkspec_job_wait: wait on the host, up to some seconds, for an Ansible async job to end (the
-sparkspec_progress action plugin's long poll). One round trip per wait instead of one per poll: a job that
-ends is seen within 0.1 s, and its results file is removed in the same run. The job's result comes back as
-async_status gives it."""
+sparkspec_progress action plugin's long poll). One round trip per wait instead of one per poll: a
+job that ends is seen within 0.1 s, and its results file is removed in the same run. The job's
+result comes back as async_status gives it."""
 
 from __future__ import annotations
 
@@ -18,10 +18,10 @@ DOCUMENTATION = r"""
 module: sparkspec_job_wait
 short_description: Wait for an async job of this host to end, for at most some seconds
 description:
-  - Reads the job's results file in the async folder every 0.1 s until async_wrapper wrote the job's result or
-    I(wait) seconds passed.
-  - Ended, it returns the job's result with C(finished=1), as C(async_status) does, and removes the results
-    file.
+  - Reads the job's results file in the async folder every 0.1 s until async_wrapper wrote the job's
+    result or I(wait) seconds passed.
+  - Ended, it returns the job's result with C(finished=1), as C(async_status) does, and removes the
+    results file.
   - Still running, it returns C(finished=0) and the text of I(progress), when that file exists.
 options:
   jid:
@@ -29,7 +29,8 @@ options:
     type: str
     required: true
   async_dir:
-    description: The async folder of the user the job runs as (C(~) is expanded for the user this runs as).
+    description: The async folder of the user the job runs as (C(~) is expanded for the user this
+      runs as).
     type: path
     required: true
   wait:
@@ -74,7 +75,8 @@ def main() -> None:
                        "wait": {"type": "float", "required": True}, "progress": {"type": "path"}},
         supports_check_mode=True)
     jid, wait = module.params["jid"], module.params["wait"]
-    if not re.fullmatch(r"j[0-9]+[.][0-9]+", jid):   # async_wrapper's ids (j<random>.<pid>): a name, no path
+    # async_wrapper's ids (j<random>.<pid>): a name, no path
+    if not re.fullmatch(r"j[0-9]+[.][0-9]+", jid):
         module.fail_json(msg=f"jid {jid[:40]!r} is not an async job id")
     if not 0 <= wait <= 60:
         module.fail_json(msg=f"wait {wait}: give 0-60 seconds")
@@ -82,9 +84,11 @@ def main() -> None:
     deadline = time.monotonic() + wait
     while True:
         if not os.path.exists(path):
-            module.fail_json(msg="could not find job", ansible_job_id=jid, started=True, finished=True)
+            module.fail_json(msg="could not find job", ansible_job_id=jid, started=True,
+                             finished=True)
         data = _job(path)
-        if data is not None and "started" not in data:   # async_wrapper's final write: the module's result
+        # async_wrapper's final write: the module's result
+        if data is not None and "started" not in data:
             break
         if time.monotonic() >= deadline:
             module.exit_json(ansible_job_id=jid, started=True, finished=False,

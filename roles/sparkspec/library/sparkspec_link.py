@@ -1,6 +1,6 @@
 #!/usr/bin/python
-"""sparkspec_link: read what a cluster's node needs of its link and of the host, changing nothing (the
-preflight role's cluster checks compare the answers of every node)."""
+"""sparkspec_link: read what a cluster's node needs of its link and of the host, changing nothing
+(the preflight role's cluster checks compare the answers of every node)."""
 
 from __future__ import annotations
 
@@ -14,13 +14,15 @@ from ansible.module_utils.basic import AnsibleModule
 
 DOCUMENTATION = r"""
 module: sparkspec_link
-short_description: Read a cluster node's link interface, its peers' reachability and logind's IPC setting
+short_description: Read a cluster node's link interface, its peers' reachability and logind's IPC
+  setting
 description:
-  - Reads the interface's state, MTU and addresses from /sys/class/net and the kernel's address table.
-  - Tries a TCP connection to each target; a refusal counts as reached (the host answered), a timeout or no
-    route as unreachable.
-  - Reads logind's RemoveIPC and whether the service user is a system user (UID below 1000, which logind
-    spares) or lingers.
+  - Reads the interface's state, MTU and addresses from /sys/class/net and the kernel's address
+    table.
+  - Tries a TCP connection to each target; a refusal counts as reached (the host answered), a
+    timeout or no route as unreachable.
+  - Reads logind's RemoveIPC and whether the service user is a system user (UID below 1000, which
+    logind spares) or lingers.
 options:
   interface:
     description: The link's interface name.
@@ -49,9 +51,12 @@ author: sparkspec
 RETURN = r"""
 interface: {description: exists, up (operstate up or unknown), mtu, addresses, type: dict,
             returned: always}
-reach: {description: each target to reached or unreachable (with the reason), type: dict, returned: always}
-remove_ipc: {description: logind's RemoveIPC (yes unless a logind.conf says no), type: bool, returned: always}
-user: {description: uid (-1 when absent), system (uid below 1000), linger, type: dict, returned: always}
+reach: {description: each target to reached or unreachable (with the reason), type: dict,
+        returned: always}
+remove_ipc: {description: logind's RemoveIPC (yes unless a logind.conf says no), type: bool,
+             returned: always}
+user: {description: uid (-1 when absent), system (uid below 1000), linger, type: dict,
+       returned: always}
 """
 
 
@@ -76,7 +81,8 @@ def _interface(name: str) -> dict[str, object]:
     try:
         import fcntl
         import struct
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:   # SIOCGIFADDR: the IPv4 address
+        # SIOCGIFADDR: the IPv4 address
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
             raw = fcntl.ioctl(sock.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
             addresses.append(socket.inet_ntoa(raw[20:24]))
     except OSError:
@@ -102,7 +108,8 @@ def _logind_remove_ipc() -> bool:
     for folder in ("/usr/lib/systemd/logind.conf.d", "/etc/systemd/logind.conf.d",
                    "/run/systemd/logind.conf.d"):
         try:
-            paths += sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".conf"))
+            paths += sorted(os.path.join(folder, f) for f in os.listdir(folder)
+                            if f.endswith(".conf"))
         except OSError:
             pass
     for path in paths:

@@ -1,6 +1,7 @@
 #!/usr/bin/python
-"""sparkspec_root_dir: check, changing nothing, that a folder root will write into can only be redirected by
-root: every existing part of its path a real folder owned by root and writable by no one else.
+"""sparkspec_root_dir: check, changing nothing, that a folder root will write into can only be
+redirected by root: every existing part of its path a real folder owned by root and writable by no
+one else.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ DOCUMENTATION = r"""
 module: sparkspec_root_dir
 short_description: Check that a folder and all its parents can only be changed by root
 description:
-  - Walks the absolute path from / and stops at the first part that does not exist (root makes the rest).
-  - A part that is a symbolic link, not a folder, not owned by root, or writable by its group or others is a
-    problem; so is a relative path, an empty part, or a . or .. part.
+  - Walks the absolute path from / and stops at the first part that does not exist (root makes the
+    rest).
+  - A part that is a symbolic link, not a folder, not owned by root, or writable by its group or
+    others is a problem; so is a relative path, an empty part, or a . or .. part.
 options:
   path:
     description: The folder root will write into.
@@ -31,8 +33,8 @@ author: sparkspec
 """
 
 RETURN = r"""
-problem: {description: one line naming the variable, the part at fault and the fix; empty when the folder is
-          fine, type: str, returned: always}
+problem: {description: one line naming the variable, the part at fault and the fix; empty when the
+          folder is fine, type: str, returned: always}
 """
 
 
@@ -45,7 +47,8 @@ def _owner(uid: int) -> str:
 
 def problem(path: str, var: str) -> str:
     """The first reason ``path`` is not a folder only root can redirect, else ""."""
-    fix = "give a folder whose every parent is root's alone, e.g. under /var/lib/sparkspec-monitoring"
+    fix = ("give a folder whose every parent is root's alone, e.g. under "
+           "/var/lib/sparkspec-monitoring")
     parts = path[1:].rstrip("/").split("/")
     if not path.startswith("/") or any(part in ("", ".", "..") for part in parts):
         return f"{var} {path!r} is not an absolute path without empty, . or .. parts; {fix}"
@@ -58,17 +61,17 @@ def problem(path: str, var: str) -> str:
         except OSError as exc:
             return f"{var} {path!r}: {current} cannot be read ({exc.strerror}); {fix}"
         if stat.S_ISLNK(info.st_mode):
-            return (f"{var} {path!r}: {current} is a symbolic link, which its owner could point elsewhere; "
-                    f"{fix}")
+            return (f"{var} {path!r}: {current} is a symbolic link, which its owner could point "
+                    f"elsewhere; {fix}")
         if not stat.S_ISDIR(info.st_mode):
             return f"{var} {path!r}: {current} is not a folder; {fix}"
         if info.st_uid != 0:
-            return (f"{var} {path!r}: {current} belongs to {_owner(info.st_uid)}, who could swap what is in "
-                    f"it for a link to where root then writes; {fix}")
+            return (f"{var} {path!r}: {current} belongs to {_owner(info.st_uid)}, who could swap "
+                    f"what is in it for a link to where root then writes; {fix}")
         if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
             mode = stat.S_IMODE(info.st_mode)
-            return f"{var} {path!r}: {current} is writable by others (mode {mode:04o}), who could plant a " \
-                   f"link there; {fix}"
+            return f"{var} {path!r}: {current} is writable by others (mode {mode:04o}), who " \
+                   f"could plant a link there; {fix}"
     return ""
 
 

@@ -1,6 +1,7 @@
 #!/usr/bin/python
-"""The deploy role's module: stage, compare and swap the vLLM unit's files, one run per step (``state``:
-staged, live or files). It lives in the contract role, which every role depends on, so Ansible finds it.
+"""The deploy role's module: stage, compare and swap the vLLM unit's files, one run per step
+(``state``: staged, live or files). It lives in the contract role, which every role depends on, so
+Ansible finds it.
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ from ansible.module_utils.sparkspec_host import atomic_write
 
 DOCUMENTATION = r"""
 module: sparkspec_unit
-short_description: Stage, compare and swap a systemd unit's files, keep the previous version, restart
-description: The deploy role's unit swap in one module run per step (docs/design.md, "Module notes").
+short_description: Stage, compare and swap a systemd unit's files, keep the previous version,
+  restart
+description: The deploy role's unit swap in one module run per step (docs/design.md,
+  "Module notes").
 options:
   state:
-    description: staged (write the staged copy, compare), live (keep previous, install, reload, restart) or
-      files (assets and absent only).
+    description: staged (write the staged copy, compare), live (keep previous, install, reload,
+      restart) or files (assets and absent only).
     type: str
     choices: [staged, live, files]
     required: true
@@ -47,15 +50,15 @@ options:
     elements: dict
     default: []
   secret_contents:
-    description: The contents of secret_files, in their order. A parameter of its own so that Ansible never
-      logs it (the module's journal line of its arguments) and masks each value in the result; diff mode never
-      shows these files.
+    description: The contents of secret_files, in their order. A parameter of its own so that
+      Ansible never logs it (the module's journal line of its arguments) and masks each value in
+      the result; diff mode never shows these files.
     type: list
     elements: str
     default: []
   assets:
-    description: Files installed as they are in the staged step (helper scripts), the live step and the files
-      step (the method switch's record); same keys as files.
+    description: Files installed as they are in the staged step (helper scripts), the live step
+      and the files step (the method switch's record); same keys as files.
     type: list
     elements: dict
     default: []
@@ -70,23 +73,24 @@ options:
     elements: str
     default: []
   analyze:
-    description: In the staged step, rate the staged unit with systemd-analyze security, and verify it when it
-      differs.
+    description: In the staged step, rate the staged unit with systemd-analyze security, and
+      verify it when it differs.
     type: bool
     default: false
   check_argv:
-    description: In the staged step, when the staged unit differs, a command to run as check_user (the deploy
-      role's check of the command line with the installed vLLM's parser, check_vllm_args.py --cache DIR).
+    description: In the staged step, when the staged unit differs, a command to run as
+      check_user (the deploy role's check of the command line with the installed vLLM's parser,
+      check_vllm_args.py --cache DIR).
     type: list
     elements: str
     default: []
   check_user:
-    description: The user check_argv runs as (the unit's user, so a venv it cannot read fails before the
-      restart).
+    description: The user check_argv runs as (the unit's user, so a venv it cannot read fails
+      before the restart).
     type: str
   check_cache_dir:
-    description: Folder of accepted command lines; a "checked KEY" line of check_argv writes KEY here (root
-      only).
+    description: Folder of accepted command lines; a "checked KEY" line of check_argv writes KEY
+      here (root only).
     type: path
   absent:
     description: Paths removed in the files and live steps.
@@ -94,24 +98,25 @@ options:
     elements: str
     default: []
   restart:
-    description: In the live step, restart the unit even when its own files did not change (a cluster's node
-      whose peer's files changed; vLLM's process group restarts as one).
+    description: In the live step, restart the unit even when its own files did not change (a
+      cluster's node whose peer's files changed; vLLM's process group restarts as one).
     type: bool
     default: false
 author: sparkspec
 """
 
 RETURN = r"""
-differs: {description: a live file is missing or differs from the new one, type: bool, returned: always}
+differs: {description: a live file is missing or differs from the new one, type: bool,
+          returned: always}
 differed: {description: the paths that differ, type: list, returned: always}
 has_live: {description: the unit file is installed, type: bool, returned: always}
 live_present: {description: the live files that exist, type: list, returned: always}
-start_error: {description: why systemctl could not start the unit (empty when it could); the health wait then
-  rolls back, type: str, returned: live}
-restarted: {description: the unit was (or, in check mode, would be) restarted or started, type: bool,
-            returned: live}
-security: {description: systemd-analyze security of the staged unit (rc, stdout, stderr), type: dict,
-           returned: analyze}
+start_error: {description: why systemctl could not start the unit (empty when it could); the
+                health wait then rolls back, type: str, returned: live}
+restarted: {description: the unit was (or, in check mode, would be) restarted or started,
+            type: bool, returned: live}
+security: {description: systemd-analyze security of the staged unit (rc, stdout, stderr),
+           type: dict, returned: analyze}
 verify: {description: systemd-analyze verify of the staged unit (rc, stdout, stderr), type: dict,
          returned: analyze}
 args_check: {description: check_argv's rc, stdout and stderr, type: dict, returned: when it ran}
@@ -124,9 +129,9 @@ FILE_SPEC: dict[str, Any] = {
     "owner": {"type": "str", "default": "root"},
     "group": {"type": "str", "default": "root"},
 }
-# A secret file's content is not a suboption: Ansible logs a list parameter as its Python repr, where the
-# content's newlines are escaped, so a no_log suboption's value would no longer match itself and reach the
-# journal in clear.
+# A secret file's content is not a suboption: Ansible logs a list parameter as its Python repr,
+# where the content's newlines are escaped, so a no_log suboption's value would no longer match
+# itself and reach the journal in clear.
 SECRET_SPEC = {k: v for k, v in FILE_SPEC.items() if k != "content"}
 DIR_SPEC = {k: v for k, v in FILE_SPEC.items() if k != "content"} | {"mode": {"type": "str",
                                                                               "default": "0755"}}
@@ -143,7 +148,8 @@ def _read(path: str) -> bytes | None:
 def _ids(item: dict) -> tuple[int, int, int]:
     if "uid" in item:   # numeric, as read from a file
         return item["uid"], item["gid"], item["mode"]
-    return pwd.getpwnam(item["owner"]).pw_uid, grp.getgrnam(item["group"]).gr_gid, int(item["mode"], 8)
+    return (pwd.getpwnam(item["owner"]).pw_uid, grp.getgrnam(item["group"]).gr_gid,
+            int(item["mode"], 8))
 
 
 def _meta_differs(path: str, item: dict) -> bool:
@@ -153,7 +159,7 @@ def _meta_differs(path: str, item: dict) -> bool:
 
 
 def _ensure_dir(path: str, item: dict | None = None) -> bool:
-    """Creates path (and its parents, root's 0755) or fixes its owner and mode; True if anything changed."""
+    """Creates path (and its parents, root's 0755) or fixes its owner and mode; True on a change."""
     spec = item or {"owner": "root", "group": "root", "mode": "0755"}
     changed = False
     if not os.path.isdir(path):
@@ -169,7 +175,8 @@ def _ensure_dir(path: str, item: dict | None = None) -> bool:
 
 
 def _write(path: str, data: bytes, item: dict) -> None:
-    """Atomically replaces path with data, owned and moded as item says (never readable by others before)."""
+    """Atomically replaces path with data, owned and moded as item says (never readable by others
+    before)."""
     _ensure_dir(os.path.dirname(path))
     uid, gid, mode = _ids(item)
     atomic_write(path, data, mode=mode, uid=uid, gid=gid)
@@ -209,8 +216,8 @@ def _staged(module: AnsibleModule, files: list[dict], check: bool) -> dict:
               "has_live": bool(files) and files[0]["path"] in present, "live_present": present}
     if p["analyze"] and not check:
         unit_file = p["staged_root"] + files[0]["path"]
-        result["security"] = _run(module,
-                                  ["systemd-analyze", "security", "--offline=true", "--no-pager", unit_file])
+        result["security"] = _run(module, ["systemd-analyze", "security", "--offline=true",
+                                           "--no-pager", unit_file])
         if differed:
             result["verify"] = _run(module, ["systemd-analyze", "verify", unit_file])
             if p["check_argv"]:
@@ -219,7 +226,7 @@ def _staged(module: AnsibleModule, files: list[dict], check: bool) -> dict:
 
 
 def _check_args(module: AnsibleModule) -> dict:
-    """check_argv as check_user (its own groups, its home, a plain PATH); a "checked KEY" answer is kept."""
+    """check_argv as check_user (its groups, home, a plain PATH); a "checked KEY" answer is kept."""
     p = module.params
     user = pwd.getpwnam(p["check_user"])
     proc = subprocess.run(p["check_argv"], user=user.pw_uid, group=user.pw_gid,
@@ -254,7 +261,8 @@ def _files(module: AnsibleModule, files: list[dict], check: bool) -> dict:
 
 
 def _active(module: AnsibleModule, unit: str) -> bool:
-    return _systemctl(module, "is-active", unit, check_rc=False)[1] in ("active", "activating", "reloading")
+    return _systemctl(module, "is-active", unit, check_rc=False)[1] in ("active", "activating",
+                                                                        "reloading")
 
 
 def _live(module: AnsibleModule, files: list[dict], check: bool) -> dict:
@@ -264,7 +272,8 @@ def _live(module: AnsibleModule, files: list[dict], check: bool) -> dict:
     present = [path for path, data in before.items() if data is not None]
     has_live = bool(files) and files[0]["path"] in present
     if differed and not check:
-        if has_live:    # the live version becomes the previous one, with its owner and mode (rollback.yml)
+        # the live version becomes the previous one, with its owner and mode (rollback.yml)
+        if has_live:
             for path in present:
                 st = os.stat(path)
                 _write(p["previous_root"] + path, before[path] or b"",
@@ -286,7 +295,8 @@ def _live(module: AnsibleModule, files: list[dict], check: bool) -> dict:
             changed = True
             if not check:
                 _systemctl(module, "disable", "--now", other)
-    changed |= _files(module, files, check)["changed"]   # the method switch's record, with the unit it names
+    # the method switch's record, with the unit it names
+    changed |= _files(module, files, check)["changed"]
     unit = p["unit"]
     if _systemctl(module, "is-enabled", unit, check_rc=False)[1] != "enabled":
         changed = True
@@ -297,14 +307,16 @@ def _live(module: AnsibleModule, files: list[dict], check: bool) -> dict:
     if restarted:
         changed = True
         if not check:
-            # A start job that fails (an ExecStartPre such as the memory guard refusing) is not this module's
-            # failure: the new files are live, and the health wait that follows sees the failed unit and rolls
-            # back to the previous ones. Failing here would leave the new, unstartable unit in place.
+            # A start job that fails (an ExecStartPre such as the memory guard refusing) is not this
+            # module's failure: the new files are live, and the health wait that follows sees the
+            # failed unit and rolls back to the previous ones. Failing here would leave the new,
+            # unstartable unit in place.
             action = "restart" if differed or p["restart"] else "start"
             rc, out = _systemctl(module, action, unit, check_rc=False)
             start_error = "" if rc == 0 else out or f"systemctl exited {rc}"
-    result: dict = {"changed": changed, "differs": bool(differed), "differed": differed, "has_live": has_live,
-                    "live_present": present, "restarted": restarted, "start_error": start_error}
+    result: dict = {"changed": changed, "differs": bool(differed), "differed": differed,
+                    "has_live": has_live, "live_present": present, "restarted": restarted,
+                    "start_error": start_error}
     if module._diff:
         result["diff"] = [{"before_header": f["path"], "after_header": f["path"],
                            "before": (before[f["path"]] or b"").decode(errors="replace"),
@@ -321,7 +333,8 @@ def main() -> None:
             "staged_root": {"type": "path"},
             "previous_root": {"type": "path"},
             "files": {"type": "list", "elements": "dict", "default": [], "options": FILE_SPEC},
-            "secret_files": {"type": "list", "elements": "dict", "default": [], "options": SECRET_SPEC},
+            "secret_files": {"type": "list", "elements": "dict", "default": [],
+                             "options": SECRET_SPEC},
             "secret_contents": {"type": "list", "elements": "str", "default": [], "no_log": True},
             "assets": {"type": "list", "elements": "dict", "default": [], "options": FILE_SPEC},
             "directories": {"type": "list", "elements": "dict", "default": [], "options": DIR_SPEC},
@@ -341,14 +354,17 @@ def main() -> None:
     if len(secret) != len(contents):
         module.fail_json(msg=f"sparkspec_unit: {len(secret)} secret_files but {len(contents)} "
                              "secret_contents")
-    if module.params["check_argv"] and not (module.params["check_user"] and module.params["check_cache_dir"]):
+    if module.params["check_argv"] and not (module.params["check_user"]
+                                            and module.params["check_cache_dir"]):
         module.fail_json(msg="sparkspec_unit: check_argv needs check_user and check_cache_dir")
-    files = module.params["files"] + [f | {"content": c} for f, c in zip(secret, contents, strict=True)]
+    files = module.params["files"] + [f | {"content": c}
+                                      for f, c in zip(secret, contents, strict=True)]
     step = {"staged": _staged, "live": _live, "files": _files}[module.params["state"]]
     try:
         module.exit_json(**step(module, files, module.check_mode))
     except (OSError, KeyError) as exc:   # KeyError: an owner or group the host lacks
-        module.fail_json(msg=f"sparkspec_unit {module.params['state']} {module.params['unit'] or ''}: {exc}")
+        module.fail_json(msg=f"sparkspec_unit {module.params['state']} "
+                             f"{module.params['unit'] or ''}: {exc}")
 
 
 if __name__ == "__main__":

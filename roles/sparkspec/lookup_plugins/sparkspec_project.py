@@ -1,9 +1,9 @@
-"""lookup('sparkspec_project'): the sparkspec checkout on the controller (the folder holding roles/, src/,
-.sim/).
+"""lookup('sparkspec_project'): the sparkspec checkout on the controller (the folder holding roles/,
+src/, .sim/).
 
-Roles and the simulated inventory use it for controller-side paths (the source the tools wheel is built from,
-the reports folder, the simulation's generated secrets) instead of climbing out of a role with
-``role_path | dirname | dirname``, which also breaks when a role is installed elsewhere.
+Roles and the simulated inventory use it for controller-side paths (the source the tools wheel is
+built from, the reports folder, the simulation's generated secrets) instead of climbing out of a
+role with ``role_path | dirname | dirname``, which also breaks when a role is installed elsewhere.
 """
 
 from __future__ import annotations
@@ -33,5 +33,6 @@ PROJECT = Path(__file__).resolve().parents[3]
 
 
 class LookupModule(LookupBase):
-    def run(self, terms: list[Any], variables: dict[str, Any] | None = None, **kwargs: Any) -> list[str]:
+    def run(self, terms: list[Any], variables: dict[str, Any] | None = None,
+            **kwargs: Any) -> list[str]:
         return [str(PROJECT)]

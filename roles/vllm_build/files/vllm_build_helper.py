@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""The vllm_build role's helper on the host (standard library only; imports sparkspec_host.py from beside it).
+"""The vllm_build role's helper on the host (standard library only; imports sparkspec_host.py from
+beside it).
 
 Usage: vllm_build_helper.py torch VENV | sass SITE CUOBJDUMP ARCH CORE_JSON | fa-archs FA_SRC ARCH
        | take-wheels STAGING DEST SUMS_JSON OWNER | run LOG WHAT CMD... [--progress-file P]
@@ -21,7 +22,8 @@ import threading
 import time
 from typing import Any
 
-# on the host the role puts sparkspec_host.py beside this file; in the checkout it is the contract role's
+# on the host the role puts sparkspec_host.py beside this file; in the checkout it is the
+# contract role's
 _HERE = os.path.dirname(os.path.realpath(__file__))
 sys.path.append(os.path.join(_HERE, "..", "..", "sparkspec", "module_utils"))
 from sparkspec_host import atomic_write, torch_version  # noqa: E402
@@ -32,7 +34,8 @@ TAIL = 40
 
 
 def torch(venv: str) -> dict:
-    found = sorted(glob.glob(os.path.join(venv, "lib", "python3*", "site-packages", "torch", "version.py")))
+    found = sorted(glob.glob(os.path.join(venv, "lib", "python3*", "site-packages", "torch",
+                                          "version.py")))
     if not found:
         raise SystemExit(f"no torch in {venv}")
     return torch_version(found[0])   # torch's own version file, read without running it
@@ -43,7 +46,8 @@ def sass(site: str, cuobjdump: str, arch: str, core: list[str]) -> dict:
     extensions: dict[str, dict[str, Any]] = {}
     for path in sorted(glob.glob(os.path.join(root, "**", "*.so"), recursive=True)):
         rel = os.path.relpath(path, root)
-        proc = subprocess.run([cuobjdump, "--list-elf", path], check=False, capture_output=True, text=True)
+        proc = subprocess.run([cuobjdump, "--list-elf", path], check=False, capture_output=True,
+                              text=True)
         text = proc.stdout + proc.stderr
         if proc.returncode != 0 and "does not contain device code" not in text:
             extensions[rel] = {"error": text.strip().splitlines()[-1] if text.strip()
@@ -59,9 +63,10 @@ def sass(site: str, cuobjdump: str, arch: str, core: list[str]) -> dict:
 
 FA_SUPPORTED = re.compile(r'^([ \t]*(?:set|list)\((?:APPEND )?CUDA_SUPPORTED_ARCHS )("[^)\n]*")\)',
                           re.MULTILINE)
-FA2_LIST = re.compile(r'(cuda_archs_loose_intersection\(FA2_ARCHS ")([^"]*)(" "\$\{CUDA_ARCHS\}"\))')
-FA_FIX = ("set vllm_build_fa_arch_patch: false, or use a flash-attention source whose CMakeLists.txt "
-          "has that line (as vllm-project/flash-attention 6d21ae21 to 617264c1 do)")
+FA2_LIST = re.compile(r'(cuda_archs_loose_intersection\(FA2_ARCHS ")([^"]*)'
+                      r'(" "\$\{CUDA_ARCHS\}"\))')
+FA_FIX = ("set vllm_build_fa_arch_patch: false, or use a flash-attention source whose "
+          "CMakeLists.txt has that line (as vllm-project/flash-attention 6d21ae21 to 617264c1 do)")
 
 
 def _ver(item: str) -> tuple[int, int]:
@@ -70,36 +75,40 @@ def _ver(item: str) -> tuple[int, int]:
 
 
 def fa_archs(src: str, arch: str) -> dict:
-    """FA_SRC/CMakeLists.txt edited in place so that ARCH survives FA's own arch selection (design.md)."""
+    """FA_SRC/CMakeLists.txt edited in place so ARCH survives FA's arch selection (design.md)."""
     path = os.path.join(os.path.abspath(src), "CMakeLists.txt")
     if not re.fullmatch(r"\d+\.\d+a?", arch):
         raise SystemExit(f"fa-archs: ARCH {arch!r} is not of the form 12.1a or 12.1")
     if os.path.islink(path):
         raise SystemExit(f"{path}: a symlink, refused (give fa-archs a real copy of the FA source)")
     if not os.path.isfile(path):
-        raise SystemExit(f"{path}: not found (FA_SRC must be a flash-attention source tree); {FA_FIX}")
+        raise SystemExit(f"{path}: not found (FA_SRC must be a flash-attention source tree); "
+                         f"{FA_FIX}")
     with open(path, newline="") as f:
         old = f.read()
     base = arch.rstrip("a")
     edits: list[dict] = []
 
-    def supported(m: re.Match) -> str:   # a list ending below ARCH in ARCH's major version gains ARCH's base
+    # a list ending below ARCH in ARCH's major version gains ARCH's base
+    def supported(m: re.Match) -> str:
         items = re.findall(r"\d+\.\d+", m.group(2))
-        if not items or base in items or _ver(items[-1])[0] != _ver(base)[0] or _ver(items[-1]) > _ver(base):
+        if not items or base in items or _ver(items[-1])[0] != _ver(base)[0] \
+                or _ver(items[-1]) > _ver(base):
             return m.group(0)
-        body = f'{m.group(2)[:-1]};{base}"' if m.group(2).count('"') == 2 else f'{m.group(2)} "{base}"'
+        body = f'{m.group(2)[:-1]};{base}"' if m.group(2).count('"') == 2 \
+            else f'{m.group(2)} "{base}"'
         edits.append({"line": old.count("\n", 0, m.start()) + 1, "old": m.group(0).strip(),
                       "new": f"{m.group(1)}{body})".strip()})
         return f"{m.group(1)}{body})"
 
     text = FA_SUPPORTED.sub(supported, old)
     if not any(base in re.findall(r"\d+\.\d+", m.group(2)) for m in FA_SUPPORTED.finditer(text)):
-        raise SystemExit(f"{path}: no CUDA_SUPPORTED_ARCHS list ending at a {_ver(base)[0]}.x below {base} "
-                         f"(nor one holding {base}); {FA_FIX}")
+        raise SystemExit(f"{path}: no CUDA_SUPPORTED_ARCHS list ending at a {_ver(base)[0]}.x "
+                         f"below {base} (nor one holding {base}); {FA_FIX}")
     found = list(FA2_LIST.finditer(text))
     if len(found) != 1:
-        raise SystemExit(f'{path}: {len(found)} lines cuda_archs_loose_intersection(FA2_ARCHS "<list>" '
-                         f'"${{CUDA_ARCHS}}") where exactly one is expected; {FA_FIX}')
+        raise SystemExit(f'{path}: {len(found)} lines cuda_archs_loose_intersection(FA2_ARCHS '
+                         f'"<list>" "${{CUDA_ARCHS}}") where exactly one is expected; {FA_FIX}')
     m = found[0]
     if arch not in m.group(2).split(";"):
         new = f"{m.group(1)}{m.group(2)};{arch}{m.group(3)}"
@@ -170,10 +179,11 @@ def run(argv: list[str]) -> int:
 
 
 def take_wheels(staging: str, dest: str, sums: dict, owner: str) -> dict:
-    """Copy the wheels a cluster's head listed (SUMS) from a folder the unprivileged OWNER wrote (its fetch)
-    into root's DEST, so that what pip installs is byte for byte what the head built: no name but the head's,
-    no link followed (a planted symlink would have root copy a file of its choice into a readable folder), no
-    hard link (another file of OWNER's), and a copy that takes its name only after its sha256 matched."""
+    """Copy the wheels a cluster's head listed (SUMS) from a folder the unprivileged OWNER wrote
+    (its fetch) into root's DEST, so that what pip installs is byte for byte what the head built: no
+    name but the head's, no link followed (a planted symlink would have root copy a file of its
+    choice into a readable folder), no hard link (another file of OWNER's), and a copy that takes
+    its name only after its sha256 matched."""
     uid = pwd.getpwnam(owner).pw_uid
     flags = os.O_RDONLY | os.O_NOFOLLOW
     src_dir = os.open(staging, flags | os.O_DIRECTORY)
@@ -182,23 +192,25 @@ def take_wheels(staging: str, dest: str, sums: dict, owner: str) -> dict:
     if (src_st.st_dev, src_st.st_ino) == (dst_st.st_dev, dst_st.st_ino):
         os.close(src_dir)
         os.close(dst_dir)
-        raise SystemExit(f"{staging} and {dest} are one folder; keep vllm_build_wheelhouse outside the "
-                         "staging folder sparkspec_home/handoff-in")
+        raise SystemExit(f"{staging} and {dest} are one folder; keep vllm_build_wheelhouse outside "
+                         "the staging folder sparkspec_home/handoff-in")
     copied = []
     try:
         for name, want in sorted(sums.items()):
             if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.+-]*\.whl", name):
-                raise SystemExit(f"{name!r} is not a wheel's file name; the head's list is not its wheels")
+                raise SystemExit(f"{name!r} is not a wheel's file name; the head's list is not its "
+                                 "wheels")
             try:
                 src = os.open(name, flags | os.O_NONBLOCK, dir_fd=src_dir)
             except OSError as exc:
-                raise SystemExit(f"{staging}/{name}: {exc.strerror} (a link, or not fetched)") from None
+                raise SystemExit(f"{staging}/{name}: {exc.strerror} (a link, or not fetched)") \
+                    from None
             tmp = f".{name}.{secrets.token_hex(8)}.tmp"
             try:
                 st = os.fstat(src)
                 if not stat.S_ISREG(st.st_mode) or st.st_uid != uid or st.st_nlink != 1:
-                    raise SystemExit(f"{staging}/{name} is not a regular file of {owner} with one link; "
-                                     "the fetch writes only such files")
+                    raise SystemExit(f"{staging}/{name} is not a regular file of {owner} with one "
+                                     "link; the fetch writes only such files")
                 digest = hashlib.sha256()
                 create = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
                 out = os.open(tmp, create, 0o644, dir_fd=dst_dir)

@@ -1,5 +1,5 @@
-"""Benchmark client: streamed chat completions against an OpenAI-compatible vLLM server, with result keys and
-units as ``vllm bench serve`` gives them, plus the article's per-request speed.
+"""Benchmark client: streamed chat completions against an OpenAI-compatible vLLM server, with result
+keys and units as ``vllm bench serve`` gives them, plus the article's per-request speed.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ class RequestOptions:
     temperature: float
     enable_thinking: bool = False
     ignore_eos: bool = False
-    return_token_ids: bool = False  # ask vLLM for the ids of the generated tokens (the lossless check's)
+    return_token_ids: bool = False  # ask vLLM for the generated tokens' ids (the lossless check's)
 
 
 @dataclass
@@ -80,13 +80,13 @@ def _count(usage: dict[str, Any], key: str, limit: int) -> int:
 
 
 def _shape(what: str, value: object) -> StreamError:
-    return StreamError(f"a chunk has the wrong shape ({what} is {type(value).__name__} {value!r:.40}); "
-                       "expected an OpenAI chat.completion.chunk")
+    return StreamError(f"a chunk has the wrong shape ({what} is {type(value).__name__} "
+                       f"{value!r:.40}); expected an OpenAI chat.completion.chunk")
 
 
 def chunk_object(data: bytes, secret: str | None = None) -> dict[str, Any]:
-    """One streamed ``data:`` payload as a chunk object: JSON, bounded, an object, not an ``error``; else a
-    StreamError in one line (the server's text cleaned of the key)."""
+    """One streamed ``data:`` payload as a chunk object: JSON, bounded, an object, not an ``error``;
+    else a StreamError in one line (the server's text cleaned of the key)."""
     try:
         chunk = loads_bounded(data, max_bytes=MAX_LINE)
     except ValueError as exc:
@@ -101,7 +101,8 @@ def chunk_object(data: bytes, secret: str | None = None) -> dict[str, Any]:
 class ChunkParser:
     """The state of one streamed response: each ``data:`` payload is checked and folded in."""
 
-    def __init__(self, result: RequestResult, start: float, max_tokens: int, secret: str | None) -> None:
+    def __init__(self, result: RequestResult, start: float, max_tokens: int,
+                 secret: str | None) -> None:
         self.result, self.start, self.last = result, start, start
         self.max_tokens, self.secret = max_tokens, secret
         self.parts: list[str] = []
@@ -142,8 +143,8 @@ class ChunkParser:
         self.parts.append(content or "")
         ids = choice.get("token_ids")
         if ids is not None:
-            if not isinstance(ids,
-                              list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            if not isinstance(ids, list) \
+                    or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
                 raise _shape("token_ids", ids)
             self.result.token_ids = (self.result.token_ids or []) + ids
         if finish:
@@ -153,19 +154,20 @@ class ChunkParser:
         if not self.done:
             raise StreamError("the stream ended before [DONE]")
         if not self.has_usage:
-            raise StreamError("no usage in the stream; the server ignored stream_options.include_usage")
+            raise StreamError("no usage in the stream; the server ignored "
+                              "stream_options.include_usage")
         # as vllm bench serve: the end is the last chunk with choices
         self.result.e2e = self.last - self.start
         self.result.text = "".join(self.parts)
         return self.result
 
 
-async def stream_chat(client: httpx.AsyncClient, base_url: str, prompt: Prompt, opts: RequestOptions,
-                      api_key: str | None = None) -> RequestResult:
-    """One streamed chat completion, timed the way ``vllm bench serve`` times its openai-chat backend.
+async def stream_chat(client: httpx.AsyncClient, base_url: str, prompt: Prompt,
+                      opts: RequestOptions, api_key: str | None = None) -> RequestResult:
+    """One streamed chat completion, timed as ``vllm bench serve`` times its openai-chat backend.
 
-    TTFT is the first chunk with choices; the end-to-end time ends at the last chunk with choices. Raises
-    StreamError on any failure.
+    TTFT is the first chunk with choices; the end-to-end time ends at the last chunk with choices.
+    Raises StreamError on any failure.
     """
     start = time.perf_counter()
     chunks = ChunkParser(RequestResult(prompt), start, opts.max_tokens, api_key)
@@ -203,8 +205,8 @@ async def stream_chat(client: httpx.AsyncClient, base_url: str, prompt: Prompt, 
 
 async def _bounded(client: httpx.AsyncClient, base_url: str, prompt: Prompt, opts: RequestOptions,
                    api_key: str | None, timeout: float | None) -> RequestResult:
-    """One request within ``timeout`` seconds from its start to its last byte (a server that keeps the stream
-    alive with comments or a token now and then cannot hold the run)."""
+    """One request within ``timeout`` seconds from its start to its last byte (a server that keeps
+    the stream alive with comments or a token now and then cannot hold the run)."""
     try:
         async with asyncio.timeout(timeout):
             return await stream_chat(client, base_url, prompt, opts, api_key)
@@ -213,11 +215,12 @@ async def _bounded(client: httpx.AsyncClient, base_url: str, prompt: Prompt, opt
                           "server") from None
 
 
-async def run_requests(client: httpx.AsyncClient, base_url: str, prompts: list[Prompt], opts: RequestOptions,
-                       concurrency: int, api_key: str | None = None,
+async def run_requests(client: httpx.AsyncClient, base_url: str, prompts: list[Prompt],
+                       opts: RequestOptions, concurrency: int, api_key: str | None = None,
                        timeout: float | None = None) -> tuple[list[RequestResult], float]:
-    """Send ``prompts`` with at most ``concurrency`` in flight, each within ``timeout`` seconds (first byte to
-    last). The first failed request cancels the others and raises RunFailure naming the URL."""
+    """Send ``prompts`` with at most ``concurrency`` in flight, each within ``timeout`` seconds
+    (first byte to last). The first failed request cancels the others and raises RunFailure naming
+    the URL."""
     queue = list(reversed(prompts))
     results: list[RequestResult] = []
 
@@ -233,8 +236,8 @@ async def run_requests(client: httpx.AsyncClient, base_url: str, prompts: list[P
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        raise RunFailure(f"{chat_url(base_url)}: {exc}; nothing written, check the server's health and "
-                         "log") from None
+        raise RunFailure(f"{chat_url(base_url)}: {exc}; nothing written, check the server's health "
+                         "and log") from None
     return results, time.perf_counter() - start
 
 
@@ -256,28 +259,30 @@ def _model_entry(entry: object) -> dict[str, Any] | None:
     if not isinstance(root, (str, type(None))) or isinstance(length, bool) \
             or not isinstance(length, (int, type(None))) or (length is not None and length < 0):
         return None
-    return {"id": clean(entry["id"]), "root": None if root is None else clean(root), "max_model_len": length}
+    return {"id": clean(entry["id"]), "root": None if root is None else clean(root),
+            "max_model_len": length}
 
 
-def preflight(client: httpx.Client, base_url: str, model: str, api_key: str | None) -> dict[str, Any]:
-    """Check the server answers, accepts the key and serves ``model``; returns its /v1/models entry."""
+def preflight(client: httpx.Client, base_url: str, model: str,
+              api_key: str | None) -> dict[str, Any]:
+    """Check the server answers, accepts the key and serves ``model``: its /v1/models entry."""
     url = base_url.rstrip("/") + "/v1/models"
     status, body = metrics.get_bounded(client, url, api_key)
     if status == 401:
-        raise UserError(f"{url}: 401 Unauthorized; give the server's API key in a file (chmod 600) with "
-                        "--api-key-file FILE, or in $SPARKSPEC_API_KEY")
+        raise UserError(f"{url}: 401 Unauthorized; give the server's API key in a file (chmod 600) "
+                        "with --api-key-file FILE, or in $SPARKSPEC_API_KEY")
     if status != 200:
         raise UserError(f"{url}: HTTP {status}; --url must point at an OpenAI-compatible server")
     try:
         doc = loads_bounded(body)
     except ValueError as exc:
-        raise UserError(f"{url}: not an OpenAI model list ({clean(str(exc))}); --url must point at a vLLM "
-                        "server") from None
+        raise UserError(f"{url}: not an OpenAI model list ({clean(str(exc))}); --url must point at "
+                        "a vLLM server") from None
     data = doc.get("data") if isinstance(doc, dict) else None
     entries = [_model_entry(m) for m in data] if isinstance(data, list) else [None]
     if None in entries:
-        raise UserError(f"{url}: the model list has the wrong shape (each entry needs a string id, string "
-                        "root, integer max_model_len); --url must point at a vLLM server")
+        raise UserError(f"{url}: the model list has the wrong shape (each entry needs a string id, "
+                        "string root, integer max_model_len); --url must point at a vLLM server")
     models = {m["id"]: m for m in entries if m is not None}
     if model not in models:
         raise UserError(f"--model {model}: not served at {base_url} (serves "
@@ -325,20 +330,22 @@ def _figures(results: list[RequestResult], duration: float, before: metrics.Snap
 def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     """Preflight, run each suite in turn (counters read around each), and build the result.
 
-    The flags are checked by the CLI's types (sparkspec.cli.bench). Bad input (a suite, a server that is not a
-    vLLM one) raises UserError before any request; a failure after the first request raises RunFailure. Either
-    way there is no result.
+    The flags are checked by the CLI's types (sparkspec.cli.bench). Bad input (a suite, a server
+    that is not a vLLM one) raises UserError before any request; a failure after the first request
+    raises RunFailure. Either way there is no result.
     """
     planned = {name: _cycle(prompts, cfg.requests) for name, prompts in suites_for(cfg.suite)}
-    opts = RequestOptions(cfg.model, cfg.max_tokens, cfg.temperature, cfg.enable_thinking, cfg.ignore_eos)
+    opts = RequestOptions(cfg.model, cfg.max_tokens, cfg.temperature, cfg.enable_thinking,
+                          cfg.ignore_eos)
     with sync_client() as client:
         served = preflight(client, cfg.url, cfg.model, cfg.api_key)
         first = snapshot = metrics.scrape(client, cfg.url, cfg.api_key) if cfg.metrics else None
         result: dict[str, Any] = {
-            "format": RESULT_FORMAT, "backend": "openai-chat", "url": cfg.url, "model_id": cfg.model,
-            "served_model": served, "method": cfg.method, "unit": cfg.unit, "suite": cfg.suite,
-            "temperature": cfg.temperature, "max_tokens": cfg.max_tokens, "max_concurrency": cfg.concurrency,
-            "enable_thinking": cfg.enable_thinking, "ignore_eos": cfg.ignore_eos,
+            "format": RESULT_FORMAT, "backend": "openai-chat", "url": cfg.url,
+            "model_id": cfg.model, "served_model": served, "method": cfg.method, "unit": cfg.unit,
+            "suite": cfg.suite, "temperature": cfg.temperature, "max_tokens": cfg.max_tokens,
+            "max_concurrency": cfg.concurrency, "enable_thinking": cfg.enable_thinking,
+            "ignore_eos": cfg.ignore_eos,
             "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **cfg.extra,
         }
         all_results: list[RequestResult] = []
@@ -347,20 +354,21 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         for name, todo in planned.items():
             async def go(todo: list[Prompt] = todo) -> tuple[list[RequestResult], float]:
                 async with async_client(cfg.concurrency, cfg.timeout) as aclient:
-                    return await run_requests(aclient, cfg.url, todo, opts, cfg.concurrency, cfg.api_key,
-                                              cfg.timeout)
+                    return await run_requests(aclient, cfg.url, todo, opts, cfg.concurrency,
+                                              cfg.api_key, cfg.timeout)
 
             results, duration = asyncio.run(go())
             before = snapshot
             if before is not None:
                 try:
-                    snapshot = metrics.settled(client, cfg.url, before, sum(r.output_tokens for r in results),
-                                               cfg.api_key)
+                    snapshot = metrics.settled(client, cfg.url, before,
+                                               sum(r.output_tokens for r in results), cfg.api_key)
                 except UserError as exc:
                     raise RunFailure(f"{exc}; nothing written") from None
             all_results += results
             total_duration += duration
-            per_suite[name] = {"num_prompts": len(todo)} | _figures(results, duration, before, snapshot)
+            per_suite[name] = {"num_prompts": len(todo)} | _figures(results, duration, before,
+                                                                    snapshot)
     result["num_prompts"] = sum(len(todo) for todo in planned.values())
     result |= _figures(all_results, total_duration, first, snapshot)
     if len(planned) > 1:

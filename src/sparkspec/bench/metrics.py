@@ -1,5 +1,6 @@
-"""The figures of a run: the client's own (``summarize``) and vLLM's /metrics (counter snapshots, deltas over
-a run, and the spec-decode figures they give); and the bounded, key-redacting reads of a server's answers.
+"""The figures of a run: the client's own (``summarize``) and vLLM's /metrics (counter snapshots,
+deltas over a run, and the spec-decode figures they give); and the bounded, key-redacting reads of a
+server's answers.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ QUOTE = 200  # characters of server text quoted in an error
 
 
 def clean(text: str, secret: str | None = None) -> str:
-    """Server text fit to quote in one line: the key replaced, control characters dropped, cut short."""
+    """Server text fit to quote in one line: key replaced, control characters dropped, cut short."""
     if secret:  # in any case: a server may echo the header lowercased
         text = re.sub(re.escape(secret), "***", text, flags=re.IGNORECASE)
     text = "".join(c if c.isprintable() else "?" for c in text)
@@ -50,31 +51,35 @@ def get_bounded(client: httpx.Client, url: str, api_key: str | None,
 
 def request_bounded(client: httpx.Client, method: str, url: str, api_key: str | None, limit: int,
                     deadline_s: float | None = None, body: object = None) -> tuple[int, bytes]:
-    """``method url`` (``body`` as JSON): its status and at most ``limit`` bytes of answer, else one line
-    (UserError) naming the URL; with ``deadline_s``, within that much wall-clock time over the whole request
-    (checked at every chunk, each read bounded by the same time: a time-out says "no answer within")."""
+    """``method url`` (``body`` as JSON): its status and at most ``limit`` bytes of answer, else one
+    line (UserError) naming the URL; with ``deadline_s``, within that much wall-clock time over the
+    whole request (checked at every chunk, each read bounded by the same time: a time-out says "no
+    answer within")."""
     end = None if deadline_s is None else time.monotonic() + deadline_s
     late = f"{url}: no answer within {deadline_s:g} s" if deadline_s is not None else ""
     timeout = httpx.USE_CLIENT_DEFAULT if deadline_s is None else httpx.Timeout(deadline_s)
     try:
-        with client.stream(method, url, headers=auth(api_key), json=body, timeout=timeout) as response:
+        with client.stream(method, url, headers=auth(api_key), json=body,
+                           timeout=timeout) as response:
             data = bytearray()
             for piece in response.iter_bytes():
                 data += piece
                 if len(data) > limit:
-                    raise UserError(f"{url}: answers more than {limit} bytes; --url must point at a vLLM "
-                                    "server")
+                    raise UserError(f"{url}: answers more than {limit} bytes; --url must point at "
+                                    "a vLLM server")
                 if end is not None and time.monotonic() > end:
                     raise UserError(late)
             return response.status_code, bytes(data)
     except httpx.TimeoutException as exc:
         if end is None:
             raise UserError(f"{url}: unreachable or a broken answer ({exc.__class__.__name__}: "
-                            f"{clean(str(exc), api_key)}); check --url and that the server is up") from None
+                            f"{clean(str(exc), api_key)}); check --url and that the server is up") \
+                from None
         raise UserError(late) from None
     except httpx.HTTPError as exc:
         raise UserError(f"{url}: unreachable or a broken answer ({exc.__class__.__name__}: "
-                        f"{clean(str(exc), api_key)}); check --url and that the server is up") from None
+                        f"{clean(str(exc), api_key)}); check --url and that the server is up") \
+            from None
 
 
 @dataclass(frozen=True)
@@ -89,7 +94,8 @@ class Snapshot:
     num_accepted_tokens: float = 0.0
     accepted_per_pos: dict[int, float] = field(default_factory=dict)
     request_seconds: float = 0.0
-    """Sum of finished requests' end-to-end latency as the server saw it (its busy time at concurrency 1)."""
+    """Sum of finished requests' end-to-end latency as the server saw it (its busy time at
+    concurrency 1)."""
 
 
 def parse(text: str) -> Snapshot:
@@ -103,8 +109,8 @@ def parse(text: str) -> Snapshot:
                 if sample.name != ACCEPTED_PER_POS and sample.name not in wanted:
                     continue
                 if not (math.isfinite(sample.value) and sample.value >= 0):
-                    raise UserError(f"/metrics: {sample.name} is {sample.value}, not a count; point --url at "
-                                    "a vLLM server")
+                    raise UserError(f"/metrics: {sample.name} is {sample.value}, not a count; "
+                                    "point --url at a vLLM server")
                 if sample.name == ACCEPTED_PER_POS:
                     pos = int(sample.labels.get("position", "0"))
                     if not 0 <= pos <= MAX_POSITION:
@@ -136,8 +142,8 @@ def delta(before: Snapshot, after: Snapshot) -> Snapshot:
         num_drafts=after.num_drafts - before.num_drafts,
         num_draft_tokens=after.num_draft_tokens - before.num_draft_tokens,
         num_accepted_tokens=after.num_accepted_tokens - before.num_accepted_tokens,
-        accepted_per_pos={p: after.accepted_per_pos.get(p, 0.0) - before.accepted_per_pos.get(p, 0.0)
-                          for p in positions},
+        accepted_per_pos={p: after.accepted_per_pos.get(p, 0.0)
+                          - before.accepted_per_pos.get(p, 0.0) for p in positions},
         request_seconds=after.request_seconds - before.request_seconds,
     )
 
@@ -151,7 +157,8 @@ def spec_decode_figures(d: Snapshot) -> dict[str, Any]:
     if not d.has_spec_decode:
         return {"spec_decode_acceptance_rate": None, "spec_decode_acceptance_length": None,
                 "spec_decode_num_drafts": None, "spec_decode_draft_tokens": None,
-                "spec_decode_accepted_tokens": None, "spec_decode_per_position_acceptance_rates": None}
+                "spec_decode_accepted_tokens": None,
+                "spec_decode_per_position_acceptance_rates": None}
     rate = _ratio(d.num_accepted_tokens, d.num_draft_tokens)
     per_accepted = _ratio(d.num_accepted_tokens, d.num_drafts)
     per_pos = [_ratio(v, d.num_drafts) for v in d.accepted_per_pos.values()]
@@ -169,7 +176,8 @@ def scrape(client: httpx.Client, base_url: str, api_key: str | None = None) -> S
     url = base_url.rstrip("/") + "/metrics"
     status, body = get_bounded(client, url, api_key)
     if status != 200:
-        raise UserError(f"{url}: HTTP {status}; --url must point at a vLLM server with metrics enabled")
+        raise UserError(f"{url}: HTTP {status}; --url must point at a vLLM server with metrics "
+                        "enabled")
     try:
         return parse(body.decode("utf-8"))
     except UnicodeDecodeError:
@@ -180,10 +188,11 @@ def scrape(client: httpx.Client, base_url: str, api_key: str | None = None) -> S
 
 def settled(client: httpx.Client, base_url: str, before: Snapshot, min_generation: float,
             api_key: str | None = None, timeout: float = 10.0, interval: float = 0.2) -> Snapshot:
-    """Scrape until the counters stop moving and cover ``min_generation`` new tokens (or ``timeout``).
+    """Scrape until the counters stop moving and cover ``min_generation`` new tokens (or
+    ``timeout``).
 
-    vLLM records iteration stats just after it hands out a step's tokens, so a scrape taken the instant the
-    last stream ends can miss the final step.
+    vLLM records iteration stats just after it hands out a step's tokens, so a scrape taken the
+    instant the last stream ends can miss the final step.
     """
     deadline = time.monotonic() + timeout
     last = scrape(client, base_url, api_key)
@@ -206,8 +215,8 @@ def _stats(name: str, values_s: list[float]) -> dict[str, float | None]:
 
 
 class Timed(Protocol):
-    """What summarize reads of a request's result (the client's RequestResult), so this module needs no
-    import of the client, which imports it."""
+    """What summarize reads of a request's result (the client's RequestResult), so this module needs
+    no import of the client, which imports it."""
 
     ttft: float
     e2e: float
@@ -216,7 +225,7 @@ class Timed(Protocol):
 
 
 def summarize(results: Sequence[Timed], duration: float) -> dict[str, Any]:
-    """``vllm bench serve``'s figures (and the article's per-request tok/s) over completed requests."""
+    """``vllm bench serve``'s figures (and the article's per-request tok/s) of finished requests."""
     out_tokens = sum(r.output_tokens for r in results)
     in_tokens = sum(r.input_tokens for r in results)
     speeds = [r.output_tokens / r.e2e for r in results if r.e2e > 0]
@@ -231,8 +240,8 @@ def summarize(results: Sequence[Timed], duration: float) -> dict[str, Any]:
         "total_token_throughput": (in_tokens + out_tokens) / duration if duration > 0 else None,
     }
     figures |= _stats("ttft", [r.ttft for r in results])
-    figures |= _stats("tpot",
-                      [(r.e2e - r.ttft) / (r.output_tokens - 1) for r in results if r.output_tokens > 1])
+    figures |= _stats("tpot", [(r.e2e - r.ttft) / (r.output_tokens - 1) for r in results
+                               if r.output_tokens > 1])
     figures |= _stats("e2el", [r.e2e for r in results])
     figures["per_request_tok_s_mean"] = float(np.mean(speeds)) if speeds else None
     figures["per_request_tok_s_max"] = float(np.max(speeds)) if speeds else None

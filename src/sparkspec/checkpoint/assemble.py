@@ -1,5 +1,6 @@
-"""Assemble the hybrid checkpoint: AutoRound INT4 shards with selected layers taken in FP8 (without ``--fp8``,
-the INT4 checkpoint alone, so that ``add-mtp`` can register its MTP head), planned from headers, streamed.
+"""Assemble the hybrid checkpoint: AutoRound INT4 shards with selected
+layers taken in FP8 (without ``--fp8``, the INT4 checkpoint alone, so that
+``add-mtp`` can register its MTP head), planned from headers, streamed.
 """
 
 from __future__ import annotations
@@ -84,9 +85,10 @@ class Plan:
 
 
 def _revision(directory: Path) -> str | None:
-    """The hub commit of a download: snapshot folder name, sparkspec fetch's marker, or huggingface_hub's
-    local-dir metadata. Read directly (huggingface_hub's reader creates .cache folders; sources are never
-    modified), as regular files only, and checked: a marker that is not a revision is refused."""
+    """The hub commit of a download: snapshot folder name, sparkspec fetch's marker,
+    or huggingface_hub's local-dir metadata. Read directly (huggingface_hub's reader
+    creates .cache folders; sources are never modified), as regular files only, and
+    checked: a marker that is not a revision is refused."""
     real = directory.resolve()
     if real.parent.name == "snapshots":
         return real.name if COMMIT_RE.fullmatch(real.name) else None
@@ -118,19 +120,19 @@ def _headers(root: Path, files: Iterable[str], flag: str) -> dict[str, Header]:
 
 
 def _side_files(int4: Path) -> list[str]:
-    """The INT4 folder's other files (tokenizer, generation config, ...), copied into the hybrid: each a
-    regular file of the folder itself; sub-folders and hidden entries are left out."""
+    """The INT4 folder's other files (tokenizer, generation config, ...), copied into the hybrid:
+    each a regular file of the folder itself; sub-folders and hidden entries are left out."""
     side = []
     for path in sorted(int4.iterdir()):
         name = path.name
-        if name.startswith(".") or name.endswith(".safetensors") or name in (INDEX_NAME, "config.json",
-                                                                             MANIFEST_NAME):
+        if (name.startswith(".") or name.endswith(".safetensors")
+                or name in (INDEX_NAME, "config.json", MANIFEST_NAME)):
             continue
         if path.is_dir():
             continue
         if not path.is_file():
-            raise UserError(f"{path}: not a regular file (a FIFO, socket, device or broken link); remove it "
-                            "from --int4 or put the real file there")
+            raise UserError(f"{path}: not a regular file (a FIFO, socket, device or broken link); "
+                            "remove it from --int4 or put the real file there")
         side.append(str(source_file(int4, path, "--int4").name))
     return side
 
@@ -138,17 +140,18 @@ def _side_files(int4: Path) -> list[str]:
 def _check_index(index_path: Path, weight_map: dict[str, str], headers: dict[str, Header]) -> None:
     for tensor, file in weight_map.items():
         if file in headers and tensor not in headers[file].tensors:
-            raise UserError(f"{index_path}: maps {tensor} to {file}, whose header has no such tensor; "
-                            "re-download the checkpoint")
+            raise UserError(f"{index_path}: maps {tensor} to {file}, whose header has no such "
+                            "tensor; re-download the checkpoint")
 
 
-def plan_assembly(int4: Path, fp8: Path | None, patterns: Iterable[str] = (), expect_fp8: int | None = None
-                  ) -> Plan:
+def plan_assembly(int4: Path, fp8: Path | None, patterns: Iterable[str] = (),
+                  expect_fp8: int | None = None) -> Plan:
     int4, fp8, patterns = Path(int4), None if fp8 is None else Path(fp8), list(patterns)
     compile_patterns(patterns)
     if fp8 is None and (patterns or expect_fp8):
-        raise UserError(f"{'--fp8-pattern' if patterns else '--expect-fp8 ' + str(expect_fp8)} needs --fp8: "
-                        "without it no layer is taken in FP8; give the FP8 checkpoint or drop the option")
+        raise UserError(f"{'--fp8-pattern' if patterns else '--expect-fp8 ' + str(expect_fp8)} "
+                        "needs --fp8: without it no layer is taken in FP8; give the FP8 checkpoint "
+                        "or drop the option")
     for flag, source in (("--int4", int4), ("--fp8", fp8)):
         if source is None:
             continue
@@ -158,7 +161,8 @@ def plan_assembly(int4: Path, fp8: Path | None, patterns: Iterable[str] = (), ex
     index4 = read_index(int4)["weight_map"]
     shard_files = int4_model_shards(index4)
     if not shard_files:
-        raise UserError(f"{int4 / INDEX_NAME}: maps no model shard; point --int4 at the INT4 checkpoint")
+        raise UserError(f"{int4 / INDEX_NAME}: maps no model shard; point --int4 at the INT4 "
+                        "checkpoint")
     h4 = _headers(int4, shard_files, "--int4")
     check_unique(int4, h4, "re-download the checkpoint")
     _check_index(int4 / INDEX_NAME, index4, h4)
@@ -177,8 +181,8 @@ def plan_assembly(int4: Path, fp8: Path | None, patterns: Iterable[str] = (), ex
             if file not in h8:
                 h8[file] = read_header(source_file(fp8, fp8 / file, "--fp8"))
             if name not in h8[file].tensors:
-                raise UserError(f"{fp8 / INDEX_NAME}: maps {name} to {file}, whose header has no such "
-                                "tensor; re-fetch the FP8 source")
+                raise UserError(f"{fp8 / INDEX_NAME}: maps {name} to {file}, whose header has no "
+                                "such tensor; re-fetch the FP8 source")
             fp8_tensors[name] = h8[file].tensors[name]
     check_unique(fp8, h8, "re-download the checkpoint")
 
@@ -187,17 +191,19 @@ def plan_assembly(int4: Path, fp8: Path | None, patterns: Iterable[str] = (), ex
 
     modules = fp8_selection(int4_tensors, fp8_tensors, patterns, block, where)
     if not modules:
-        raise UserError(f"{fp8}: no tensor of {int4} has an F8_E4M3 X.weight with X.weight_scale_inv there; "
-                        "check that --fp8 is the FP8 checkpoint of the same model (or widen with "
-                        "--fp8-pattern)")
+        raise UserError(f"{fp8}: no tensor of {int4} has an F8_E4M3 X.weight with "
+                        "X.weight_scale_inv there; check that --fp8 is the FP8 checkpoint of the "
+                        "same model (or widen with --fp8-pattern)")
     replaced: dict[str, tuple[Piece, Piece]] = {}
     for module in modules:
         pair = []
         for name in fp8_pair(module):
             t, file = fp8_tensors[name], index8[name]
-            pair.append(Piece(name, t.dtype, t.shape, fp8 / file, h8[file].data_start + t.begin, t.nbytes))
+            pair.append(Piece(name, t.dtype, t.shape, fp8 / file, h8[file].data_start + t.begin,
+                              t.nbytes))
         replaced[module] = (pair[0], pair[1])
-    return _finish(int4, fp8, shard_files, h4, config, replaced, modules, patterns, block, expect_fp8)
+    return _finish(int4, fp8, shard_files, h4, config, replaced, modules, patterns, block,
+                   expect_fp8)
 
 
 def _finish(int4: Path, fp8: Path | None, shard_files: list[str], h4: dict[str, Header],
@@ -215,7 +221,8 @@ def _finish(int4: Path, fp8: Path | None, shard_files: list[str], h4: dict[str, 
                 if name in (f"{owner}.weight", f"{owner}.qweight"):
                     pieces.extend(replaced[owner])
                 continue
-            pieces.append(Piece(name, t.dtype, t.shape, int4 / file, header.data_start + t.begin, t.nbytes))
+            pieces.append(Piece(name, t.dtype, t.shape, int4 / file, header.data_start + t.begin,
+                                t.nbytes))
         if pieces:
             shards[file] = pieces
     side = _side_files(int4)
@@ -233,7 +240,8 @@ def _finish(int4: Path, fp8: Path | None, shard_files: list[str], h4: dict[str, 
     inputs = {
         "format": FORMAT_VERSION, "hash": HASH_NAME, "fp8_patterns": list(patterns),
         "int4": {"path": str(int4.resolve()), "revision": _revision(int4),
-                 "files": {f: _stat(int4 / f) for f in [*shard_files, INDEX_NAME, "config.json", *side]}},
+                 "files": {f: _stat(int4 / f)
+                           for f in [*shard_files, INDEX_NAME, "config.json", *side]}},
         "fp8": None if fp8 is None else {
             "path": str(fp8.resolve()), "revision": _revision(fp8),
             "files": {p.name: _stat(p) for p in sorted(used) if p.parent == fp8}
@@ -241,20 +249,23 @@ def _finish(int4: Path, fp8: Path | None, shard_files: list[str], h4: dict[str, 
     }
     plan = Plan(shards, fp8_modules, side, inputs, out_config, expect_fp8)
     if expect_fp8 is not None and len(fp8_modules) != expect_fp8:
-        plan.warnings.append(f"{fp8}: {len(fp8_modules)} layers taken in FP8, expected {expect_fp8}; check "
-                             "the sources (or --expect-fp8)")
+        plan.warnings.append(f"{fp8}: {len(fp8_modules)} layers taken in FP8, expected "
+                             f"{expect_fp8}; check the sources (or --expect-fp8)")
     return plan
 
 
 def _is_current(out: Path, plan: Plan) -> bool:
-    """The manifest's inputs are this plan's, every output file is as assemble wrote it (size, times, inode,
-    header digest) and the index still maps what assemble mapped (add-mtp may have added entries)."""
+    """The manifest's inputs are this plan's, every output file is as
+    assemble wrote it (size, times, inode, header digest) and the index
+    still maps what assemble mapped (add-mtp may have added entries)."""
     if not (out / MANIFEST_NAME).is_file():
         return False
     try:
         manifest = load(out)
-        # the index and the MTP head are add-mtp's to record (it extends the index): judged by add-mtp
-        if manifest["key"] != plan.key or stale_outputs(out, manifest, skip=(INDEX_NAME, EXTRA_FILE)):
+        # the index and the MTP head are add-mtp's to
+        # record (it extends the index): judged by add-mtp
+        if (manifest["key"] != plan.key
+                or stale_outputs(out, manifest, skip=(INDEX_NAME, EXTRA_FILE))):
             return False
         index = read_index(out)["weight_map"]
     except UserError:
@@ -274,12 +285,13 @@ class AssembleResult:
 
     def as_dict(self) -> dict[str, Any]:
         return {"changed": self.changed, "out": str(self.out), "fp8_layers": self.fp8_layers,
-                "expected_fp8": self.expected_fp8, "tensors": self.tensors, "total_size": self.total_size,
-                "warnings": self.warnings, "hash": HASH_NAME}
+                "expected_fp8": self.expected_fp8, "tensors": self.tensors,
+                "total_size": self.total_size, "warnings": self.warnings, "hash": HASH_NAME}
 
 
 def check_output(int4: Path, fp8: Path | None, out: Path) -> dict[str, Path]:
-    """``--out`` claimed (before reading anything: refused outputs cost nothing); the inputs by flag."""
+    """``--out`` claimed (before reading anything:
+    refused outputs cost nothing); the inputs by flag."""
     inputs = {"--int4": int4} | ({} if fp8 is None else {"--fp8": fp8})
     claim(out, "--out", TOOL, owned, inputs)
     return inputs
@@ -288,7 +300,8 @@ def check_output(int4: Path, fp8: Path | None, out: Path) -> dict[str, Path]:
 def assemble(int4: Path, fp8: Path | None, out: Path, patterns: Iterable[str] = (),
              expect_fp8: int | None = None,
              progress: Callable[[int], Progress | None] | None = None) -> AssembleResult:
-    """Build (or confirm) the hybrid in ``out``. ``progress(total_bytes)`` may return a per-bytes callback."""
+    """Build (or confirm) the hybrid in ``out``.
+    ``progress(total_bytes)`` may return a per-bytes callback."""
     int4, fp8, out = Path(int4), None if fp8 is None else Path(fp8), Path(out)
     inputs = check_output(int4, fp8, out)
     plan = plan_assembly(int4, fp8, patterns, expect_fp8)
@@ -301,23 +314,28 @@ def assemble(int4: Path, fp8: Path | None, out: Path, patterns: Iterable[str] = 
     if _is_current(out, plan):
         return result(False)
     n_files = len(plan.shards) + len(plan.side_files) + 3
+    # + headers, index, manifest, config, block slack
     needed = (plan.total_bytes + sum((int4 / f).stat().st_size for f in plan.side_files)
-              + 300 * n_tensors + 16384 * n_files)  # + headers, index, manifest, config, block slack
+              + 300 * n_tensors + 16384 * n_files)
     check_room(out, needed, "--out", "the hybrid")
-    with replacing(out, flag="--out", tool=TOOL, owned=owned, stage="assemble-tmp", inputs=inputs) as tmp:
+    with replacing(out, flag="--out", tool=TOOL, owned=owned, stage="assemble-tmp",
+                   inputs=inputs) as tmp:
         _build(tmp, int4, plan, progress)
     return result(True)
 
 
-def _build(tmp: Path, int4: Path, plan: Plan, progress: Callable[[int], Progress | None] | None) -> None:
+def _build(tmp: Path, int4: Path, plan: Plan,
+           progress: Callable[[int], Progress | None] | None) -> None:
     tick = progress(plan.total_bytes) if progress else None
     outputs: dict[str, Any] = {}
     weight_map: dict[str, str] = {}
     for file, pieces in plan.shards.items():
-        prefix, _ = encode_header([(p.name, p.dtype, p.shape, p.nbytes) for p in pieces], {"format": "pt"})
+        prefix, _ = encode_header([(p.name, p.dtype, p.shape, p.nbytes) for p in pieces],
+                                  {"format": "pt"})
         header = new_hash()
         header.update(prefix)
-        outputs[file] = {**write_pieces(tmp / file, prefix, pieces, tick), "header": header.hexdigest()}
+        outputs[file] = {**write_pieces(tmp / file, prefix, pieces, tick),
+                         "header": header.hexdigest()}
         weight_map.update({p.name: file for p in pieces})
     for name in plan.side_files:
         outputs[name] = copy_file(int4 / name, tmp / name)
@@ -330,9 +348,11 @@ def _build(tmp: Path, int4: Path, plan: Plan, progress: Callable[[int], Progress
     outputs[INDEX_NAME] = {HASH_NAME: rehash(tmp / INDEX_NAME)}
     for name in outputs:  # durability before the swap makes it visible
         fsync_path(tmp / name)
-    outputs = {name: stamp(tmp / name, rec) for name, rec in outputs.items()}  # after the last write
+    # after the last write
+    outputs = {name: stamp(tmp / name, rec) for name, rec in outputs.items()}
     manifest = {"tool": TOOL, "format": FORMAT_VERSION, "key": plan.key, "inputs": plan.inputs,
                 "hash": HASH_NAME, "fp8_layers": plan.fp8_modules, "outputs": outputs,
                 "weight_map": weight_map}
     # last, and fsynced with the build folder: every entry above is durable before the swap
-    write_atomic(tmp / MANIFEST_NAME, (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode())
+    write_atomic(tmp / MANIFEST_NAME,
+                 (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode())

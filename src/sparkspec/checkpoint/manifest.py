@@ -1,5 +1,5 @@
-"""The manifest ``checkpoint assemble`` leaves in its output: what it read, what it wrote, and how to tell
-that what it wrote is still there, unchanged.
+"""The manifest ``checkpoint assemble`` leaves in its output: what it read, what it wrote, and how
+to tell that what it wrote is still there, unchanged.
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ def stamp(path: Path, record: dict[str, Any]) -> dict[str, Any]:
 
 
 def header_digest(path: Path) -> str:
-    """The digest of a safetensors file's header (8-byte length + JSON), read with a bounded length."""
+    """The digest of a safetensors file's header
+    (8-byte length + JSON), read with a bounded length."""
     fd = open_regular(path, "safetensors file")
     try:
         prefix = os.pread(fd, 8, 0)
@@ -54,8 +55,8 @@ def header_digest(path: Path) -> str:
 
 
 def owned(directory: Path) -> bool:
-    """Whether ``directory`` holds assemble's manifest (then assemble may replace it). A manifest that is not
-    JSON is refused with one line: the folder is nobody's we know."""
+    """Whether ``directory`` holds assemble's manifest (then assemble may replace it). A manifest
+    that is not JSON is refused with one line: the folder is nobody's we know."""
     path = directory / MANIFEST_NAME
     if not os.path.lexists(path):
         return False
@@ -64,16 +65,17 @@ def owned(directory: Path) -> bool:
 
 
 def load(directory: Path) -> dict[str, Any]:
-    """The manifest, its shape checked: a wrong type, a missing key or a file name that is not a plain name
-    in the folder is one line naming the manifest."""
+    """The manifest, its shape checked: a wrong type, a missing key or a file name that is not a
+    plain name in the folder is one line naming the manifest."""
     path = directory / MANIFEST_NAME
     where = str(path)
-    doc: dict[str, Any] = read_json(path, f"not found: {directory} was not written by `{TOOL}`", _FIX)
+    doc: dict[str, Any] = read_json(path, f"not found: {directory} was not written by `{TOOL}`",
+                                    _FIX)
     if expect(doc, "tool", str, where, _FIX) != TOOL:
         raise UserError(f"{where}: was not written by `{TOOL}`; {_FIX}")
     if expect(doc, "format", int, where, _FIX) != FORMAT_VERSION:
-        raise UserError(f"{where}: format {doc['format']} is not {FORMAT_VERSION} (an older sparkspec); "
-                        f"{_FIX}")
+        raise UserError(f"{where}: format {doc['format']} is not {FORMAT_VERSION} (an older "
+                        f"sparkspec); {_FIX}")
     expect(doc, "key", str, where, _FIX)
     expect(doc, "hash", str, where, _FIX)
     outputs = expect(doc, "outputs", dict, where, _FIX)
@@ -89,17 +91,19 @@ def load(directory: Path) -> dict[str, Any]:
     weight_map = expect(doc, "weight_map", dict, where, _FIX)
     for tensor, file in weight_map.items():
         if not isinstance(file, str) or file not in outputs:
-            raise UserError(f"{where}: weight_map maps {tensor!r:.80} to {file!r:.80}, which is not an "
-                            f"output; {_FIX}")
+            raise UserError(f"{where}: weight_map maps {tensor!r:.80} to {file!r:.80}, which is "
+                            f"not an output; {_FIX}")
     return doc
 
 
-def stale_outputs(directory: Path, manifest: dict[str, Any], skip: tuple[str, ...] = ()) -> list[str]:
-    """Output files whose size, times or inode differ from the record (or whose header digest does), sorted
-    (a file recorded as a hard link to a source, add-mtp's head, or one with another link now, the cluster
-    head's hand-off root, is not judged by its change time: a link made or removed changes it, not a byte);
-    ``skip``: files another command records (add-mtp's head and index, for assemble's own no-op). A record
-    without a digest (an older sparkspec's index record, from before add-mtp recorded it) is not judged."""
+def stale_outputs(directory: Path, manifest: dict[str, Any],
+                  skip: tuple[str, ...] = ()) -> list[str]:
+    """Output files whose size, times or inode differ from the record (or whose header digest does),
+    sorted (a file recorded as a hard link to a source, add-mtp's head, or one with another link
+    now, the cluster head's hand-off root, is not judged by its change time: a link made or removed
+    changes it, not a byte); ``skip``: files another command records (add-mtp's head and index, for
+    assemble's own no-op). A record without a digest (an older sparkspec's index record, from before
+    add-mtp recorded it) is not judged."""
     stale = []
     for name, rec in sorted(manifest["outputs"].items()):
         if name in skip or manifest["hash"] not in rec:
@@ -110,7 +114,8 @@ def stale_outputs(directory: Path, manifest: dict[str, Any], skip: tuple[str, ..
         except OSError:
             stale.append(name)
             continue
-        now = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns, "ino": st.st_ino}
+        now = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns,
+               "ino": st.st_ino}
         linked = rec.get("linked") is True or st.st_nlink > 1
         keys = [k for k in STAT_KEYS if not (k == "ctime_ns" and linked)]
         if any(now[k] != rec[k] for k in keys) or not path.is_file() or (
@@ -141,9 +146,9 @@ def is_current(directory: Path, manifest: dict[str, Any], name: str) -> bool:
 
 
 def record(directory: Path, manifest: dict[str, Any], names: list[str]) -> None:
-    """Add (or renew) the records of ``names``, files written into the hybrid after assemble (add-mtp's head
-    and index): each re-hashed, stat taken before and after (a file that changed meanwhile is an error), then
-    the manifest replaced atomically."""
+    """Add (or renew) the records of ``names``, files written into the hybrid after assemble
+    (add-mtp's head and index): each re-hashed, stat taken before and after (a file that changed
+    meanwhile is an error), then the manifest replaced atomically."""
     algo = _same_hash(directory, manifest)
     outputs = dict(manifest["outputs"])
     for name in names:
@@ -155,7 +160,8 @@ def record(directory: Path, manifest: dict[str, Any], names: list[str]) -> None:
         if before.st_nlink > 1:
             rec["linked"] = True
         rec = stamp(path, rec)
-        if (before.st_size, before.st_ctime_ns, before.st_ino) != (rec["size"], rec["ctime_ns"], rec["ino"]):
+        if ((before.st_size, before.st_ctime_ns, before.st_ino)
+                != (rec["size"], rec["ctime_ns"], rec["ino"])):
             raise OSError(11, "changed while it was hashed; re-run", str(path))
         outputs[name] = rec
     body = json.dumps({**manifest, "outputs": outputs}, indent=2, sort_keys=True) + "\n"
@@ -166,12 +172,14 @@ def _same_hash(directory: Path, manifest: dict[str, Any]) -> str:
     algo = str(manifest["hash"])
     if algo != HASH_NAME:
         raise UserError(f"{directory / MANIFEST_NAME}: digests are {algo}, this install computes "
-                        f"{HASH_NAME}; install the same digest (pip install xxhash) or re-run assemble")
+                        f"{HASH_NAME}; install the same digest (pip install xxhash) or re-run "
+                        "assemble")
     return algo
 
 
 def check_digests(directory: Path, manifest: dict[str, Any], names: list[str]) -> list[str]:
-    """Re-hash ``names`` (those the manifest holds a digest for); one problem per file that differs."""
+    """Re-hash ``names`` (those the manifest holds a digest for);
+    one problem per file that differs."""
     algo = _same_hash(directory, manifest)
     problems = []
     for name in names:
@@ -184,8 +192,8 @@ def check_digests(directory: Path, manifest: dict[str, Any], names: list[str]) -
             continue
         got = rehash(path)
         if got != want:
-            problems.append(f"{path}: differs from what {_writer(name)} wrote ({algo} {got} != {want}); "
-                            f"{_fix(name)}")
+            problems.append(f"{path}: differs from what {_writer(name)} wrote ({algo} {got} != "
+                            f"{want}); {_fix(name)}")
     return problems
 
 
@@ -197,8 +205,8 @@ def _writer(name: str) -> str:
 
 
 def _fix(name: str) -> str:
-    return ("re-run `sparkspec checkpoint add-mtp` (or build) into this hybrid" if name in ADD_MTP_FILES
-            else _FIX)
+    return ("re-run `sparkspec checkpoint add-mtp` (or build) into this hybrid"
+            if name in ADD_MTP_FILES else _FIX)
 
 
 def digested(manifest: dict[str, Any]) -> list[str]:
@@ -206,12 +214,13 @@ def digested(manifest: dict[str, Any]) -> list[str]:
 
 
 def fingerprint(directory: Path) -> dict[str, Any]:
-    """One digest of a checkpoint folder, equal on every node that holds the same files (a cluster's gate
-    before its deploy, the head's hand-off to its workers): each regular file under it (hidden files and
-    folders and assemble's manifest left out) by its path and the digest of its bytes. Where assemble's
-    manifest holds a current record of a file (size, times and inode unchanged since hashed), the recorded
-    digest stands for a re-hash (source "manifest"); every other file is hashed (source "content"). So a copy
-    of the files elsewhere, with the manifest or without it, gives the digest of the folder assemble wrote."""
+    """One digest of a checkpoint folder, equal on every node that holds the same files (a cluster's
+    gate before its deploy, the head's hand-off to its workers): each regular file under it (hidden
+    files and folders and assemble's manifest left out) by its path and the digest of its bytes.
+    Where assemble's manifest holds a current record of a file (size, times and inode unchanged
+    since hashed), the recorded digest stands for a re-hash (source "manifest"); every other file is
+    hashed (source "content"). So a copy of the files elsewhere, with the manifest or without it,
+    gives the digest of the folder assemble wrote."""
     if not directory.is_dir():
         raise UserError(f"{directory}: not a folder; give the checkpoint's folder")
     known: dict[str, str] = {}
@@ -220,7 +229,8 @@ def fingerprint(directory: Path) -> dict[str, Any]:
         doc = load(directory)
         source = "manifest"
         if doc["hash"] == HASH_NAME:
-            # a file changed since its record is hashed again: the digest is of its bytes, not a stale record
+            # a file changed since its record is hashed again:
+            # the digest is of its bytes, not a stale record
             stale = set(stale_outputs(directory, doc))
             known = {name: str(rec[doc["hash"]]) for name, rec in doc["outputs"].items()
                      if doc["hash"] in rec and name not in stale}

@@ -1,5 +1,6 @@
-"""add-mtp: register the MTP head of ``model_extra_tensors.safetensors`` in the target's index, so that vLLM
-loads it; the target is a hybrid that ``checkpoint assemble`` wrote, and a failure leaves it as it was.
+"""add-mtp: register the MTP head of ``model_extra_tensors.safetensors``
+in the target's index, so that vLLM loads it; the target is a hybrid
+that ``checkpoint assemble`` wrote, and a failure leaves it as it was.
 """
 
 from __future__ import annotations
@@ -24,7 +25,14 @@ from sparkspec.checkpoint.safetensors_io import (
 from sparkspec.checkpoint.selection import EXTRA_FILE
 from sparkspec.checkpoint.stream import HASH_NAME, copy_file
 from sparkspec.errors import UserError, os_error
-from sparkspec.outputs import check_disjoint, check_not_symlink, commit, fsync_dir, fsync_path, temp_name
+from sparkspec.outputs import (
+    check_disjoint,
+    check_not_symlink,
+    commit,
+    fsync_dir,
+    fsync_path,
+    temp_name,
+)
 from sparkspec.validate import source_file
 
 
@@ -37,8 +45,9 @@ class MtpResult:
     total_size: int
 
     def as_dict(self) -> dict[str, Any]:
-        return {"changed": self.changed, "target": str(self.target), "mtp_tensors": self.mtp_tensors,
-                "file": self.file_action, "total_size": self.total_size}
+        return {"changed": self.changed, "target": str(self.target),
+                "mtp_tensors": self.mtp_tensors, "file": self.file_action,
+                "total_size": self.total_size}
 
 
 def _same_file(src: Path, dst: Path, src_header: Header) -> bool:
@@ -70,44 +79,50 @@ def _stage_file(src: Path, tmp: Path) -> str:
 
 
 def check_source(source: Path) -> tuple[Path, Header, list[str]]:
-    """add-mtp's checks of ``--source``: its model_extra_tensors.safetensors holds mtp.* tensors only; the
-    file, its header and the MTP tensor names. ``build`` runs them before it writes anything."""
+    """add-mtp's checks of ``--source``: its model_extra_tensors.safetensors
+    holds mtp.* tensors only; the file, its header and the MTP tensor names.
+    ``build`` runs them before it writes anything."""
     if not source.is_dir():
-        raise UserError(f"--source {source}: not a folder; point it at the INT4 checkpoint download")
+        raise UserError(f"--source {source}: not a folder; point it at the INT4 checkpoint "
+                        "download")
     src = source / EXTRA_FILE
     if not os.path.lexists(src):
-        raise UserError(f"{src}: not found; the MTP head ships in this file: point --source at the INT4 "
-                        "checkpoint download (or re-fetch it)")
-    source_file(source, src, "--source")  # before reading it: a link out of --source is refused unread
+        raise UserError(f"{src}: not found; the MTP head ships in this file: point --source at the "
+                        "INT4 checkpoint download (or re-fetch it)")
+    # before reading it: a link out of --source is refused unread
+    source_file(source, src, "--source")
     header = read_header(src)
     names = [n for n in header.tensors if n.startswith("mtp.")]
     if not names:
         raise UserError(f"{src}: holds no mtp.* tensor; re-fetch the INT4 checkpoint")
     others = [n for n in header.tensors if not n.startswith("mtp.")]
     if others:
-        raise UserError(f"{src}: also holds {len(others)} non-MTP tensors (e.g. {others[0]}) that vLLM would "
-                        "read once the index names the file; use an unmodified model_extra_tensors file")
+        raise UserError(f"{src}: also holds {len(others)} non-MTP tensors (e.g. {others[0]}) that "
+                        "vLLM would read once the index names the file; use an unmodified "
+                        "model_extra_tensors file")
     return src, header, names
 
 
-def _validated(source: Path, target: Path) -> tuple[Path, Header, list[str], dict[str, Any], dict[str, Any]]:
+def _validated(source: Path, target: Path
+               ) -> tuple[Path, Header, list[str], dict[str, Any], dict[str, Any]]:
     check_disjoint(target, {"--source": source}, "--target")
     check_not_symlink(target, "--target")
     if not target.is_dir():
-        raise UserError(f"--target {target}: not a folder; point it at the hybrid `checkpoint assemble` "
-                        "wrote")
+        raise UserError(f"--target {target}: not a folder; point it at the hybrid `checkpoint "
+                        "assemble` wrote")
     if not owned(target):
-        raise UserError(f"--target {target} was not written by {TOOL}; add-mtp registers the head in an "
-                        "assembled hybrid only: assemble first, then point --target at its --out")
+        raise UserError(f"--target {target} was not written by {TOOL}; add-mtp registers the head "
+                        "in an assembled hybrid only: assemble first, then point --target at its "
+                        "--out")
     manifest = load(target)
     src, header, names = check_source(source)
     return src, header, names, read_index(target), manifest
 
 
 def add_mtp(source: Path, target: Path) -> MtpResult:
-    """Register the head; afterwards the manifest records the head file and the index as they are on disk
-    (a no-op checks those records as assemble's no-op checks the shards; a file whose record no longer
-    matches is placed, or the index written, again)."""
+    """Register the head; afterwards the manifest records the head file and the index as they are on
+    disk (a no-op checks those records as assemble's no-op checks the shards; a file whose record no
+    longer matches is placed, or the index written, again)."""
     source, target = Path(source), Path(target)
     src, header, names, doc, manifest = _validated(source, target)
     weight_map: dict[str, str] = dict(doc["weight_map"])
@@ -121,13 +136,14 @@ def add_mtp(source: Path, target: Path) -> MtpResult:
     for tensor, file in new_map.items():
         info = headers[file].tensors.get(tensor)
         if info is None:
-            raise UserError(f"{target / INDEX_NAME}: maps {tensor} to {file}, which has no such tensor; "
-                            "re-run checkpoint assemble")
+            raise UserError(f"{target / INDEX_NAME}: maps {tensor} to {file}, which has no such "
+                            "tensor; re-run checkpoint assemble")
         total += info.nbytes
     metadata = doc.get("metadata") or {}
     recorded = manifest["outputs"]
     dst = target / EXTRA_FILE
-    # a recorded file that changed since is not trusted, whatever it looks like: placed or written again
+    # a recorded file that changed since is not trusted,
+    # whatever it looks like: placed or written again
     index_changed = (new_map != weight_map or metadata.get("total_size") != total
                      or (INDEX_NAME in recorded and HASH_NAME in recorded[INDEX_NAME]
                          and not is_current(target, manifest, INDEX_NAME)))
@@ -135,7 +151,8 @@ def add_mtp(source: Path, target: Path) -> MtpResult:
                                                  and not is_current(target, manifest, EXTRA_FILE))
     covered = all(is_current(target, manifest, n) for n in (EXTRA_FILE, INDEX_NAME))
     if not (index_changed or place or covered):
-        record(target, manifest, [EXTRA_FILE, INDEX_NAME])  # an older hybrid: its files recorded once
+        # an older hybrid: its files recorded once
+        record(target, manifest, [EXTRA_FILE, INDEX_NAME])
         return MtpResult(True, target, len(names), "recorded", total)
     if not (index_changed or place):
         return MtpResult(False, target, len(names), "kept", total)
@@ -144,10 +161,10 @@ def add_mtp(source: Path, target: Path) -> MtpResult:
     return MtpResult(True, target, len(names), action, total)
 
 
-def _commit(src: Path, dst: Path, target: Path, new_map: dict[str, str], total: int, metadata: dict[str, Any],
-            place: bool, index_changed: bool) -> str:
-    """Stage the file and the index as hidden temps, then rename both into place, the index last; on any
-    failure remove what was staged (and a file placed for an index that could not follow)."""
+def _commit(src: Path, dst: Path, target: Path, new_map: dict[str, str], total: int,
+            metadata: dict[str, Any], place: bool, index_changed: bool) -> str:
+    """Stage the file and the index as hidden temps, then rename both into place, the index last; on
+    any failure remove what was staged (and a file placed for an index that could not follow)."""
     tmp_file = temp_name(dst)
     tmp_index: Path | None = None
     existed = os.path.lexists(dst)

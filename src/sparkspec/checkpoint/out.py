@@ -1,4 +1,5 @@
-"""Output folders of the checkpoint commands (assemble, generate): claimed, locked, built aside, swapped in.
+"""Output folders of the checkpoint commands (assemble, generate):
+claimed, locked, built aside, swapped in.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ STAGE_TEXT = "build folder of a sparkspec checkpoint command; safe to remove\n"
 
 def claim(out: Path, flag: str, tool: str, owned: Callable[[Path], bool],
           inputs: Mapping[str, str | os.PathLike[str] | None] | None = None) -> None:
-    """Refuse ``out`` unless it is absent, an empty folder, or a folder that ``owned`` recognises."""
+    """Refuse ``out`` unless it is absent, an empty folder,
+    or a folder that ``owned`` recognises."""
     check_not_symlink(out, flag)
     check_disjoint(out, inputs or {}, flag)
     if not os.path.lexists(out):
@@ -36,8 +38,8 @@ def claim(out: Path, flag: str, tool: str, owned: Callable[[Path], bool],
     except OSError as exc:
         raise os_error(exc, out, f"choose another {flag}") from None
     if not empty and not owned(out):
-        raise UserError(f"{flag} {out} exists and was not written by {tool}; move it away or choose another "
-                        f"{flag}")
+        raise UserError(f"{flag} {out} exists and was not written by {tool}; move it away or "
+                        f"choose another {flag}")
 
 
 def existing_ancestor(path: Path) -> Path:
@@ -48,19 +50,20 @@ def existing_ancestor(path: Path) -> Path:
 
 
 def check_room(out: Path, needed: int, flag: str, what: str) -> None:
-    """Refuse before writing when the filesystem that will hold ``out`` has less than ``needed`` bytes
-    free."""
+    """Refuse before writing when the filesystem that will
+    hold ``out`` has less than ``needed`` bytes free."""
     where = existing_ancestor(out.parent)
     free = shutil.disk_usage(where).free
     if free < needed:
-        raise UserError(f"{where}: {size(free)} free, {what} needs {size(needed)}; free space or choose "
-                        f"another {flag}")
+        raise UserError(f"{where}: {size(free)} free, {what} needs {size(needed)}; free space or "
+                        f"choose another {flag}")
 
 
 @contextmanager
 def _locked(out: Path, flag: str) -> Iterator[None]:
-    """An exclusive flock on ``.NAME.lock`` beside ``out``, removed on the way out. A lock file unlinked by
-    the previous holder between our open and our flock is detected (inode check) and opened again."""
+    """An exclusive flock on ``.NAME.lock`` beside ``out``, removed on
+    the way out. A lock file unlinked by the previous holder between our
+    open and our flock is detected (inode check) and opened again."""
     path = out.parent / f".{out.name}.lock"
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
@@ -88,29 +91,30 @@ def _locked(out: Path, flag: str) -> Iterator[None]:
 
 
 def _clear_stage(tmp: Path) -> None:
-    """Make way for the build folder ``tmp``: a leftover of an interrupted run (it holds the staging marker,
-    or nothing) is removed, anything else there is refused."""
+    """Make way for the build folder ``tmp``: a leftover of an interrupted run (it holds the staging
+    marker, or nothing) is removed, anything else there is refused."""
     if os.path.lexists(tmp):
         if tmp.is_symlink() or not tmp.is_dir() or not (
                 (tmp / STAGE_MARKER).is_file() or not any(tmp.iterdir())):
-            raise UserError(f"{tmp}: is in the way of the build folder and was not left by this command; "
-                            "move it away")
+            raise UserError(f"{tmp}: is in the way of the build folder and was not left by this "
+                            "command; move it away")
         shutil.rmtree(tmp)
 
 
 @contextmanager
 def replacing(out: Path, *, flag: str, tool: str, owned: Callable[[Path], bool], stage: str,
               inputs: Mapping[str, str | os.PathLike[str] | None] | None = None) -> Iterator[Path]:
-    """Claim ``out``, lock it, yield an empty build folder; on success swap it in, on any failure remove it.
-    OSErrors of the block become one line (exit 1 at run time, 2 for a path to fix).
+    """Claim ``out``, lock it, yield an empty build folder; on success swap it in, on any failure
+    remove it. OSErrors of the block become one line (exit 1 at run time, 2 for a path to fix).
 
-    The build folder's name is known before it is made and it is removed in the ``finally`` whenever this
-    run cleared its place: a stop signal that lands between its ``mkdir`` and anything after (the window a
-    loaded machine hits) still takes it away. Writer threads of the block have stopped by then (every sink
-    joins its writers before the block's exception leaves it)."""
+    The build folder's name is known before it is made and it is removed in the ``finally`` whenever
+    this run cleared its place: a stop signal that lands between its ``mkdir`` and anything after
+    (the window a loaded machine hits) still takes it away. Writer threads of the block have stopped
+    by then (every sink joins its writers before the block's exception leaves it)."""
     claim(out, flag, tool, owned, inputs)
     tmp = out.parent / f".{out.name}.{stage}"
-    ours = False  # this run cleared the build folder's place: whatever is there from now on is its own
+    # ours: this run cleared the build folder's place: whatever is there from now on is its own
+    ours = False
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         with _locked(out, flag):
@@ -122,11 +126,13 @@ def replacing(out: Path, *, flag: str, tool: str, owned: Callable[[Path], bool],
             yield tmp
             stops.check()  # a stop swallowed by third-party code still stops here, before the swap
             (tmp / STAGE_MARKER).unlink()
-            swap_folder(tmp, out)  # afterwards ``tmp`` is gone or holds the old content, which is ours
+            # afterwards ``tmp`` is gone or holds the old content, which is ours
+            swap_folder(tmp, out)
     except OSError as exc:
         where, fix = exc.filename or out, f"choose a writable {flag} with room"
         if exc.filename and Path(exc.filename).parent == tmp:
-            where = out / Path(exc.filename).name  # the file it was writing, by the name it would have had
+            # the file it was writing, by the name it would have had
+            where = out / Path(exc.filename).name
         elif exc.filename and not Path(exc.filename).is_relative_to(out.parent):
             fix = "check that input file and its permissions"  # reading a source failed
         raise os_error(exc, where, fix) from None

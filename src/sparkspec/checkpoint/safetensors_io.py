@@ -86,8 +86,8 @@ def _parse_entry(source: str, name: str, raw: Any) -> TensorInfo:
     offsets = raw.get("data_offsets")
     if not isinstance(dtype, str) or dtype not in DTYPE_SIZES:
         raise _fail(source, f"tensor {name!r} has unknown dtype {dtype!r}")
-    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
-                                              for d in shape):
+    if not isinstance(shape, list) or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
         raise _fail(source, f"tensor {name!r} has a bad shape {shape!r}")
     if (not isinstance(offsets, list) or len(offsets) != 2
             or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
@@ -96,8 +96,8 @@ def _parse_entry(source: str, name: str, raw: Any) -> TensorInfo:
     info = TensorInfo(name, dtype, tuple(shape), offsets[0], offsets[1])
     want = expected_nbytes(dtype, info.shape)
     if want != info.nbytes:
-        raise _fail(source, f"tensor {name!r} is {dtype} {list(shape)} = {want} bytes but its data_offsets "
-                            f"span {info.nbytes}")
+        raise _fail(source, f"tensor {name!r} is {dtype} {list(shape)} = {want} bytes but its "
+                            f"data_offsets span {info.nbytes}")
     return info
 
 
@@ -119,7 +119,8 @@ def parse_header(read: Callable[[int, int], bytes], size: int, source: str) -> H
         raise _fail(source, f"short read of the header ({len(raw)} of {length} bytes)")
     try:
         doc = loads_bounded(raw, max_bytes=MAX_HEADER_BYTES)
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, JsonShapeError, ...
+    # JSONDecodeError, UnicodeDecodeError, JsonShapeError, ...
+    except (ValueError, RecursionError) as exc:
         raise _fail(source, f"header is not valid JSON ({exc.__class__.__name__}: "
                             f"{str(exc)[:200]})") from None
     if not isinstance(doc, dict):
@@ -134,8 +135,9 @@ def parse_header(read: Callable[[int, int], bytes], size: int, source: str) -> H
     cursor = 0
     for info in infos:
         if info.begin != cursor:
-            raise _fail(source, f"tensor {info.name!r} starts at {info.begin} but the previous data ends at "
-                                f"{cursor}; offsets must tile the data buffer contiguously from 0")
+            raise _fail(source, f"tensor {info.name!r} starts at {info.begin} but the previous "
+                                f"data ends at {cursor}; offsets must tile the data buffer "
+                                "contiguously from 0")
         cursor = info.end
     data_start = 8 + length
     if data_start + cursor != size:
@@ -146,8 +148,8 @@ def parse_header(read: Callable[[int, int], bytes], size: int, source: str) -> H
 
 
 def read_header(path: str | os.PathLike[str]) -> Header:
-    """The validated header of a local file; a missing, unreadable or non-regular file (a folder, a FIFO:
-    never waited on) is one line naming it."""
+    """The validated header of a local file; a missing, unreadable or non-regular file (a folder, a
+    FIFO: never waited on) is one line naming it."""
     source = str(path)
     fd = open_regular(path, "safetensors file")
     try:
@@ -156,14 +158,16 @@ def read_header(path: str | os.PathLike[str]) -> Header:
     except OSError as exc:
         if exc.errno in (errno.EACCES, errno.EPERM, errno.EISDIR, errno.EINVAL):
             raise UserError(f"{source}: cannot read it ({exc.strerror}); check the file") from None
-        raise RunFailure(f"{source}: read failed ({exc.strerror}); check the disk, then re-run") from None
+        raise RunFailure(f"{source}: read failed ({exc.strerror}); check the disk, then "
+                         "re-run") from None
     finally:
         os.close(fd)
 
 
 def encode_header(tensors: list[tuple[str, str, tuple[int, ...], int]],
                   metadata: Mapping[str, str] | None = None) -> tuple[bytes, dict[str, TensorInfo]]:
-    """Lay out tensors (name, dtype, shape, nbytes) in the given order; return prefix+JSON and the infos."""
+    """Lay out tensors (name, dtype, shape, nbytes) in
+    the given order; return prefix+JSON and the infos."""
     doc: dict[str, Any] = {}
     if metadata is not None:
         doc["__metadata__"] = dict(metadata)
@@ -201,10 +205,12 @@ def write_file(path: str | os.PathLike[str],
 
 
 def read_index(directory: str | os.PathLike[str]) -> dict[str, Any]:
-    """Load and check ``model.safetensors.index.json``: a ``weight_map`` of tensor name -> file name."""
+    """Load and check ``model.safetensors.index.json``:
+    a ``weight_map`` of tensor name -> file name."""
     path = Path(directory) / INDEX_NAME
     fix = "re-download the index"
-    doc = read_json(path, "index not found; point at a sharded safetensors checkpoint directory", fix)
+    doc = read_json(path, "index not found; point at a sharded safetensors checkpoint directory",
+                    fix)
     if not isinstance(doc, dict):
         raise UserError(f"{path}: is not a JSON object; {fix}")
     weight_map = doc.get("weight_map")
@@ -223,8 +229,9 @@ def read_index(directory: str | os.PathLike[str]) -> dict[str, Any]:
 
 def stage_index(directory: str | os.PathLike[str], weight_map: Mapping[str, str], total_size: int,
                 extra_metadata: Mapping[str, Any] | None = None) -> Path:
-    """Write the index to a fresh fsynced temp sibling (:func:`sparkspec.outputs.stage`); the caller commits
-    it (:func:`sparkspec.outputs.commit`) or removes it. Nothing is left behind when writing fails."""
+    """Write the index to a fresh fsynced temp sibling (:func:`sparkspec.outputs.stage`);
+    the caller commits it (:func:`sparkspec.outputs.commit`) or removes it. Nothing is
+    left behind when writing fails."""
     metadata: dict[str, Any] = dict(extra_metadata or {})
     metadata["total_size"] = int(total_size)
     doc = {"metadata": metadata, "weight_map": dict(sorted(weight_map.items()))}
@@ -234,7 +241,8 @@ def stage_index(directory: str | os.PathLike[str], weight_map: Mapping[str, str]
 
 def write_index(directory: str | os.PathLike[str], weight_map: Mapping[str, str], total_size: int,
                 extra_metadata: Mapping[str, Any] | None = None) -> Path:
-    """Write the index atomically (staged, then renamed into place), weight_map sorted by tensor name."""
+    """Write the index atomically (staged, then renamed into place),
+    weight_map sorted by tensor name."""
     tmp = stage_index(directory, weight_map, total_size, extra_metadata)
     path = Path(directory) / INDEX_NAME
     try:
@@ -246,12 +254,12 @@ def write_index(directory: str | os.PathLike[str], weight_map: Mapping[str, str]
 
 
 def check_unique(root: str | os.PathLike[str], headers: Mapping[str, Header], fix: str) -> None:
-    """One tensor, one file: a name in two files would be copied twice or loaded from either. ``headers`` maps
-    file name to header; the error names both files and ``fix``."""
+    """One tensor, one file: a name in two files would be copied twice or loaded from either.
+    ``headers`` maps file name to header; the error names both files and ``fix``."""
     seen: dict[str, str] = {}
     for file, header in headers.items():
         for name in header.tensors:
             if name in seen:
-                raise UserError(f"{root}: tensor {name} is in both {seen[name]} and {file}; a tensor lives "
-                                f"in one file: {fix}")
+                raise UserError(f"{root}: tensor {name} is in both {seen[name]} and {file}; a "
+                                f"tensor lives in one file: {fix}")
             seen[name] = file

@@ -1,4 +1,5 @@
-"""Streaming copy of byte ranges into new files, hashing exactly the bytes written, in one pass over them."""
+"""Streaming copy of byte ranges into new files,
+hashing exactly the bytes written, in one pass over them."""
 
 from __future__ import annotations
 
@@ -19,12 +20,15 @@ from typing import Any
 from sparkspec.errors import UserError
 from sparkspec.validate import open_regular
 
-ALIGN = 4096  # direct I/O alignment of offsets, sizes and memory (the page size: 512 B and 4 KiB sectors)
+# direct I/O alignment of offsets, sizes and memory (the page size: 512 B and 4 KiB sectors)
+ALIGN = 4096
 CHUNK_BYTES = 8 << 20  # a multiple of ALIGN; 16 and 32 MiB measured no faster, only bigger
 IN_FLIGHT = 3  # chunks being written at once, each by a writer thread of its own
-BUFFERS = IN_FLIGHT + 2  # + one being filled + one spare: reading waits only when every writer is busy
+# IN_FLIGHT + one being filled + one spare: reading waits only when every writer is busy
+BUFFERS = IN_FLIGHT + 2
 O_DIRECT = getattr(os, "O_DIRECT", 0)  # 0 where the platform has none: buffered writes only
-_FLUSH_RANGE = 1 | 2 | 4  # SYNC_FILE_RANGE_WAIT_BEFORE | _WRITE | _WAIT_AFTER: the range's data on the disk
+# SYNC_FILE_RANGE_WAIT_BEFORE | _WRITE | _WAIT_AFTER: the range's data on the disk
+_FLUSH_RANGE = 1 | 2 | 4
 Progress = Callable[[int], None]
 
 try:  # xxh3_128 runs at memory speed; blake2b is the stdlib fallback (slower, same role)
@@ -60,7 +64,8 @@ def _take_buffers() -> list[memoryview]:
         kept = [b for b in _POOL if len(b) == CHUNK_BYTES]
         _POOL.clear()
     # anonymous maps are page-aligned, as direct I/O needs
-    return kept[:BUFFERS] + [memoryview(mmap.mmap(-1, CHUNK_BYTES)) for _ in range(BUFFERS - len(kept))]
+    return kept[:BUFFERS] + [memoryview(mmap.mmap(-1, CHUNK_BYTES))
+                             for _ in range(BUFFERS - len(kept))]
 
 
 def _give_back(buffers: Iterable[memoryview]) -> None:
@@ -79,8 +84,8 @@ def _pwrite_all(fd: int, view: memoryview, at: int) -> None:
 
 
 def _open_output(path: Path) -> tuple[int, bool]:
-    """Create (or truncate) ``path`` for writing, direct I/O where the filesystem allows it. Never follows a
-    symbolic link and never blocks on a FIFO; anything but a regular file is refused."""
+    """Create (or truncate) ``path`` for writing, direct I/O where the filesystem allows it. Never
+    follows a symbolic link and never blocks on a FIFO; anything but a regular file is refused."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
         try:
@@ -91,13 +96,13 @@ def _open_output(path: Path) -> tuple[int, bool]:
             fd, direct = os.open(path, flags, 0o644), False  # this filesystem has no direct I/O
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENXIO):
-            raise UserError(f"{path}: is a symbolic link or a FIFO where sparkspec writes a new file; remove "
-                            "it and run again") from None
+            raise UserError(f"{path}: is a symbolic link or a FIFO where sparkspec writes a new "
+                            "file; remove it and run again") from None
         raise _with_path(exc, path) from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
-        raise UserError(f"{path}: is not a regular file where sparkspec writes a new file; remove it and run "
-                        "again")
+        raise UserError(f"{path}: is not a regular file where sparkspec writes a new file; remove "
+                        "it and run again")
     os.set_blocking(fd, True)
     return fd, direct
 
@@ -106,7 +111,8 @@ _LIBC = ctypes.CDLL(None, use_errno=True)
 
 
 def _libc_call(name: str, *argtypes: Any) -> Callable[..., int] | None:
-    """A C library function Python has no binding for (``fallocate``, ``sync_file_range``), or None."""
+    """A C library function Python has no binding for
+    (``fallocate``, ``sync_file_range``), or None."""
     fn = getattr(_LIBC, name, None)
     if fn is None:
         return None
@@ -115,13 +121,15 @@ def _libc_call(name: str, *argtypes: Any) -> Callable[..., int] | None:
 
 
 _FALLOCATE = _libc_call("fallocate", ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
-_SYNC_FILE_RANGE = _libc_call("sync_file_range", ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
+_SYNC_FILE_RANGE = _libc_call("sync_file_range", ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
+                              ctypes.c_uint)
 _UNSUPPORTED = (errno.ENOSYS, errno.EPERM, errno.EOPNOTSUPP, errno.EINVAL, errno.ESPIPE)
 
 
 def _write_behind(fd: int, at: int, nbytes: int) -> None:
-    """Push ``nbytes`` at ``at``, just written through the page cache, to the disk and drop them from it. A
-    write error of that range (EIO, ENOSPC) is raised; without ``sync_file_range`` the final fsync does it."""
+    """Push ``nbytes`` at ``at``, just written through the page cache, to the
+    disk and drop them from it. A write error of that range (EIO, ENOSPC) is
+    raised; without ``sync_file_range`` the final fsync does it."""
     global _SYNC_FILE_RANGE
     flush = _SYNC_FILE_RANGE
     if flush is not None and flush(fd, at, nbytes, _FLUSH_RANGE) != 0:
@@ -131,16 +139,17 @@ def _write_behind(fd: int, at: int, nbytes: int) -> None:
         _SYNC_FILE_RANGE = None  # refused here (a sandbox, another kernel): not asked again
     if hasattr(os, "posix_fadvise"):
         try:
-            os.posix_fadvise(fd, at, nbytes, os.POSIX_FADV_DONTNEED)  # advice: clean pages go, dirty stay
+            # advice: clean pages go, dirty stay
+            os.posix_fadvise(fd, at, nbytes, os.POSIX_FADV_DONTNEED)
         except OSError:
             pass
 
 
 def _preallocate(fd: int, size: int) -> None:
-    """Reserve the file's ``size`` bytes before writing (a full disk fails here, before any copying), so that
-    the chunk writes are no longer appends: ext4 runs direct writes inside the file side by side, appending
-    ones one at a time. Skipped where the filesystem cannot (glibc's ``posix_fallocate`` would write
-    zeros)."""
+    """Reserve the file's ``size`` bytes before writing (a full disk fails here, before any
+    copying), so that the chunk writes are no longer appends: ext4 runs direct writes inside the
+    file side by side, appending ones one at a time. Skipped where the filesystem cannot (glibc's
+    ``posix_fallocate`` would write zeros)."""
     if _FALLOCATE is not None and size and _FALLOCATE(fd, 0, 0, size) != 0:
         err = ctypes.get_errno()
         if err not in _UNSUPPORTED:
@@ -148,9 +157,9 @@ def _preallocate(fd: int, size: int) -> None:
 
 
 class _Writer:
-    """Writes filled buffers with ``IN_FLIGHT`` threads, each chunk at its own offset, and hands each buffer
-    back once its chunk is on its way to the disk. After an error it writes nothing more but still hands
-    buffers back, so the reading side never waits forever."""
+    """Writes filled buffers with ``IN_FLIGHT`` threads, each chunk at its own offset, and hands
+    each buffer back once its chunk is on its way to the disk. After an error it writes nothing more
+    but still hands buffers back, so the reading side never waits forever."""
 
     def __init__(self, fd: int, direct: bool, free: queue.SimpleQueue[memoryview]) -> None:
         self.fd, self.direct, self.free = fd, direct, free
@@ -181,18 +190,20 @@ class _Writer:
             except OSError as exc:
                 if exc.errno != errno.EINVAL:
                     raise
-                head = 0  # the device wants another alignment: this chunk and the rest written buffered
+                # the device wants another alignment: this chunk and the rest written buffered
+                head = 0
             if head == len(view):
                 return
-            # a refusal, or the unaligned tail of the file (its last chunk): written the ordinary way
+            # a refusal, or the unaligned tail of the file
+            # (its last chunk): written the ordinary way
             self._buffered_from_now()
             view, at = view[head:], at + head
         _pwrite_all(self.fd, view, at)
         _write_behind(self.fd, at, len(view))
 
     def _buffered_from_now(self) -> None:
-        """Clear O_DIRECT on the descriptor: writes started after this are buffered (a write in flight in
-        another thread finishes as it began; both land at their own offsets)."""
+        """Clear O_DIRECT on the descriptor: writes started after this are buffered (a write in
+        flight in another thread finishes as it began; both land at their own offsets)."""
         with self.lock:
             if self.direct:
                 fcntl.fcntl(self.fd, fcntl.F_SETFL, fcntl.fcntl(self.fd, fcntl.F_GETFL) & ~O_DIRECT)
@@ -208,8 +219,8 @@ class _Writer:
 
 
 class Sink:
-    """The new file ``path``, written front to back: bytes and source ranges land in a chunk buffer, which is
-    hashed and queued for the writer threads when full."""
+    """The new file ``path``, written front to back: bytes and source ranges land in a chunk buffer,
+    which is hashed and queued for the writer threads when full."""
 
     def __init__(self, path: Path, progress: Progress | None, size: int = 0) -> None:
         self.path, self.progress = path, progress
@@ -262,8 +273,8 @@ class Sink:
             except OSError as exc:
                 raise _with_path(exc, src) from None
             if got <= 0:
-                raise UserError(f"{src}: ended early at byte {offset}; the file changed or is truncated, "
-                                "re-download it")
+                raise UserError(f"{src}: ended early at byte {offset}; the file changed or is "
+                                "truncated, re-download it")
             self.pos += got
             offset += got
             nbytes -= got
@@ -283,7 +294,8 @@ class Sink:
         return {"size": self.at, HASH_NAME: self.hash.hexdigest()}
 
     def abort(self) -> None:
-        """Stop the writer and close, keeping what was written (the caller removes it); no-op once done."""
+        """Stop the writer and close, keeping what was
+        written (the caller removes it); no-op once done."""
         self.writer.finish()
         if self.fd >= 0:
             os.close(self.fd)
@@ -294,7 +306,8 @@ class Sink:
 
 
 def _runs(pieces: Iterable[Piece]) -> Iterator[tuple[Path, int, int]]:
-    """(src, offset, nbytes) of ``pieces`` in order, adjacent ranges of one source merged into one."""
+    """(src, offset, nbytes) of ``pieces`` in order,
+    adjacent ranges of one source merged into one."""
     run: tuple[Path, int, int] | None = None
     for p in pieces:
         if run and run[0] == p.src and run[1] + run[2] == p.offset:

@@ -34,13 +34,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> int:
-    """Parse ``argv`` with ``parser`` and run the chosen subcommand with the project's error handling."""
+    """Parse ``argv`` with ``parser`` and run the chosen subcommand with the project's error
+    handling."""
     with stops.handled():
         code = _main(parser, argv)
         sig = stops.requested()
         # the interrupt was swallowed where it was raised; the output was not
         if sig is not None and code != 130:
-            print(f"sparkspec: interrupted by {sig.name}; nothing half-written was left", file=sys.stderr)
+            print(f"sparkspec: interrupted by {sig.name}; nothing half-written was left",
+                  file=sys.stderr)
             return 130
         return code
 
@@ -62,13 +64,14 @@ def _main(parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
     except OSError as exc:  # the last line of defence: one line, never a traceback
         if os.environ.get("SPARKSPEC_DEBUG"):
             raise
-        error = os_error(exc, exc.filename or args.command, "check the paths given and their permissions")
+        error = os_error(exc, exc.filename or args.command,
+                         "check the paths given and their permissions")
         print(f"sparkspec: error: {error}", file=sys.stderr)
         return error.exit_code
     except (MemoryError, RecursionError, ValueError, TypeError, KeyError) as exc:
         if os.environ.get("SPARKSPEC_DEBUG"):
             raise
-        print(f"sparkspec: error: {exc.__class__.__name__}: {str(exc)[:300]} (unexpected input; set "
-              "SPARKSPEC_DEBUG=1 for the traceback and report it)", file=sys.stderr)
+        print(f"sparkspec: error: {exc.__class__.__name__}: {str(exc)[:300]} (unexpected input; "
+              "set SPARKSPEC_DEBUG=1 for the traceback and report it)", file=sys.stderr)
         return 1
 

@@ -1,5 +1,5 @@
-"""Subcommands of the verify side: ``bench``, ``check-output`` and ``check`` (``report`` moved to the
-controller).
+"""Subcommands of the verify side: ``bench``, ``check-output`` and ``check`` (``report`` moved to
+the controller).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from sparkspec.validate import open_regular
 KEY_ENV = "SPARKSPEC_API_KEY"
 MAX_KEY_BYTES = 4096
 _KEY_RE = re.compile(r"[\x21-\x7e]+")  # visible ASCII: what an HTTP header carries as is
-_KEY_FIX = ("put the key alone on one line in a file (chmod 600) and pass --api-key-file FILE, or set "
-            f"${KEY_ENV}")
+_KEY_FIX = ("put the key alone on one line in a file (chmod 600) and pass --api-key-file FILE, or "
+            f"set ${KEY_ENV}")
 MAX_CONCURRENCY = 256  # requests in flight: vLLM's default max_num_seqs; each holds a socket
 MAX_REQUESTS = 100_000  # per suite
 MIN_TIMEOUT, MAX_TIMEOUT = 0.001, 86_400.0  # seconds per request
@@ -34,29 +34,33 @@ MAX_LABEL = 256  # characters of --model, --method, --unit
 
 
 def check_url(url: str) -> str:
-    """``http(s)://host[:port]`` (a trailing '/' allowed), else a UserError naming --url and the fix."""
+    """``http(s)://host[:port]`` (a trailing '/' allowed), else a UserError naming --url and the
+    fix."""
     fix = "give http(s)://host[:port], e.g. http://127.0.0.1:8000"
     if not url or len(url) > 2048 or not url.isprintable() or any(c.isspace() for c in url):
         raise UserError(f"--url {url!r:.80}: not a URL; {fix}")
     parts = urlsplit(url)
     if "@" in parts.netloc:  # never echo it: it holds a password
-        raise UserError(f"--url <hidden>: holds credentials (user:password@); {fix}, and the key with "
-                        "--api-key-file")
-    if parts.query or parts.fragment or "?" in url or "#" in url:  # never echo them: they may hold a key
-        raise UserError(f"--url {parts.scheme}://{parts.netloc}{parts.path}: has a query string or fragment "
-                        f"(not shown); {fix}, and the key with --api-key-file")
+        raise UserError(f"--url <hidden>: holds credentials (user:password@); {fix}, and the key "
+                        "with --api-key-file")
+    # never echo the query or fragment: they may hold a key
+    if parts.query or parts.fragment or "?" in url or "#" in url:
+        raise UserError(f"--url {parts.scheme}://{parts.netloc}{parts.path}: has a query string or "
+                        f"fragment (not shown); {fix}, and the key with --api-key-file")
     try:
         port = parts.port
     except ValueError:
-        raise UserError(f"--url {url}: the port is not a number from 1 to 65535; {fix}") from None
-    if parts.scheme not in ("http",
-                            "https") or not parts.hostname or port == 0 or parts.path not in ("", "/"):
+        raise UserError(f"--url {url}: the port is not a number from 1 to 65535; "
+                        f"{fix}") from None
+    if (parts.scheme not in ("http", "https") or not parts.hostname or port == 0
+            or parts.path not in ("", "/")):
         raise UserError(f"--url {url}: not http(s)://host[:port]; {fix}")
     return url.rstrip("/")
 
 
 def check_label(value: str, flag: str) -> str:
-    """A name recorded in results and reports (model, method, unit): 1-256 printable characters."""
+    """A name recorded in results and reports (model, method, unit): 1-256 printable
+    characters."""
     if not value or len(value) > MAX_LABEL or not value.isprintable():
         raise UserError(f"{flag} {value!r:.60}: must be 1 to {MAX_LABEL} printable characters")
     return value
@@ -73,17 +77,18 @@ def _check_key(key: str, where: str) -> str:
 
 
 def read_api_key(path: str) -> str:
-    """The key in ``path`` (one trailing newline dropped): a regular file that other users cannot read."""
+    """The key in ``path`` (one trailing newline dropped): a regular file that other users cannot
+    read."""
     fd = open_regular(path, "API key file")
     try:
         st = os.fstat(fd)  # the mode of the file opened, not of whatever the path names later
         if st.st_mode & stat.S_IROTH:
             raise UserError(f"{path}: the API key file is readable by every user (mode "
-                            f"{stat.S_IMODE(st.st_mode):04o}); chmod 600 {path} (or 640 for the service's "
-                            "group)")
+                            f"{stat.S_IMODE(st.st_mode):04o}); chmod 600 {path} (or 640 for the "
+                            "service's group)")
         if st.st_size > MAX_KEY_BYTES:
-            raise UserError(f"{path}: the API key file is {st.st_size} bytes, more than the {MAX_KEY_BYTES} "
-                            "a key can be; give a file holding only the key")
+            raise UserError(f"{path}: the API key file is {st.st_size} bytes, more than the "
+                            f"{MAX_KEY_BYTES} a key can be; give a file holding only the key")
         raw = os.read(fd, MAX_KEY_BYTES + 1)
     finally:
         os.close(fd)
@@ -104,12 +109,13 @@ def api_key(path: str | None) -> str | None:
 
 
 class _KeyOnArgv(argparse.Action):
-    """``--api-key`` is refused without quoting its value: a key on the command line shows in ``ps``."""
+    """``--api-key`` is refused without quoting its value: a key on the command line shows in
+    ``ps``."""
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-                 option_string: str | None = None) -> None:
-        parser.error("--api-key is not taken (a key on the command line shows in `ps` and in logs); "
-                     f"{_KEY_FIX}")
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        parser.error("--api-key is not taken (a key on the command line shows in `ps` and in "
+                     f"logs); {_KEY_FIX}")
 
 
 def arg_type(check: Callable[[str, str], str], flag: str) -> Callable[[str], str]:
@@ -129,7 +135,7 @@ def json_bytes(doc: dict[str, Any]) -> bytes:
     return (json.dumps(doc, indent=2, allow_nan=False) + "\n").encode()
 
 
-# --- commands ----------------------------------------------------------------------------------------------
+# --- commands ------------------------------------------------------------------------------------
 
 def _bench(args: argparse.Namespace) -> int:
     from sparkspec.bench import client as bench_mod
@@ -146,8 +152,8 @@ def _bench(args: argparse.Namespace) -> int:
     result = bench_mod.run_bench(cfg)
     write_outputs([(out, json_bytes(result))])
     rate = result["spec_decode_acceptance_rate"]
-    print(f"{result['completed']} completed, {result['output_throughput'] or 0:.1f} output tok/s, per "
-          f"request {result['per_request_tok_s_mean'] or 0:.1f} avg / "
+    print(f"{result['completed']} completed, {result['output_throughput'] or 0:.1f} output tok/s, "
+          f"per request {result['per_request_tok_s_mean'] or 0:.1f} avg / "
           f"{result['per_request_tok_s_max'] or 0:.1f} peak tok/s, acceptance "
           f"{'n/a' if rate is None else f'{rate:.1f}%'} -> {args.output}")
     if args.json:
@@ -164,10 +170,12 @@ def _check_record(args: argparse.Namespace) -> int:
     out = Output(args.output, "--output", json_format(lossless.FORMAT),
                  (("--suite", file_of(args.suite)), ("--api-key-file", args.api_key_file)))
     check_outputs([out])
-    ref = lossless.record(args.url, args.model, args.suite, args.max_tokens, api_key(args.api_key_file),
-                          args.method, args.concurrency, args.enable_thinking, args.timeout)
+    ref = lossless.record(args.url, args.model, args.suite, args.max_tokens,
+                          api_key(args.api_key_file), args.method, args.concurrency,
+                          args.enable_thinking, args.timeout)
     write_outputs([(out, json_bytes(ref))])
-    print(f"recorded {len(ref['outputs'])} greedy outputs (max_tokens {args.max_tokens}) -> {args.output}")
+    print(f"recorded {len(ref['outputs'])} greedy outputs (max_tokens {args.max_tokens}) "
+          f"-> {args.output}")
     if args.json:
         emit_json({"changed": True, "output": args.output, "outputs": len(ref["outputs"])})
     return 0
@@ -189,8 +197,9 @@ def _check_compare(args: argparse.Namespace) -> int:
         write_outputs([(out, json_bytes(report))])
     print(summary, file=sys.stdout if ok else sys.stderr)
     if args.json:
-        emit_json({"changed": False, "passed": ok, "share": report["share"], "identical": report["identical"],
-                   "total": report["total"], "json_parse_failures": report["json_parse_failures"]})
+        emit_json({"changed": False, "passed": ok, "share": report["share"],
+                   "identical": report["identical"], "total": report["total"],
+                   "json_parse_failures": report["json_parse_failures"]})
     return 0 if ok else 1
 
 
@@ -209,8 +218,8 @@ def _check_run(args: argparse.Namespace) -> int:
         figures = {"repeat_hits": report["repeat_hits"], "repeat_queries": report["repeat_queries"],
                    "expected": report["expected"]}
     else:
-        report = checks.tool_call(args.url, args.model, key, args.method, args.parser, args.max_tokens,
-                                  args.timeout)
+        report = checks.tool_call(args.url, args.model, key, args.method, args.parser,
+                                  args.max_tokens, args.timeout)
         ok, summary = checks.verdict_tool(report)
         figures = {"parser": report["parser"]}
     report |= {"passed": ok, "summary": summary}
@@ -225,74 +234,91 @@ def _check_run(args: argparse.Namespace) -> int:
 def _add_server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", required=True, type=arg_type(lambda v, f: check_url(v), "--url"),
                    help="server base URL, http(s)://host[:port], e.g. http://127.0.0.1:8000")
-    p.add_argument("--model", required=True, type=arg_type(check_label, "--model"), help="served model name")
-    p.add_argument("--api-key-file", metavar="FILE", help="file holding the server's API key (chmod 600 or "
-                   f"640; default: ${KEY_ENV})")
+    p.add_argument("--model", required=True, type=arg_type(check_label, "--model"),
+                   help="served model name")
+    p.add_argument("--api-key-file", metavar="FILE",
+                   help="file holding the server's API key (chmod 600 or 640; default: "
+                        f"${KEY_ENV})")
     p.add_argument("--api-key", nargs="?", action=_KeyOnArgv, help=argparse.SUPPRESS)
-    p.add_argument("--enable-thinking", action="store_true", help="leave thinking on (default: off)")
+    p.add_argument("--enable-thinking", action="store_true",
+                   help="leave thinking on (default: off)")
     p.add_argument("--timeout", type=number(float, MIN_TIMEOUT, MAX_TIMEOUT), default=600.0,
                    help="deadline of each request in seconds, first byte to last (default 600)")
     p.add_argument("--concurrency", type=number(int, 1, MAX_CONCURRENCY), default=1,
                    help=f"requests in flight, 1 to {MAX_CONCURRENCY} (default 1)")
-    p.add_argument("--method", type=arg_type(check_label, "--method"), help="method serving now (recorded)")
+    p.add_argument("--method", type=arg_type(check_label, "--method"),
+                   help="method serving now (recorded)")
     p.add_argument("--json", action="store_true", help="print a final JSON line")
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     tokens = number(int, 1, MAX_TOKENS)
-    bench = sub.add_parser("bench", help="benchmark a served model (streamed chat completions + /metrics)")
+    bench = sub.add_parser("bench",
+                           help="benchmark a served model (streamed chat completions + /metrics)")
     _add_server_args(bench)
-    bench.add_argument("--suite", default="all", help="structured | open | all | PATH.jsonl (default all)")
+    bench.add_argument("--suite", default="all",
+                       help="structured | open | all | PATH.jsonl (default all)")
     bench.add_argument("--requests", type=number(int, 1, MAX_REQUESTS),
                        help="requests per suite (default: each prompt once)")
-    bench.add_argument("--max-tokens", type=tokens, default=256, help="max output tokens per request")
-    bench.add_argument("--temperature", type=temperature, default=0.0, help="sampling temperature, always "
-                       "sent (default 0)")
-    bench.add_argument("--ignore-eos", action="store_true", help="generate max-tokens every request")
-    bench.add_argument("--unit", type=arg_type(check_label, "--unit"), help="systemd unit serving it "
-                       "(recorded)")
+    bench.add_argument("--max-tokens", type=tokens, default=256,
+                       help="max output tokens per request")
+    bench.add_argument("--temperature", type=temperature, default=0.0,
+                       help="sampling temperature, always sent (default 0)")
+    bench.add_argument("--ignore-eos", action="store_true",
+                       help="generate max-tokens every request")
+    bench.add_argument("--unit", type=arg_type(check_label, "--unit"),
+                       help="systemd unit serving it (recorded)")
     bench.add_argument("--output", required=True, help="result JSON file")
-    bench.add_argument("--profile", type=arg_type(check_label, "--profile"), help="profile serving now "
-                                                                                  "(recorded)")
+    bench.add_argument("--profile", type=arg_type(check_label, "--profile"),
+                       help="profile serving now (recorded)")
     bench.set_defaults(func=_bench)
 
-    check = sub.add_parser("check-output", help="lossless check: greedy outputs of a method vs baseline's")
+    check = sub.add_parser("check-output",
+                           help="lossless check: greedy outputs of a method vs baseline's")
     check_sub = check.add_subparsers(dest="check_command", metavar="ACTION", required=True)
     rec = check_sub.add_parser("record", help="record baseline's greedy outputs as the reference")
     _add_server_args(rec)
-    rec.add_argument("--suite", default="all", help="structured | open | all | PATH.jsonl (default all)")
-    rec.add_argument("--max-tokens", type=tokens, default=128, help="max output tokens per prompt (default "
-                                                                    "128)")
+    rec.add_argument("--suite", default="all",
+                     help="structured | open | all | PATH.jsonl (default all)")
+    rec.add_argument("--max-tokens", type=tokens, default=128,
+                     help="max output tokens per prompt (default 128)")
     rec.add_argument("--output", required=True, help="reference JSON to write")
     rec.set_defaults(func=_check_record, method="baseline")
-    cmp_ = check_sub.add_parser("compare", help="compare a method's greedy outputs with the reference")
+    cmp_ = check_sub.add_parser("compare",
+                                help="compare a method's greedy outputs with the reference")
     _add_server_args(cmp_)
-    cmp_.add_argument("--reference", required=True, help="reference JSON from `check-output record`")
-    cmp_.add_argument("--min-share", type=share, default=1.0, help="fail (exit 1) below this share of "
-                      "identical outputs, 0 to 1 (default 1.0)")
-    cmp_.add_argument("--require-json", action="store_true", help="fail when a JSON-asking prompt's output "
-                      "does not parse (off by default: a random tiny model never writes JSON)")
+    cmp_.add_argument("--reference", required=True,
+                      help="reference JSON from `check-output record`")
+    cmp_.add_argument("--min-share", type=share, default=1.0,
+                      help="fail (exit 1) below this share of identical outputs, 0 to 1 "
+                           "(default 1.0)")
+    cmp_.add_argument("--require-json", action="store_true",
+                      help="fail when a JSON-asking prompt's output does not parse (off by "
+                           "default: a random tiny model never writes JSON)")
     cmp_.add_argument("--output", help="report JSON to write")
     cmp_.set_defaults(func=_check_compare)
 
-    checks = sub.add_parser("check", help="checks of silent regressions: prefix-cache hits, a tool-call "
-                            "round trip")
+    checks = sub.add_parser("check", help="checks of silent regressions: prefix-cache hits, a "
+                            "tool-call round trip")
     checks_sub = checks.add_subparsers(dest="check_command", metavar="CHECK", required=True)
-    pc = checks_sub.add_parser("prefix-cache", help="a long prompt sent twice: the repeat must hit the "
-                               "prefix cache where caching is expected on (vllm:prefix_cache_* counters)")
+    pc = checks_sub.add_parser("prefix-cache", help="a long prompt sent twice: the repeat must hit "
+                               "the prefix cache where caching is expected on "
+                               "(vllm:prefix_cache_* counters)")
     _add_server_args(pc)
     pc.add_argument("--expect", choices=("on", "off"), required=True,
                     help="on: fail unless the repeat hits; off: report the hits, check nothing")
     pc.add_argument("--prompt-tokens", type=number(int, 64, MAX_TOKENS), default=4096,
-                    help="size of the prompt in tokens, at most the served context less 64 (default 4096)")
+                    help="size of the prompt in tokens, at most the served context less 64 "
+                         "(default 4096)")
     pc.add_argument("--output", help="report JSON to write")
     pc.set_defaults(func=_check_run)
-    tc = checks_sub.add_parser("tool-call", help="a forced tool call, streaming and not: exactly one call "
-                               "to the tool with arguments that parse and hold its required keys")
+    tc = checks_sub.add_parser("tool-call", help="a forced tool call, streaming and not: exactly "
+                               "one call to the tool with arguments that parse and hold its "
+                               "required keys")
     _add_server_args(tc)
     tc.add_argument("--parser", type=arg_type(check_label, "--parser"),
                     help="the unit's --tool-call-parser (recorded in the report)")
-    tc.add_argument("--max-tokens", type=tokens, default=256, help="max output tokens per request (default "
-                                                                   "256)")
+    tc.add_argument("--max-tokens", type=tokens, default=256,
+                    help="max output tokens per request (default 256)")
     tc.add_argument("--output", help="report JSON to write")
     tc.set_defaults(func=_check_run)

@@ -1,6 +1,6 @@
-"""What every command module shares: the argument parser with the project's error shape and the final
-``--json`` line. Kept apart from :mod:`sparkspec.cli` so the command modules never import the package that
-imports them."""
+"""What every command module shares: the argument parser with the project's error shape and the
+final ``--json`` line. Kept apart from :mod:`sparkspec.cli` so the command modules never import the
+package that imports them."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from typing import Any, NoReturn
 
 
 def _without_values(message: str) -> str:
-    """argparse echoes what it could not place; a mistyped secret flag (``--apikey SECRET``) would land on the
-    terminal and in logs. Keep option names only."""
+    """argparse echoes what it could not place; a mistyped secret flag (``--apikey SECRET``) would
+    land on the terminal and in logs. Keep option names only."""
     for lead in ("unrecognized arguments: ", "ambiguous option: "):
         if message.startswith(lead):
             rest = message[len(lead):]
@@ -23,13 +23,14 @@ def _without_values(message: str) -> str:
             names = [w.split("=", 1)[0] for w in rest.split() if w.startswith("-")]
             dropped = len(rest.split()) - len(names)
             shown = " ".join(names) or "(values)"
-            return f"{lead}{shown}{tail}" + (f" (and {dropped} value(s) not shown)" if dropped else "")
+            return f"{lead}{shown}{tail}" + (f" (and {dropped} value(s) not shown)"
+                                             if dropped else "")
     return message
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse with the project's error shape: one line ``sparkspec: error: ...`` and exit 2. Abbreviations
-    are off: ``--token X`` must not silently become ``--token-file X``."""
+    """argparse with the project's error shape: one line ``sparkspec: error: ...`` and exit 2.
+    Abbreviations are off: ``--token X`` must not silently become ``--token-file X``."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("allow_abbrev", False)
@@ -40,8 +41,8 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         where = self.prog.removeprefix(self.program).strip()
         message = _without_values(message)
-        print(f"sparkspec: error: {where + ': ' if where else ''}{message}; see `{self.prog} --help`",
-              file=sys.stderr)
+        print(f"sparkspec: error: {where + ': ' if where else ''}{message}; "
+              f"see `{self.prog} --help`", file=sys.stderr)
         raise SystemExit(2)
 
 

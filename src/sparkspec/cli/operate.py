@@ -1,5 +1,5 @@
-"""``sparkspec memfit guard|measure|show|forget``, ``sparkspec watchdog``, ``sparkspec startup``: operating
-a deployed unit.
+"""``sparkspec memfit guard|measure|show|forget``, ``sparkspec watchdog``, ``sparkspec startup``:
+operating a deployed unit.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from sparkspec import argtypes
 from sparkspec.cli.bench import check_url
 from sparkspec.errors import UserError
 
-gib = argtypes.number(float, 0.0, float(1 << 20))   # memfit.MAX_MARGIN_GIB (not imported at registration)
+# the high bound is memfit.MAX_MARGIN_GIB (not imported at registration)
+gib = argtypes.number(float, 0.0, float(1 << 20))
 seconds = argtypes.positive_float
 start_bytes = argtypes.number(int, 0, 1 << 62)
 _UNIT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9:_.@\\-]{0,200}")
@@ -24,7 +25,8 @@ def unit_name(text: str) -> str:
     """A systemd unit name without its ``.service`` suffix (``vllm``, ``vllm@a``)."""
     name = text.removesuffix(".service")
     if not _UNIT.fullmatch(name):
-        raise argparse.ArgumentTypeError(f"{text!r:.60} is not a unit name (letters, digits, ':_.@-')")
+        raise argparse.ArgumentTypeError(f"{text!r:.60} is not a unit name "
+                                         "(letters, digits, ':_.@-')")
     return name
 
 
@@ -43,31 +45,39 @@ def _paths(p: argparse.ArgumentParser) -> None:
     p.add_argument("--unit", required=True, type=unit_name, help="the vLLM unit (e.g. vllm)")
     p.add_argument("--unit-record", required=True, metavar="FILE",
                    help="the unit's record, /etc/sparkspec/UNIT.json (profile, method, k)")
-    p.add_argument("--venv", required=True, help="the vLLM venv (its vllm dist-info is part of the key)")
-    p.add_argument("--record-dir", required=True, metavar="DIR", help="where the memory records are")
+    p.add_argument("--venv", required=True,
+                   help="the vLLM venv (its vllm dist-info is part of the key)")
+    p.add_argument("--record-dir", required=True, metavar="DIR",
+                   help="where the memory records are")
 
 
 def register(sub: Any) -> None:
     memfit = sub.add_parser("memfit", help="the measured memory fit of vLLM starts")
     msub = memfit.add_subparsers(dest="memfit_command", metavar="SUBCOMMAND", required=True)
-    g = msub.add_parser("guard", help="ExecStartPre: refuse a start that MemAvailable cannot hold (exit 1)",
-                        description="Exit 0: start. Exit 1: refused, one line naming the numbers. Exit 2: "
-                                    "bad input (also refuses the start).")
+    g = msub.add_parser("guard",
+                        help="ExecStartPre: refuse a start that MemAvailable cannot hold (exit 1)",
+                        description="Exit 0: start. Exit 1: refused, one line naming the numbers. "
+                                    "Exit 2: bad input (also refuses the start).")
     _paths(g)
-    g.add_argument("--margin-gib", type=gib, default=4.0, help="GiB added to a record's need (default 4)")
+    g.add_argument("--margin-gib", type=gib, default=4.0,
+                   help="GiB added to a record's need (default 4)")
     g.add_argument("--floor-gib", type=gib, help="GiB needed, whatever a record says")
-    g.add_argument("--measure", metavar="URL", help="without a record: measure this start, URL the server")
+    g.add_argument("--measure", metavar="URL",
+                   help="without a record: measure this start, URL the server")
     g.add_argument("--api-key-file", metavar="PATH",
-                   help="passed on to the measurement as --api-key-file PATH (the path, never the key)")
+                   help="passed on to the measurement as --api-key-file PATH (the path, never the "
+                        "key)")
     g.set_defaults(func=_guard)
-    m = msub.add_parser("measure", help="record a start's MemAvailable low water (run by the guard in a "
-                                        "transient unit)")
+    m = msub.add_parser("measure", help="record a start's MemAvailable low water (run by the guard "
+                                        "in a transient unit)")
     _paths(m)
     m.add_argument("--url", required=True, help="the server, e.g. http://127.0.0.1:8000")
     m.add_argument("--start-available", required=True, type=start_bytes, metavar="BYTES",
                    help="MemAvailable before the load, as the guard read it")
-    m.add_argument("--interval", type=seconds, default=0.5, help="seconds between samples (default 0.5)")
-    m.add_argument("--warmup-s", type=seconds, default=60.0, help="warm-up after /health (default 60)")
+    m.add_argument("--interval", type=seconds, default=0.5,
+                   help="seconds between samples (default 0.5)")
+    m.add_argument("--warmup-s", type=seconds, default=60.0,
+                   help="warm-up after /health (default 60)")
     m.add_argument("--timeout", type=seconds, default=3600.0, help="give up after (default 3600 s)")
     _key_file(m)
     m.set_defaults(func=_measure)
@@ -77,19 +87,22 @@ def register(sub: Any) -> None:
     s.set_defaults(func=_show)
     f = msub.add_parser("forget", help="remove one memory record (the next start measures again)")
     f.add_argument("--record-dir", required=True, metavar="DIR")
-    f.add_argument("--key-hash", required=True, metavar="H", help="the record's 32 hex (memfit show)")
+    f.add_argument("--key-hash", required=True, metavar="H",
+                   help="the record's 32 hex (memfit show)")
     f.set_defaults(func=_forget)
 
-    w = sub.add_parser("watchdog", help="restart a vLLM unit whose engine is stuck (a long-running service)",
-                       description="Exit 0 when stopped or when its restart cap is reached; exit 2 for a bad "
-                                   "config (one line per bad field).")
+    w = sub.add_parser("watchdog",
+                       help="restart a vLLM unit whose engine is stuck (a long-running service)",
+                       description="Exit 0 when stopped or when its restart cap is reached; exit 2 "
+                                   "for a bad config (one line per bad field).")
     w.add_argument("--unit", required=True, type=unit_name, help="the vLLM unit")
     w.add_argument("--url", required=True, help="the server, e.g. http://127.0.0.1:8000")
     w.add_argument("--config", required=True, metavar="FILE", help="the watchdog's JSON config")
     _key_file(w)
     w.set_defaults(func=_watchdog)
 
-    st = sub.add_parser("startup", help="the unit's current start: READY and where the time went (journal)")
+    st = sub.add_parser("startup",
+                        help="the unit's current start: READY and where the time went (journal)")
     st.add_argument("--unit", default="sparkspec-vllm", type=unit_name, help="the vLLM unit")
     st.add_argument("--json", action="store_true", help="the report as JSON")
     st.set_defaults(func=_startup)
@@ -102,8 +115,9 @@ def _guard(args: argparse.Namespace) -> int:
         url = None if args.measure is None else check_url(args.measure)
     except UserError as exc:   # its message names --url
         raise UserError(str(exc).replace("--url", "--measure", 1)) from None
-    return memfit.guard(args.unit, args.unit_record, args.venv, args.record_dir, margin_gib=args.margin_gib,
-                        floor_gib=args.floor_gib, measure_url=url, api_key_file=args.api_key_file)
+    return memfit.guard(args.unit, args.unit_record, args.venv, args.record_dir,
+                        margin_gib=args.margin_gib, floor_gib=args.floor_gib, measure_url=url,
+                        api_key_file=args.api_key_file)
 
 
 def _measure(args: argparse.Namespace) -> int:
@@ -122,7 +136,8 @@ def _show(args: argparse.Namespace) -> int:
 
     found = memfit.records(args.record_dir)
     if args.json:
-        print(json.dumps({"record_dir": args.record_dir, "records": found}, sort_keys=True), flush=True)
+        print(json.dumps({"record_dir": args.record_dir, "records": found}, sort_keys=True),
+              flush=True)
         return 0
     if not found:
         print(f"no memory records in {args.record_dir}")
@@ -139,8 +154,8 @@ def _show(args: argparse.Namespace) -> int:
             table.add_row(rec["key_hash"], rec["error"], "", "", "", "")
             continue
         kv = rec.get("kv_cache") or {}
-        table.add_row(rec["key_hash"], memfit.describe(rec["key"]), memfit.gib(rec["needed_bytes"]),
-                      memfit.gib(rec["low_water_bytes"]),
+        table.add_row(rec["key_hash"], memfit.describe(rec["key"]),
+                      memfit.gib(rec["needed_bytes"]), memfit.gib(rec["low_water_bytes"]),
                       " ".join(f"{k}={v}" for k, v in kv.items() if k != "model_name") or "-",
                       str(rec.get("measured_at", "?")))
     Console(markup=False, highlight=False, width=max(160, Console().width)).print(table)

@@ -1,1 +1,2 @@
-"""Two-node serving: the peer supervisor that each node's unit runs as its main process, vLLM as its child."""
+"""Two-node serving: the peer supervisor that each node's unit runs as its main process, vLLM as its
+child."""

@@ -1,14 +1,11 @@
-"""``sparkspec cluster supervise``: the main process of a node's unit in two-node serving, vLLM its child.
-It stops vLLM when a peer is lost or restarted, since vLLM's own state cannot be trusted across nodes.
-"""
+"""``sparkspec cluster supervise``: a node unit's main process in two-node serving, vLLM its child.
+It stops vLLM when a peer is lost or restarted: vLLM's own state cannot be trusted across nodes."""
 
 from __future__ import annotations
 
 import http.client
 import http.server
-import ipaddress
 import json
-import math
 import os
 import re
 import secrets
@@ -22,6 +19,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from sparkspec.cluster.options import Endpoint, Options, Peer
+from sparkspec.cluster.options import endpoint as endpoint  # the CLI's and tests' names
+from sparkspec.cluster.options import options as options
 from sparkspec.errors import UserError
 
 EXIT_LOST = 3
@@ -29,18 +29,14 @@ EXIT_LOST = 3
 (Restart=on-failure): the supervisor comes back and rejoins when the peer is back."""
 
 EXIT_JOIN_TIMEOUT = 4
-"""A peer did not join within --join-timeout. The unit does not restart on it (RestartPreventExitStatus=4): a
-person must start the peer's unit or fix the link."""
+"""A peer did not join within --join-timeout. The unit does not restart on it
+(RestartPreventExitStatus=4): a person must start the peer's unit or fix the link."""
 
 PREFIX = "sparkspec-supervise:"
 POLL_TIMEOUT_S = 3.0
 NOTE_EVERY_S = 30.0
 MAX_ANSWER = 4096
-MAX_SECONDS = 1e6
 STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}\Z")
-_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
-_HOST = re.compile(rf"{_LABEL}(\.{_LABEL})*\Z")
 _INSTANCE = re.compile(r"[0-9a-f]{8,64}\Z")
 
 
@@ -55,102 +51,6 @@ def say(text: str) -> None:  # one line to stdout (the journal), flushed at once
 
 
 @dataclass(frozen=True)
-class Endpoint:
-    host: str
-    port: int
-
-    def __str__(self) -> str:
-        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
-
-
-@dataclass(frozen=True)
-class Peer:
-    name: str
-    at: Endpoint
-    role: str  # "head" or "worker": what the peer is to this node
-
-    def __str__(self) -> str:
-        return f"{self.role} {self.name} ({self.at})"
-
-
-@dataclass(frozen=True)
-class Options:
-    rank: int
-    listen: Endpoint
-    peers: tuple[Peer, ...]
-    command: tuple[str, ...]
-    join_timeout: float = 600.0
-    lost_after: float = 30.0
-    interval: float = 5.0
-    stop_timeout: float = 20.0
-
-
-def endpoint(text: str, what: str) -> Endpoint:
-    """ADDR:PORT (an IPv4 address, [IPv6] or a host name; port 1-65535) or UserError naming ``what``."""
-    host, _, port = text.rpartition(":")
-    bracketed = host.startswith("[") and host.endswith("]")
-    host = host[1:-1] if bracketed else host
-    try:
-        address = ipaddress.ip_address(host)
-        ok = bracketed == (address.version == 6)
-    except ValueError:
-        ok = not bracketed and bool(_HOST.match(host)) and not host.replace(".", "").isdigit()
-    if not ok or not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise UserError(f"{what} {text[:80]!r}: not ADDR:PORT with a port 1-65535; give e.g. 10.0.0.2:29502 "
-                        "or [fd00::2]:29502")
-    return Endpoint(host, int(port))
-
-
-def _seconds(value: float, flag: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or not 0 < value <= MAX_SECONDS:
-        raise UserError(f"{flag} {value!r}: must be a number of seconds > 0 and <= {MAX_SECONDS:g}; fix "
-                        f"{flag}")
-    return float(value)
-
-
-def options(rank: int, listen: str, peers: Sequence[str], command: Sequence[str], join_timeout: float = 600.0,
-            lost_after: float = 30.0, interval: float = 5.0, stop_timeout: float = 20.0) -> Options:
-    """Every option checked before anything starts; the first bad one is a UserError naming it."""
-    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank <= 1023:
-        raise UserError(f"--rank {rank!r}: must be an integer 0-1023 (0 is the head); fix --rank")
-    here = endpoint(listen, "--listen")
-    numbers = {"--join-timeout": join_timeout, "--lost-after": lost_after, "--interval": interval,
-               "--stop-timeout": stop_timeout}
-    join_timeout, lost_after, interval, stop_timeout = (_seconds(v, k) for k, v in numbers.items())
-    if lost_after < 2 * interval:
-        raise UserError(f"--lost-after {lost_after:g} is less than twice --interval {interval:g}; one missed "
-                        "poll must not lose a peer: raise --lost-after or lower --interval")
-    if not peers:
-        raise UserError("no --peer given; give the head (on a worker) or every worker (on the head) as "
-                        "--peer NAME=ADDR:PORT")
-    if rank > 0 and len(peers) != 1:
-        raise UserError(f"--rank {rank} is a worker, which watches the head only; give one --peer (the "
-                        f"head), not {len(peers)}")
-    found: list[Peer] = []
-    for text in peers:
-        name, sep, at = text.partition("=")
-        if not sep or not _NAME.match(name):
-            raise UserError(f"--peer {text[:80]!r}: not NAME=ADDR:PORT with a host name of letters, digits, "
-                            "'.', '_' or '-'; give e.g. spark01=10.0.0.1:29502")
-        peer = Peer(name, endpoint(at, f"--peer {name}"), "worker" if rank == 0 else "head")
-        if peer.at == here:
-            raise UserError(f"--peer {name} is this node's own --listen {here}; give the other node's beacon")
-        twin = next((p for p in found if p.name == name or p.at == peer.at), None)
-        if twin is not None:
-            raise UserError(f"--peer {name} ({peer.at}) repeats --peer {twin.name} ({twin.at}); give each "
-                            "peer once, with its own address")
-        found.append(peer)
-    if not command or not os.path.isabs(command[0]):
-        raise UserError("the child command is missing or its first word is not an absolute path; give it "
-                        "after --, e.g. -- /opt/sparkspec/venvs/vllm/bin/vllm serve ...")
-    if not os.path.isfile(command[0]) or not os.access(command[0], os.X_OK):
-        raise UserError(f"the child command {command[0][:200]!r} is not an executable file; fix the path "
-                        "after --")
-    return Options(rank, here, tuple(found), tuple(command), join_timeout, lost_after, interval, stop_timeout)
-
-
-@dataclass(frozen=True)
 class Answer:  # what a peer's beacon said
     rank: int
     instance: str
@@ -158,18 +58,20 @@ class Answer:  # what a peer's beacon said
 
 
 class Beacon:
-    """``GET /peer`` on the --listen address (200 JSON); every other path 404. No request body is read."""
+    """``GET /peer`` on the --listen address (200 JSON), every other path 404; no body is read."""
 
     def __init__(self, listen: Endpoint, rank: int, instance: str) -> None:
         self.rank, self.instance, self.child = rank, instance, "exited"
         self.started = time.monotonic()
         family = socket.AF_INET6 if ":" in listen.host else socket.AF_INET
-        server_class = type("BeaconServer", (http.server.ThreadingHTTPServer,), {"address_family": family})
+        server_class = type("BeaconServer", (http.server.ThreadingHTTPServer,),
+                            {"address_family": family})
         try:
             self.server = server_class((listen.host, listen.port), _handler(self))
         except OSError as exc:  # in use, not an address of this host, a name that does not resolve
-            raise UserError(f"--listen {listen}: cannot listen ({exc.strerror or exc}); stop what holds the "
-                            "port (another supervisor?) or give an address and port of this host") from None
+            raise UserError(f"--listen {listen}: cannot listen ({exc.strerror or exc}); stop what "
+                            "holds the port (another supervisor?) or give an address and port of "
+                            "this host") from None
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, args=(0.2,), daemon=True)
 
@@ -223,8 +125,9 @@ def ask(at: Endpoint, timeout: float = POLL_TIMEOUT_S) -> Answer | str:
         doc = json.loads(body)
     except ValueError:
         doc = None
-    if not isinstance(doc, dict) or not isinstance(doc.get("rank"), int) or isinstance(doc["rank"], bool) \
-            or not isinstance(doc.get("instance"), str) or not _INSTANCE.match(doc["instance"]) \
+    if not isinstance(doc, dict) or not isinstance(doc.get("rank"), int) \
+            or isinstance(doc["rank"], bool) or not isinstance(doc.get("instance"), str) \
+            or not _INSTANCE.match(doc["instance"]) \
             or doc.get("child") not in ("running", "exited"):
         return "an answer that is not a sparkspec beacon's"
     return Answer(doc["rank"], doc["instance"], doc["child"])
@@ -235,10 +138,11 @@ class Child:
 
     def __init__(self, command: Sequence[str], wake: threading.Event) -> None:
         try:
-            self.proc = subprocess.Popen(list(command), stdin=subprocess.DEVNULL, start_new_session=True)
+            self.proc = subprocess.Popen(list(command), stdin=subprocess.DEVNULL,
+                                         start_new_session=True)
         except OSError as exc:
-            raise UserError(f"the child command {command[0][:200]!r}: cannot start ({exc.strerror or exc}); "
-                            "fix the command after --") from None
+            raise UserError(f"the child command {command[0][:200]!r}: cannot start "
+                            f"({exc.strerror or exc}); fix the command after --") from None
         self.wake = wake
         threading.Thread(target=self._reap, daemon=True).start()
 
@@ -261,7 +165,7 @@ class Child:
         return True
 
     def stop(self, first: int, timeout: float) -> None:
-        """``first`` to the group, up to ``timeout`` s for all of it to end, then SIGKILL to the group."""
+        """``first`` to the group, up to ``timeout`` s for all of it to end, then SIGKILL to it."""
         self._signal(first)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -291,7 +195,8 @@ class Watch:
         while True:
             if self.got:
                 self.stop_signal = self.got[0]
-                say(f"{signal.Signals(self.got[0]).name} received; forwarding it to the child's group")
+                say(f"{signal.Signals(self.got[0]).name} received; forwarding it to the child's "
+                    "group")
                 return 0
             code = self.child.exit_code()
             if code is not None:
@@ -300,11 +205,13 @@ class Watch:
             now = time.monotonic()
             if now >= next_poll:
                 next_poll = now + self.opts.interval
-                seen = dict(zip(self.opts.peers, pool.map(ask, (p.at for p in self.opts.peers)), strict=True))
+                seen = dict(zip(self.opts.peers, pool.map(ask, (p.at for p in self.opts.peers)),
+                                strict=True))
                 if joined:
                     lost = self._watch(seen, time.monotonic())
                     if lost:
-                        say(f"{lost}; stopping the child (exit {EXIT_LOST}: the unit restarts and rejoins)")
+                        say(f"{lost}; stopping the child (exit {EXIT_LOST}: the unit restarts and "
+                            "rejoins)")
                         return EXIT_LOST
                 else:
                     note = time.monotonic() >= next_note
@@ -318,33 +225,35 @@ class Watch:
         if isinstance(answer, str):
             return answer
         if (answer.rank == 0) != (self.opts.rank > 0):
-            return f"an answer from rank {answer.rank}, not a {'head' if self.opts.rank else 'worker'}'s"
+            return (f"an answer from rank {answer.rank}, not a "
+                    f"{'head' if self.opts.rank else 'worker'}'s")
         return None if answer.child == "running" else f"its child {answer.child}"
 
     def _join(self, seen: dict[Peer, Answer | str], waited: float, note: bool) -> bool:
         missing = {peer: why for peer, answer in seen.items() if (why := self._wrong(answer))}
         if not missing:
             self.instances = {p.name: a.instance for p, a in seen.items() if isinstance(a, Answer)}
-            say("joined: " + ", ".join(f"{p} instance {self.instances[p.name]}" for p in self.opts.peers))
+            say("joined: " + ", ".join(f"{p} instance {self.instances[p.name]}"
+                                       for p in self.opts.peers))
             return True
         if waited >= self.opts.join_timeout:
             names = ", ".join(p.name for p in missing)
             say(f"join timed out after {self.opts.join_timeout:g} s; stopping the child")
             raise JoinTimeout(f"{' and '.join(map(str, missing))} did not join within "
-                              f"{self.opts.join_timeout:g} s; start sparkspec's unit on {names} or check the "
-                              "link")
+                              f"{self.opts.join_timeout:g} s; start sparkspec's unit on {names} "
+                              "or check the link")
         if note:
             say(f"waiting for {'; '.join(f'{p}: {why}' for p, why in missing.items())} "
                 f"({waited:.0f} s of {self.opts.join_timeout:g} s)")
         return False
 
     def _watch(self, seen: dict[Peer, Answer | str], now: float) -> str | None:
-        """The line naming a lost peer, or None while all are there (or not yet gone for --lost-after)."""
+        """A lost peer's line, or None while all are there (or gone for less than --lost-after)."""
         for peer, answer in seen.items():
             was = self.instances[peer.name]
             if isinstance(answer, Answer) and answer.instance != was:
-                return (f"{peer} lost: it restarted (instance {was} is now {answer.instance}); vLLM's "
-                        "process group cannot survive that")
+                return (f"{peer} lost: it restarted (instance {was} is now {answer.instance}); "
+                        "vLLM's process group cannot survive that")
             why = self._wrong(answer)
             if why is None:
                 if self.bad_since.pop(peer.name, None) is not None:
@@ -359,9 +268,9 @@ class Watch:
 
 
 def supervise(opts: Options) -> int:
-    """Bind the beacon, start the child, join and watch; the child's group is always stopped before return."""
+    """Bind the beacon, start the child, join, watch; stop the child's group before any return."""
     instance = secrets.token_hex(8)
-    beacon = Beacon(opts.listen, opts.rank, instance)  # a bind failure ends here, before the child starts
+    beacon = Beacon(opts.listen, opts.rank, instance)  # a bind failure ends here: no child yet
     wake = threading.Event()
     got: list[int] = []
 
@@ -380,8 +289,9 @@ def supervise(opts: Options) -> int:
         watch = Watch(opts, Child(opts.command, wake), beacon, wake, got)
         beacon.child = "running"
         beacon.thread.start()
-        say(f"rank {opts.rank}, instance {instance}: beacon at http://{opts.listen}/peer, child pid "
-            f"{watch.child.proc.pid}; waiting {opts.join_timeout:g} s for " + ", ".join(map(str, opts.peers)))
+        say(f"rank {opts.rank}, instance {instance}: beacon at http://{opts.listen}/peer, child "
+            f"pid {watch.child.proc.pid}; waiting {opts.join_timeout:g} s for "
+            + ", ".join(map(str, opts.peers)))
         return watch.run(pool)
     finally:
         beacon.child = "exited"  # a peer polling now sees this node as gone, not as joined

@@ -1,6 +1,6 @@
-"""What the hub endpoint answers about a repo: request paths split into validated segments, the repo found
-without following links, and the hub's JSON documents (model info, tree, paths-info) listing only the repo's
-own files. The HTTP side is :mod:`sparkspec.hub.server`.
+"""What the hub endpoint answers about a repo: request paths split into validated segments, the repo
+found without following links, and the hub's JSON documents (model info, tree, paths-info) listing
+only the repo's own files. The HTTP side is :mod:`sparkspec.hub.server`.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ from sparkspec.hub.repo import (
 
 
 class HubError(Exception):
-    def __init__(self, status: int, code: str | None, message: str, commit: str | None = None) -> None:
+    def __init__(self, status: int, code: str | None, message: str,
+                 commit: str | None = None) -> None:
         super().__init__(message)
         self.status, self.code, self.message, self.commit = status, code, message, commit
 
@@ -45,13 +46,14 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def header_text(value: str) -> str:
-    """A header value that cannot break the response: printable ASCII only, at most 300 characters."""
+    """A header value that cannot break the response: printable ASCII only, at most 300
+    characters."""
     return "".join(c if " " <= c <= "~" else "?" for c in value)[:300]
 
 
 def segments(target: str) -> list[str]:
-    """The decoded segments of a request path. A segment that decodes to '/', '\\', a control character,
-    '.', '..' or nothing (but for one trailing slash), or that is not UTF-8, is a 404."""
+    """The decoded segments of a request path. A segment that decodes to '/', '\\', a control
+    character, '.', '..' or nothing (but for one trailing slash), or that is not UTF-8, is a 404."""
     if not target.startswith("/"):
         raise not_found()
     raw = target[1:].split("/")
@@ -92,11 +94,11 @@ class Repos:
         self._lock = threading.Lock()
 
     def snapshot(self, org: str, name: str, revision: str) -> Snapshot:
-        """The repo ``org/name`` at ``revision`` ('main' or its commit id); 404 for anything else. ``org``
-        and ``name`` must be real folders (not links) directly under the root, and the repo folder must be
-        marked to be served (:func:`is_published`): any other folder (``--root /`` holds /home/al) is not a
-        repo, and nothing is written into it. Names with a dot-segment (but .gitattributes) are not the
-        repo's files."""
+        """The repo ``org/name`` at ``revision`` ('main' or its commit id); 404 for anything else.
+        ``org`` and ``name`` must be real folders (not links) directly under the root, and the repo
+        folder must be marked to be served (:func:`is_published`): any other folder (``--root /``
+        holds /home/al) is not a repo, and nothing is written into it. Names with a dot-segment (but
+        .gitattributes) are not the repo's files."""
         try:
             repo_id = validate.repo_id(f"{org}/{name}")
         except UserError:
@@ -113,7 +115,8 @@ class Repos:
         with self._lock:
             store = self._stores.get((org, name))
             if store is None:
-                store = HashStore(directory, lambda rel: open_in(self.root, f"{org}/{name}/{rel}"))
+                store = HashStore(directory,
+                                  lambda rel: open_in(self.root, f"{org}/{name}/{rel}"))
                 self._stores[(org, name)] = store
         snap = Snapshot(repo_id, directory, files, store, "", self.count)
         snap.commit = marked_revision(store.opener) or content_revision(snap.entries(files))
@@ -140,8 +143,8 @@ class Repos:
         return sorted(out)
 
     def open(self, snap: Snapshot, rel: str) -> tuple[int, os.stat_result]:
-        """The open fd and stat of the repo's own file ``rel``; 404 for any other name, or for a file that
-        became a link, a folder or a FIFO since it was listed."""
+        """The open fd and stat of the repo's own file ``rel``; 404 for any other name, or for a
+        file that became a link, a folder or a FIFO since it was listed."""
         missing = HubError(404, "EntryNotFound", "Entry not found", snap.commit)
         if rel not in snap.files:
             raise missing
@@ -152,7 +155,8 @@ class Repos:
 
     @staticmethod
     def model_info(snap: Snapshot, blobs: bool) -> dict[str, Any]:
-        """Siblings by name; their sizes and hashes only with ``blobs`` (the only case that hashes)."""
+        """Siblings by name; their sizes and hashes only with ``blobs`` (the only case that
+        hashes)."""
         entries = snap.entries(snap.files) if blobs else {}
         siblings: list[dict[str, Any]] = []
         for rel in snap.files:
@@ -161,17 +165,19 @@ class Repos:
                 entry = entries[rel]
                 sibling.update(size=entry.size, blobId=entry.blob_id)
                 if entry.lfs:
-                    sibling["lfs"] = {"sha256": entry.sha256, "size": entry.size, "pointerSize": 134}
+                    sibling["lfs"] = {"sha256": entry.sha256, "size": entry.size,
+                                      "pointerSize": 134}
             siblings.append(sibling)
         repo_id, commit = snap.repo_id, snap.commit
-        return {"_id": commit[:24], "id": repo_id, "modelId": repo_id, "author": repo_id.split("/")[0],
-                "sha": commit, "private": False, "gated": False, "disabled": False, "downloads": 0,
-                "likes": 0, "tags": [], "siblings": siblings,
+        return {"_id": commit[:24], "id": repo_id, "modelId": repo_id,
+                "author": repo_id.split("/")[0], "sha": commit, "private": False, "gated": False,
+                "disabled": False, "downloads": 0, "likes": 0, "tags": [], "siblings": siblings,
                 "usedStorage": sum(v.size for v in snap.files.values())}
 
     @staticmethod
     def tree(snap: Snapshot, prefix: str, recursive: bool) -> list[dict[str, Any]]:
-        """The repo's own files and folders under ``prefix`` (a validated relative path, or none)."""
+        """The repo's own files and folders under ``prefix`` (a validated relative path, or
+        none)."""
         if prefix:
             try:
                 validate.relpath(prefix)
@@ -196,7 +202,8 @@ class Repos:
 
     @staticmethod
     def paths_info(snap: Snapshot, paths: list[str]) -> list[dict[str, Any]]:
-        """Entries for the asked paths that are the repo's own files or folders; others are left out."""
+        """Entries for the asked paths that are the repo's own files or folders; others are left
+        out."""
         out: list[dict[str, Any]] = []
         for path in paths[:10_000]:
             path = path.strip("/")
@@ -214,7 +221,8 @@ class Repos:
 
 
 def _folders(path: Path) -> list[str]:
-    """The names of the real folders (not links) directly in ``path``; none when it cannot be listed."""
+    """The names of the real folders (not links) directly in ``path``; none when it cannot be
+    listed."""
     try:
         with os.scandir(path) as entries:
             return [e.name for e in entries if e.is_dir(follow_symlinks=False)]
@@ -223,4 +231,5 @@ def _folders(path: Path) -> list[str]:
 
 
 def _folder(path: str) -> dict[str, Any]:
-    return {"type": "directory", "oid": hashlib.sha1(path.encode()).hexdigest(), "size": 0, "path": path}
+    return {"type": "directory", "oid": hashlib.sha1(path.encode()).hexdigest(), "size": 0,
+            "path": path}

@@ -89,7 +89,8 @@ class FetchResult:
 
 
 def plan(source: Source, allow_patterns: Sequence[str] | None = None) -> Plan:
-    """The commit a revision resolves to and the sizes of the files a fetch would bring (disk preflight)."""
+    """The commit a revision resolves to and the sizes of the files a fetch would bring (disk
+    preflight)."""
     reader = Reader(source)
     patterns = list(allow_patterns or ["*"])
     names = list(filter_repo_objects([*reader.files, *reader.unsafe], allow_patterns=patterns))
@@ -97,7 +98,7 @@ def plan(source: Source, allow_patterns: Sequence[str] | None = None) -> Plan:
     return Plan(reader, {name: reader.files[name] for name in names})
 
 
-# --- whole repos ----------------------------------------------------------------------------------------
+# --- whole repos ---------------------------------------------------------------------------------
 def fetch_repo(repo: str, revision: str, dest: str | os.PathLike[str],
                allow_patterns: Sequence[str] | None = None, token: str | None = None,
                endpoint: str | None = None, local_path: str | None = None,
@@ -119,9 +120,11 @@ def fetch_repo(repo: str, revision: str, dest: str | os.PathLike[str],
                     progress.add(n)
         elif todo:
             with hub_errors(p.reader.source):
-                snapshot_download(repo, revision=p.commit, local_dir=out, allow_patterns=list(todo),
-                                  token=token, endpoint=p.reader.endpoint, max_workers=max_workers,
-                                  tqdm_class=_counting(progress, SNAPSHOT_BAR) if progress else None)
+                snapshot_download(repo, revision=p.commit, local_dir=out,
+                                  allow_patterns=list(todo), token=token,
+                                  endpoint=p.reader.endpoint, max_workers=max_workers,
+                                  tqdm_class=_counting(progress, SNAPSHOT_BAR) if progress
+                                  else None)
         finish(out, {"repo": repo, "revision": revision, "commit": p.commit, "mode": "repo",
                      "files": p.files})
     return FetchResult(repo, p.commit, str(out), "repo", bool(todo), sorted(p.files),
@@ -129,8 +132,8 @@ def fetch_repo(repo: str, revision: str, dest: str | os.PathLike[str],
 
 
 def _have(reader: Reader, dest: Path, rel: str) -> bool:
-    """A whole file already in place: for the hub, huggingface_hub's record of a finished download of this
-    commit; for a local source, the same size."""
+    """A whole file already in place: for the hub, huggingface_hub's record of a finished download
+    of this commit; for a local source, the same size."""
     target, size = dest / rel, reader.size(rel)
     if not (target.is_file() and target.stat().st_size == size):
         return False
@@ -141,7 +144,8 @@ def _have(reader: Reader, dest: Path, rel: str) -> bool:
 
 
 def _fetch_whole(reader: Reader, rel: str, dest: Path) -> int:
-    """One whole file into ``dest``: hf_hub_download (resumable, records the commit) or a local copy/link."""
+    """One whole file into ``dest``: hf_hub_download (resumable, records the commit) or a local
+    copy/link."""
     if reader.source.local_path:
         copy_local(validate.under(reader.source.local_path, rel), validate.under(dest, rel))
     else:
@@ -151,17 +155,17 @@ def _fetch_whole(reader: Reader, rel: str, dest: Path) -> int:
     return reader.size(rel)
 
 
-SNAPSHOT_BAR = "huggingface_hub.snapshot_download"  # the name of snapshot_download's bar of bytes written
+SNAPSHOT_BAR = "huggingface_hub.snapshot_download"  # snapshot_download's bar of bytes written
 SUBSET_BAR = "sparkspec.fp8_subset"
 
 
 def _counting(progress: ProgressFile, name: str) -> type[hf_tqdm]:
-    """huggingface_hub's bar class, whose bar called ``name`` also adds what it counts to ``progress`` (even
-    when bars are off: no terminal, or HF_HUB_DISABLE_PROGRESS_BARS)."""
+    """huggingface_hub's bar class, whose bar called ``name`` also adds what it counts to
+    ``progress`` (even when bars are off: no terminal, or HF_HUB_DISABLE_PROGRESS_BARS)."""
 
     class Counting(hf_tqdm):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
-            # huggingface_hub's tqdm subclass has no annotations on __init__ (a third-party signature)
+            # huggingface_hub's tqdm subclass leaves __init__ unannotated (a third-party signature)
             super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
             self.counted = kwargs.get("name") == name
 
@@ -174,7 +178,7 @@ def _counting(progress: ProgressFile, name: str) -> type[hf_tqdm]:
     return Counting
 
 
-# --- the FP8 subset ----------------------------------------------------------------------------------------
+# --- the FP8 subset ------------------------------------------------------------------------------
 @dataclass
 class _Shard:
     name: str
@@ -206,10 +210,10 @@ class _Shard:
         return merged
 
 
-def _cached(reader: Reader, path: Path, rel: str, parse: Callable[[Callable[[int, int], bytes]], Any],
-            tally: list[int]) -> Any:
-    """``parse(read)`` over the leading bytes of ``rel``; the bytes read are kept in ``path`` (per commit) so
-    that a re-run of the same commit transfers nothing."""
+def _cached(reader: Reader, path: Path, rel: str,
+            parse: Callable[[Callable[[int, int], bytes]], Any], tally: list[int]) -> Any:
+    """``parse(read)`` over the leading bytes of ``rel``; the bytes read are kept in ``path`` (per
+    commit) so that a re-run of the same commit transfers nothing."""
     if path.is_file():
         raw = validate.read_regular(path, "cached header")
         return parse(lambda offset, length: raw[offset: offset + length])
@@ -228,12 +232,14 @@ def _cached(reader: Reader, path: Path, rel: str, parse: Callable[[Callable[[int
 
 def _select(reader: Reader, int4: Path, patterns: Sequence[str], config: Path, cache: Path,
             tally: list[int]) -> list[_Shard]:
-    """The FP8 tensors assemble will take, by assemble's own rule (``fp8_candidates`` on names, then
-    ``fp8_selection`` on headers): the FP8 index, then only the headers of shards holding candidates."""
+    """The FP8 tensors assemble will take, by assemble's own rule (``fp8_candidates`` on names,
+    then ``fp8_selection`` on headers): the FP8 index, then only the headers of shards holding
+    candidates."""
     label = reader.source.label
     index4 = read_index(int4)["weight_map"]
     int4_tensors = int4_model_tensors(read_header(int4 / f) for f in int4_model_shards(index4))
-    _cached(reader, cache / INDEX_NAME, INDEX_NAME, lambda read: read(0, reader.size(INDEX_NAME)), tally)
+    _cached(reader, cache / INDEX_NAME, INDEX_NAME, lambda read: read(0, reader.size(INDEX_NAME)),
+            tally)
     index8: dict[str, str] = read_index(cache)["weight_map"]
     names = [n for m in fp8_candidates(int4_tensors, index8, patterns) for n in fp8_pair(m)]
     headers: dict[str, Header] = {}
@@ -243,22 +249,24 @@ def _select(reader: Reader, int4: Path, patterns: Sequence[str], config: Path, c
         headers[shard] = _cached(reader, cache / f"{shard}.header", shard, parse, tally)
     missing = [n for n in names if n not in headers[index8[n]].tensors]
     if missing:
-        raise UserError(f"{label}: {INDEX_NAME} maps {missing[0]} to {index8[missing[0]]}, whose header has "
-                        "no such tensor; the repo is inconsistent, pin another revision")
+        raise UserError(f"{label}: {INDEX_NAME} maps {missing[0]} to {index8[missing[0]]}, whose "
+                        "header has no such tensor; the repo is inconsistent, pin another revision")
     fp8_tensors = {n: headers[index8[n]].tensors[n] for n in names}
     doc = read_json(config, "config.json not found; re-fetch it", "re-fetch it")
     try:
         block = weight_block_size(doc)
     except (AttributeError, TypeError):
-        raise UserError(f"{config}: has no quantization_config object; check the FP8 repo") from None
+        raise UserError(f"{config}: has no quantization_config object; check the FP8 "
+                        "repo") from None
 
     def where(side: str, name: str) -> str:
         return f"{label}: {index8[name]}" if side == "fp8" else str(int4 / index4[name])
 
     modules = fp8_selection(int4_tensors, fp8_tensors, patterns, block, where)
     if not modules:
-        raise UserError(f"{label}: no tensor of {int4} has an F8_E4M3 X.weight with X.weight_scale_inv "
-                        "there; check that the repos are one model's INT4/FP8 pair (or use --fp8-pattern)")
+        raise UserError(f"{label}: no tensor of {int4} has an F8_E4M3 X.weight with "
+                        "X.weight_scale_inv there; check that the repos are one model's INT4/FP8 "
+                        "pair (or use --fp8-pattern)")
     picked: dict[str, list[TensorInfo]] = {}
     for module in modules:
         for n in fp8_pair(module):
@@ -267,33 +275,36 @@ def _select(reader: Reader, int4: Path, patterns: Sequence[str], config: Path, c
             for shard, ts in sorted(picked.items())]
 
 
-def fetch_fp8_subset(repo: str, revision: str, int4_dir: str | os.PathLike[str], dest: str | os.PathLike[str],
-                     patterns: Sequence[str] = (), token: str | None = None, endpoint: str | None = None,
+def fetch_fp8_subset(repo: str, revision: str, int4_dir: str | os.PathLike[str],
+                     dest: str | os.PathLike[str], patterns: Sequence[str] = (),
+                     token: str | None = None, endpoint: str | None = None,
                      local_path: str | None = None, mode: str = "ranges", retries: int = 5,
                      progress: ProgressFile | None = None) -> FetchResult:
-    """Build in ``dest`` a small FP8 source checkpoint holding only the tensors ``checkpoint assemble`` takes
-    from the FP8 repo (assemble's rule, see :func:`_select`), plus its config and other non-weight files.
-    ``mode="ranges"`` fetches only those tensors' byte ranges; ``mode="full"`` downloads the whole shards
-    that hold them (for mirrors without Range support). ``progress`` counts the tensor bytes (whole shards
-    with ``full``) as they arrive."""
+    """Build in ``dest`` a small FP8 source checkpoint holding only the tensors ``checkpoint
+    assemble`` takes from the FP8 repo (assemble's rule, see :func:`_select`), plus its config and
+    other non-weight files. ``mode="ranges"`` fetches only those tensors' byte ranges;
+    ``mode="full"`` downloads the whole shards that hold them (for mirrors without Range support).
+    ``progress`` counts the tensor bytes (whole shards with ``full``) as they arrive."""
     if mode not in ("ranges", "full"):
         raise UserError(f"--mode {mode}: unknown; use ranges or full")
     out, int4 = Path(dest), Path(int4_dir)
     claim(out, {"--int4": int4, "--local-path": local_path})
     read_index(int4)  # fail early, naming the INT4 index, before any transfer
     reader = Reader(Source(repo, revision, endpoint, token, local_path, retries))
-    side = [rel for rel in sorted(reader.files) if not rel.endswith(".safetensors") and rel != INDEX_NAME]
+    side = [rel for rel in sorted(reader.files)
+            if not rel.endswith(".safetensors") and rel != INDEX_NAME]
     reader.check_names(n for n in reader.unsafe if not n.endswith(".safetensors"))
     if "config.json" not in side:
-        raise UserError(f"{reader.source.label}: config.json not found (404); check the repo and revision")
+        raise UserError(f"{reader.source.label}: config.json not found (404); check the repo and "
+                        "revision")
     side = [rel for rel in side if not _have(reader, out, rel)]
     preflight(out, sum(reader.size(rel) for rel in side))
     with writing(out):
         return _fetch_subset(reader, int4, out, side, patterns, mode, progress)
 
 
-def _fetch_subset(reader: Reader, int4: Path, out: Path, side: list[str], patterns: Sequence[str],
-                  mode: str, progress: ProgressFile | None) -> FetchResult:
+def _fetch_subset(reader: Reader, int4: Path, out: Path, side: list[str],
+                  patterns: Sequence[str], mode: str, progress: ProgressFile | None) -> FetchResult:
     repo, previous = reader.source.repo, state(out)
     tally = [0]  # body bytes transferred outside the tensor data
     for rel in side:
@@ -309,7 +320,8 @@ def _fetch_subset(reader: Reader, int4: Path, out: Path, side: list[str], patter
         weight_map = {t: s.name for s in shards for t in s.header.tensors}
         total_size = sum(s.header.data_size for s in shards)
     else:
-        todo = begin(out, key, {s.name: len(s.prefix()) + sum(t.nbytes for t in s.tensors) for s in shards})
+        todo = begin(out, key, {s.name: len(s.prefix()) + sum(t.nbytes for t in s.tensors)
+                                for s in shards})
         weight_map = {t.name: s.name for s in shards for t in s.tensors}
         total_size = used
     remove_stale(out, recorded_shards(previous), {s.name for s in shards})
@@ -331,19 +343,22 @@ def _fetch_subset(reader: Reader, int4: Path, out: Path, side: list[str], patter
                 write_file(out, shard.name, shard.body(reader, fetched, bar))
     index_changed = _write_index_if_changed(out, weight_map, total_size)
     local_path = reader.source.local_path
-    finish(out, {"key": key, "repo": repo, "revision": reader.source.revision, "commit": reader.commit,
-                 "mode": mode, "endpoint": None if local_path else reader.endpoint, "local_path": local_path,
+    finish(out, {"key": key, "repo": repo, "revision": reader.source.revision,
+                 "commit": reader.commit, "mode": mode,
+                 "endpoint": None if local_path else reader.endpoint, "local_path": local_path,
                  "tensors": names, "shards": sorted(s.name for s in shards)})
     return FetchResult(repo, reader.commit, str(out), mode, bool(todo) or index_changed,
                        sorted(s.name for s in shards), bytes_fetched=tally[0] + fetched[0],
                        tensor_bytes_fetched=fetched[0], tensor_bytes_used=used,
-                       header_bytes=sum(p.stat().st_size for p in cache.glob("*.header")), tensors=len(names))
+                       header_bytes=sum(p.stat().st_size for p in cache.glob("*.header")),
+                       tensors=len(names))
 
 
 def _write_index_if_changed(out: Path, weight_map: dict[str, str], total_size: int) -> bool:
     if (out / INDEX_NAME).is_file():
         current = read_index(out)
-        if current["weight_map"] == weight_map and current["metadata"].get("total_size") == total_size:
+        if (current["weight_map"] == weight_map
+                and current["metadata"].get("total_size") == total_size):
             return False
     write_index(out, weight_map, total_size)
     return True

@@ -1,6 +1,6 @@
-"""HTTP/1.1 request framing as RFC 9112 requires, for the hub's handler (:mod:`sparkspec.hub.server`):
-:func:`read_head` reads one request's head strictly, or raises :class:`FramingError` naming the status to
-answer.
+"""HTTP/1.1 request framing as RFC 9112 requires, for the hub's handler
+(:mod:`sparkspec.hub.server`): :func:`read_head` reads one request's head strictly, or raises
+:class:`FramingError` naming the status to answer.
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ VERSIONS = ("HTTP/1.0", "HTTP/1.1")
 
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # RFC 9110 §5.6.2
 _ORIGIN_FORM = re.compile(rb"/[\x21-\x7e]*")  # visible ASCII: no space, control or raw byte >= 0x80
-_BAD_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")  # controls but HTAB (obs-text 0x80-0xff is allowed)
-_HOST = re.compile(rb"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9\-._~!$&'()*+,;=%]*)(:[0-9]*)?")  # RFC 9110 §7.2
+_BAD_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")  # controls but HTAB (obs-text 0x80-0xff ok)
+# RFC 9110 §7.2
+_HOST = re.compile(rb"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9\-._~!$&'()*+,;=%]*)(:[0-9]*)?")
 _DIGITS = re.compile(rb"[0-9]+")
 
 
@@ -51,9 +52,9 @@ class Head:
 
 
 def read_head(rfile: Lines) -> Head | None:
-    """Read one request's line and header fields from ``rfile``; None when the client closed the connection
-    before sending a byte of it. Raise :class:`FramingError` for a malformed head, :class:`Gone` for one cut
-    short."""
+    """Read one request's line and header fields from ``rfile``; None when the client closed the
+    connection before sending a byte of it. Raise :class:`FramingError` for a malformed head,
+    :class:`Gone` for one cut short."""
     for empty in range(MAX_EMPTY_LINES + 1):
         line = _line(rfile, MAX_REQUEST_LINE, 414, "Request line too long", first=empty == 0)
         if line is None:
@@ -131,12 +132,14 @@ def _frame(method: str, target: str, version: str, fields: list[tuple[str, str]]
     lengths = values("content-length")
     if values("transfer-encoding"):
         if lengths or version == "HTTP/1.0":
-            raise FramingError(400, "Bad request: Transfer-Encoding with Content-Length or in HTTP/1.0")
+            raise FramingError(400, "Bad request: Transfer-Encoding with Content-Length or in "
+                                    "HTTP/1.0")
         raise FramingError(501, "Transfer-Encoding is not supported; send a Content-Length")
     if any(not _DIGITS.fullmatch(v.encode("latin-1")) for v in lengths) or len(set(lengths)) > 1:
         raise FramingError(400, "Bad request: Content-Length is not one number")
     digits = lengths[0].lstrip("0") if lengths else ""
-    length = int(digits or "0") if len(digits) <= 18 else 1 << 62  # too many digits: refused as too large
+    # too many digits: refused as too large
+    length = int(digits or "0") if len(digits) <= 18 else 1 << 62
     connection = {t.strip().lower() for v in values("connection") for t in v.split(",")}
     keep_alive = "close" not in connection and (version == "HTTP/1.1" or "keep-alive" in connection)
     expect = version == "HTTP/1.1" and [v.lower() for v in values("expect")] == ["100-continue"]

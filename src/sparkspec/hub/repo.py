@@ -1,5 +1,5 @@
-"""A hub repo as a local directory: the files it serves, their hashes and its revision. Shared by the hub
-server (:mod:`sparkspec.hub.server`) and the ``local_path`` source of ``sparkspec fetch``.
+"""A hub repo as a local directory: the files it serves, their hashes and its revision. Shared by
+the hub server (:mod:`sparkspec.hub.server`) and the ``local_path`` source of ``sparkspec fetch``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from sparkspec.errors import UserError
 from sparkspec.jsonfile import loads_bounded
 from sparkspec.validate import COMMIT_RE
 
-PUBLISHED_FILE = ".sparkspec-published"  # marks a folder as a repo ``hub publish`` made (see is_published)
+PUBLISHED_FILE = ".sparkspec-published"  # marks a repo folder ``hub publish`` made (is_published)
 FETCH_STATE_DIR = ".sparkspec-fetch"  # marks a folder as ``sparkspec fetch``'s own (see hub_dest)
 HASHES_FILE = ".sparkspec-hashes.json"
 LFS_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5", ".onnx")
@@ -35,27 +35,30 @@ Opener = Callable[[str], tuple[int, os.stat_result]]
 
 
 def listed(rel: str) -> bool:
-    """Files a repo serves: everything except this tool's own bookkeeping and local download caches."""
+    """Files a repo serves: everything except this tool's own bookkeeping and local download
+    caches."""
     parts = rel.split("/")
     return parts[0] not in (".cache", ".git") and not parts[-1].startswith(".sparkspec")
 
 
 def served(rel: str) -> bool:
-    """Files the endpoint serves: no path segment starts with '.' but ``.gitattributes`` (what hub repos
-    carry), so a dot-file or dot-folder (.env, .ssh/) put into a repo is never listed nor sent."""
+    """Files the endpoint serves: no path segment starts with '.' but ``.gitattributes`` (what hub
+    repos carry), so a dot-file or dot-folder (.env, .ssh/) put into a repo is never listed nor
+    sent."""
     return all(not part.startswith(".") or part == ".gitattributes" for part in rel.split("/"))
 
 
 def is_published(path: Path) -> bool:
-    """Whether ``path`` is a repo folder publish made: it holds publish's marker, or (made by a sparkspec
-    before the marker existed) a revision file and no fetch state."""
+    """Whether ``path`` is a repo folder publish made: it holds publish's marker, or (made by a
+    sparkspec before the marker existed) a revision file and no fetch state."""
     def regular(name: str) -> bool:
         try:
             return stat.S_ISREG(os.lstat(path / name).st_mode)
         except OSError:
             return False
 
-    return regular(PUBLISHED_FILE) or (regular(REVISION_FILE) and not os.path.lexists(path / FETCH_STATE_DIR))
+    return regular(PUBLISHED_FILE) or (regular(REVISION_FILE)
+                                       and not os.path.lexists(path / FETCH_STATE_DIR))
 
 
 @dataclass(frozen=True)
@@ -79,9 +82,10 @@ class Listing:
 
 
 def scan(directory: Path, follow_inside: bool = False) -> Listing:
-    """The regular files under ``directory``. Symbolic links are skipped or, with ``follow_inside``, followed
-    when they resolve to a regular file under ``directory``; FIFOs, sockets and devices are skipped; names
-    that are not plain relative paths, and links leaving the folder, are set apart in ``unsafe``."""
+    """The regular files under ``directory``. Symbolic links are skipped or, with
+    ``follow_inside``, followed when they resolve to a regular file under ``directory``; FIFOs,
+    sockets and devices are skipped; names that are not plain relative paths, and links leaving the
+    folder, are set apart in ``unsafe``."""
     base = directory.resolve()
     files: dict[str, FileStat] = {}
     unsafe: dict[str, str] = {}
@@ -113,18 +117,21 @@ def scan(directory: Path, follow_inside: bool = False) -> Listing:
                 try:
                     validate.relpath(rel)
                 except UserError:
-                    unsafe[rel] = "is not a plain relative path (letters, digits, '._+=@,-', no '..')"
+                    unsafe[rel] = ("is not a plain relative path (letters, digits, '._+=@,-', "
+                                   "no '..')")
                     continue
                 files[rel] = FileStat.of(st)
                 if len(files) > MAX_FILES:
-                    raise UserError(f"{directory}: holds more than {MAX_FILES} files; is it really a repo?")
+                    raise UserError(f"{directory}: holds more than {MAX_FILES} files; is it "
+                                    "really a repo?")
     return Listing(dict(sorted(files.items())), dict(sorted(unsafe.items())))
 
 
 def open_in(directory: str | os.PathLike[str], rel: str) -> tuple[int, os.stat_result]:
-    """Open the regular file ``directory/rel`` read-only, one component at a time without following a
-    symbolic link below ``directory`` (no check-then-open race), never blocking on a FIFO. Returns the fd
-    (the caller closes it) and its stat; raises OSError (ELOOP for a link, EINVAL for a non-regular file)."""
+    """Open the regular file ``directory/rel`` read-only, one component at a time without following
+    a symbolic link below ``directory`` (no check-then-open race), never blocking on a FIFO. Returns
+    the fd (the caller closes it) and its stat; raises OSError (ELOOP for a link, EINVAL for a
+    non-regular file)."""
     parts = validate.relpath(rel).split("/")
     fd = os.open(directory, _DIR)
     try:
@@ -148,13 +155,16 @@ def check_private(path: str | os.PathLike[str], what: str) -> None:
     try:
         mode = os.stat(path).st_mode
     except OSError as exc:
-        raise UserError(f"{path}: cannot stat the {what} ({exc.strerror}); check the path") from None
+        raise UserError(f"{path}: cannot stat the {what} ({exc.strerror}); check the "
+                        "path") from None
     if mode & 0o004:
-        raise UserError(f"{path}: the {what} is readable by every user of this machine; chmod 600 it")
+        raise UserError(f"{path}: the {what} is readable by every user of this machine; "
+                        "chmod 600 it")
 
 
 def read_small(opener: Opener, rel: str, limit: int = 4096) -> bytes | None:
-    """The bytes of a small bookkeeping file, or None when it is absent, not regular or too large."""
+    """The bytes of a small bookkeeping file, or None when it is absent, not regular or too
+    large."""
     try:
         fd, st = opener(rel)
     except OSError:
@@ -199,7 +209,8 @@ class RepoFile:
         return self.sha256 if self.lfs else self.blob_id
 
     def tree_entry(self) -> dict[str, Any]:
-        entry: dict[str, Any] = {"type": "file", "oid": self.blob_id, "size": self.size, "path": self.path}
+        entry: dict[str, Any] = {"type": "file", "oid": self.blob_id, "size": self.size,
+                                 "path": self.path}
         if self.lfs:
             entry["lfs"] = {"oid": self.sha256, "size": self.size, "pointerSize": 134}
         return entry
@@ -210,10 +221,12 @@ def is_lfs(path: str, size: int) -> bool:
 
 
 class HashStore:
-    """The digests of one repo folder's files, each computed once per :class:`FileStat` and persisted in
-    ``HASHES_FILE`` (atomic replace; kept in memory only where the folder is read-only)."""
+    """The digests of one repo folder's files, each computed once per :class:`FileStat` and
+    persisted in ``HASHES_FILE`` (atomic replace; kept in memory only where the folder is
+    read-only)."""
 
-    def __init__(self, directory: Path, opener: Opener | None = None, persist: bool = True) -> None:
+    def __init__(self, directory: Path, opener: Opener | None = None,
+                 persist: bool = True) -> None:
         self.directory = directory
         self.persist = persist
         self.opener: Opener = opener or (lambda rel: open_in(directory, rel))
@@ -223,7 +236,8 @@ class HashStore:
         self._dirty = False
 
     def _load(self) -> None:
-        """Merge the persisted digests (another process, e.g. ``hub publish``, may have written them)."""
+        """Merge the persisted digests (another process, e.g. ``hub publish``, may have written
+        them)."""
         try:
             fd, st = self.opener(HASHES_FILE)
         except OSError:
@@ -260,8 +274,10 @@ class HashStore:
             self._known[rel] = (version, digests)
             self._dirty = True
 
-    def of_fd(self, rel: str, fd: int, st: os.stat_result, count: Callable[[int], None]) -> Digests:
-        """The digests of the open file ``rel`` (hashed from this fd only when no version matches)."""
+    def of_fd(self, rel: str, fd: int, st: os.stat_result,
+              count: Callable[[int], None]) -> Digests:
+        """The digests of the open file ``rel`` (hashed from this fd only when no version
+        matches)."""
         version = FileStat.of(st)
         found = self.cached(rel, version)
         if found is None:
@@ -272,7 +288,8 @@ class HashStore:
 
     def many(self, files: Mapping[str, FileStat], rels: Iterable[str],
              count: Callable[[int], None]) -> dict[str, RepoFile]:
-        """:class:`RepoFile` of each of ``rels``, hashing only the versions not seen before; persisted."""
+        """:class:`RepoFile` of each of ``rels``, hashing only the versions not seen before;
+        persisted."""
         out: dict[str, RepoFile] = {}
         for rel in rels:
             digests = self.cached(rel, files[rel])
@@ -287,17 +304,20 @@ class HashStore:
         return out
 
     def save(self, files: Mapping[str, FileStat]) -> None:
-        """Persist the digests of ``files`` (the whole current listing: vanished files are dropped)."""
+        """Persist the digests of ``files`` (the whole current listing: vanished files are
+        dropped)."""
         with self.lock:
             if not self._dirty or not self.persist:
                 return
             doc = {"files": {rel: {"size": v.size, "mtime_ns": v.mtime_ns, "ctime_ns": v.ctime_ns,
                                    "ino": v.ino, "sha256": d.sha256, "blob_id": d.blob_id}
-                             for rel, (v, d) in sorted(self._known.items()) if files.get(rel) == v}}
+                             for rel, (v, d) in sorted(self._known.items())
+                             if files.get(rel) == v}}
             try:  # a cache: not fsynced
-                outputs.write_atomic(self.directory / HASHES_FILE, json.dumps(doc).encode(), sync=False)
+                outputs.write_atomic(self.directory / HASHES_FILE, json.dumps(doc).encode(),
+                                     sync=False)
                 self._dirty = False
-            except (OSError, UserError):  # a read-only mirror, or a link in the way: kept in memory only
+            except (OSError, UserError):  # a read-only mirror or a link in the way: kept in memory
                 pass
 
 

@@ -1,5 +1,6 @@
-"""A small Hugging Face Hub-compatible endpoint that serves local directories: a site's model mirror (an
-air-gapped site), a cluster head's checkpoint for its workers, the simulated Spark's hub (docs/hub.md).
+"""A small Hugging Face Hub-compatible endpoint that serves local directories: a site's model mirror
+(an air-gapped site), a cluster head's checkpoint for its workers, the simulated Spark's hub
+(docs/hub.md).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from sparkspec.hub.api import HubError, Repos, header_text, not_found, segments
 from sparkspec.hub.repo import CHUNK, is_lfs
 
 MAX_FORM_BYTES = 1 << 20  # the most body bytes a request may carry (paths-info's form)
-LINGER_S = 1.0  # after a refusal: how long to wait for what the client still sends, and how much to read
+# after a refusal: how long to wait for what the client still sends, and how much to read
+LINGER_S = 1.0
 LINGER_BYTES = 1 << 20
 
 
@@ -54,7 +56,7 @@ class Handler(BaseHTTPRequestHandler):
     """One connection's requests (:attr:`HubServer.handler`)."""
 
     protocol_version = "HTTP/1.1"
-    timeout = 30  # idle seconds: a client that stops sending (a half-sent request) does not hold a thread
+    timeout = 30  # idle seconds: a client that stops mid-request does not hold a thread
     server: _Server
     _linger = False
     _body = b""
@@ -64,10 +66,11 @@ class Handler(BaseHTTPRequestHandler):
             sys.stderr.write(header_text(f"{self.address_string()} - {format % args}") + "\n")
 
     def handle_one_request(self) -> None:
-        """One request: its head framed strictly (:mod:`sparkspec.hub.framing`), its body read whole, then
-        answered; a refusal closes the connection."""
+        """One request: its head framed strictly (:mod:`sparkspec.hub.framing`), its body read
+        whole, then answered; a refusal closes the connection."""
         self.close_connection, self._linger = True, False
-        self.command, self.requestline, self.request_version = "", "", "HTTP/1.1"  # never answer as HTTP/0.9
+        # never answer as HTTP/0.9
+        self.command, self.requestline, self.request_version = "", "", "HTTP/1.1"
         try:
             head = framing.read_head(self.rfile)
             if head is None:
@@ -90,7 +93,8 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
 
     def _read_body(self, head: framing.Head) -> bytes:
-        """The whole body, whatever the request (a GET's is read and dropped, never parsed as a request)."""
+        """The whole body, whatever the request (a GET's is read and dropped, never parsed as a
+        request)."""
         if head.length > MAX_FORM_BYTES:
             raise framing.FramingError(413, f"Request body over {MAX_FORM_BYTES} bytes")
         if head.expect_continue:
@@ -101,16 +105,19 @@ class Handler(BaseHTTPRequestHandler):
             raise framing.Gone()
         return body
 
-    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
-        """A refused request: the hub's JSON error, ``Connection: close``, then the connection closed."""
+    def send_error(self, code: int, message: str | None = None,
+                   explain: str | None = None) -> None:
+        """A refused request: the hub's JSON error, ``Connection: close``, then the connection
+        closed."""
         self.close_connection = self._linger = True
         text = message or self.responses.get(code, ("Error",))[0]
-        self._send(code, json.dumps({"error": text}).encode(), {"X-Error-Message": header_text(text)},
-                   self.command)
+        self._send(code, json.dumps({"error": text}).encode(),
+                   {"X-Error-Message": header_text(text)}, self.command)
 
     def finish(self) -> None:
-        """After a refusal, half-close and read what the client still sends (bounded), as nginx's lingering
-        close does: closing with unread input would reset the connection and lose the answer."""
+        """After a refusal, half-close and read what the client still sends (bounded), as nginx's
+        lingering close does: closing with unread input would reset the connection and lose the
+        answer."""
         try:
             super().finish()
             if self._linger:
@@ -137,7 +144,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def _dispatch(self, method: str) -> None:
         self._answered = False
-        # the path as sent (http.server would turn a leading '//' into '/'): an empty segment is a 404 here
+        # the path as sent (http.server would turn a leading '//' into '/'): an empty segment is a
+        # 404 here
         target, _, query = self.path.partition("?")
         try:
             self.server.hub.check_token(self.headers.get("Authorization"))
@@ -158,9 +166,9 @@ class Handler(BaseHTTPRequestHandler):
             self._send(err.status, json.dumps({"error": err.message}).encode(), headers, method)
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
-        except Exception as exc:  # noqa: BLE001  one line in the log, never a traceback; the client: 500
-            print(header_text(f"sparkspec: error: hub: {method} {target[:200]}: {exc.__class__.__name__}: "
-                              f"{exc}"), file=sys.stderr, flush=True)
+        except Exception as exc:  # noqa: BLE001  one line logged, never a traceback; the client: 500
+            print(header_text(f"sparkspec: error: hub: {method} {target[:200]}: "
+                              f"{exc.__class__.__name__}: {exc}"), file=sys.stderr, flush=True)
             self.close_connection = True
             if not self._answered:
                 self._send(500, b'{"error": "Internal Server Error"}', {}, method)
@@ -181,7 +189,8 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.write(body)
 
     def _form(self) -> dict[str, list[str]]:
-        return urllib.parse.parse_qs(self._body.decode("utf-8", "replace"), max_num_fields=10_000)
+        return urllib.parse.parse_qs(self._body.decode("utf-8", "replace"),
+                                     max_num_fields=10_000)
 
     def _api(self, method: str, org: str, name: str, rest: list[str], query: str) -> None:
         hub = self.server.hub
@@ -237,11 +246,12 @@ class Handler(BaseHTTPRequestHandler):
             os.close(fd)
 
     def _stream(self, fd: int, key: str, start: int, end: int) -> None:
-        """Send bytes [start, end) of ``fd``; a file that shrank while sent drops the connection mid-body (the
-        client sees a short body, never a wrong one)."""
+        """Send bytes [start, end) of ``fd``; a file that shrank while sent drops the connection
+        mid-body (the client sees a short body, never a wrong one)."""
         hub = self.server.hub
         while start < end and (chunk := os.pread(fd, min(CHUNK, end - start), start)):
-            with hub.stats.lock:  # counted before sending: a client that has the bytes sees the count
+            # counted before sending: a client that has the bytes sees the count
+            with hub.stats.lock:
                 hub.stats.file_bytes[key] += len(chunk)
                 hub.stats.body_bytes += len(chunk)
             try:
@@ -278,15 +288,17 @@ class _Server(ThreadingHTTPServer):
     hub: HubServer
 
     def handle_error(self, request: Any, client_address: Any) -> None:
-        """A connection's unexpected error: one line on stderr, never a traceback; a client gone: nothing."""
+        """A connection's unexpected error: one line on stderr, never a traceback; a client gone:
+        nothing."""
         exc = sys.exc_info()[1]
         if not isinstance(exc, ConnectionError | TimeoutError):
-            print(header_text(f"sparkspec: error: hub: {client_address[0]}: {exc.__class__.__name__}: {exc}"),
-                  file=sys.stderr, flush=True)
+            print(header_text(f"sparkspec: error: hub: {client_address[0]}: "
+                              f"{exc.__class__.__name__}: {exc}"), file=sys.stderr, flush=True)
 
 
 class HubServer:
-    """Serve ``root`` on ``host:port`` (port 0 picks a free one); ``tokens`` turns on bearer-token checks."""
+    """Serve ``root`` on ``host:port`` (port 0 picks a free one); ``tokens`` turns on bearer-token
+    checks."""
 
     handler: type[Handler] = Handler
 
@@ -307,7 +319,8 @@ class HubServer:
         return f"http://{host}:{port}"
 
     def start(self) -> Self:
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="hubserver", daemon=True)
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name="hubserver",
+                                        daemon=True)
         self._thread.start()
         return self
 
@@ -330,8 +343,8 @@ class HubServer:
         self.stop()
 
     def check_token(self, authorization: str | None) -> None:
-        """Accept a ``Bearer`` token equal to one of ``tokens``: every token is compared, each in constant
-        time, so the answer's timing tells nothing about how much of a guess was right."""
+        """Accept a ``Bearer`` token equal to one of ``tokens``: every token is compared, each in
+        constant time, so the answer's timing tells nothing about how much of a guess was right."""
         if not self.tokens:
             return
         if not authorization:

@@ -1,5 +1,6 @@
-"""``sparkspec memfit measure``: the MemAvailable low-water mark of one start, from the guard's reading before
-the load through /health's first 200 and a warm-up window, written as the start key's memory record.
+"""``sparkspec memfit measure``: the MemAvailable low-water mark of one start, from the guard's
+reading before the load through /health's first 200 and a warm-up window, written as the start key's
+memory record.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ AGAIN = "no record written; its next start is measured again"
 
 @dataclass
 class LowWater:
-    """The minimum MemAvailable seen, and when the warm-up is over: /health answered 200, then generation
-    tokens advanced and SETTLE_S passed, or ``warmup_s`` passed since the first 200."""
+    """The minimum MemAvailable seen, and when the warm-up is over: /health answered 200, then
+    generation tokens advanced and SETTLE_S passed, or ``warmup_s`` passed since the first 200."""
 
     start_available: int
     warmup_s: float = 60.0
@@ -39,7 +40,7 @@ class LowWater:
         self.samples += 1
 
     def step(self, now: float, healthy: bool, generation: float | None) -> bool:
-        """Feed one poll's /health answer and generation counter (None: not read); True once warmed up."""
+        """Feed one poll's /health answer and generation counter (None: unread); True once warm."""
         if self.healthy_at is None:
             if not healthy:
                 return False
@@ -70,25 +71,30 @@ def _state(systemctl: scrape.Systemctl, unit: str) -> UnitState:
 
 
 def _gone(unit: str, invocation: str, systemctl: scrape.Systemctl, samples: int) -> str | None:
-    """Why the measured start is over (the unit not active or activating, or another invocation), or None."""
+    """Why the measured start is over (unit not active/activating, or a new invocation), or None."""
     now = _state(systemctl, unit)
     if now.active not in scrape.ACTIVE:
-        return f"{unit} is {now.active} before its measurement ended (after {samples} samples): {AGAIN}"
+        return (f"{unit} is {now.active} before its measurement ended (after {samples} samples): "
+                f"{AGAIN}")
     if now.invocation != invocation:
-        return (f"{unit} was started again (invocation {now.invocation[:12] or '-'}, not {invocation[:12]}) "
-                f"before its measurement ended (after {samples} samples): {AGAIN}")
+        return (f"{unit} was started again (invocation {now.invocation[:12] or '-'}, not "
+                f"{invocation[:12]}) before its measurement ended (after {samples} samples): "
+                f"{AGAIN}")
     return None
 
 
-def measure(unit: str, url: str, unit_record: str, venv: str, record_dir: str, start_available: int,
-            interval: float = 0.5, warmup_s: float = 60.0, timeout: float = 3600.0,
-            systemctl: scrape.Systemctl = scrape.systemctl, clock: Callable[[], float] = time.monotonic,
+def measure(unit: str, url: str, unit_record: str, venv: str, record_dir: str,
+            start_available: int, interval: float = 0.5, warmup_s: float = 60.0,
+            timeout: float = 3600.0, systemctl: scrape.Systemctl = scrape.systemctl,
+            clock: Callable[[], float] = time.monotonic,
             sleep: Callable[[float], None] = time.sleep, api_key: str | None = None) -> Measured:
     """Sample until warmed up, then read the KV cache config and write the record."""
-    key = memfit.start_key(unit_record, venv)   # read first: a bad record is one line before anything runs
+    # read first: a bad record is one line before anything runs
+    key = memfit.start_key(unit_record, venv)
     invocation = _state(systemctl, unit).invocation
     if not invocation:
-        return Measured(False, f"{unit} has no InvocationID (not started, or systemd < 232): {AGAIN}")
+        return Measured(False, f"{unit} has no InvocationID (not started, or systemd < 232): "
+                               f"{AGAIN}")
     water = LowWater(start_available, warmup_s)
     begin = clock()
     deadline = min(5.0, max(interval, 1.0))
@@ -100,8 +106,8 @@ def measure(unit: str, url: str, unit_record: str, venv: str, record_dir: str, s
             if gone is not None:
                 return Measured(False, gone)
             if now - begin >= timeout:
-                return Measured(False, f"{unit} was not healthy and warmed up within --timeout {timeout:g} "
-                                       f"s: {AGAIN}")
+                return Measured(False, f"{unit} was not healthy and warmed up within --timeout "
+                                       f"{timeout:g} s: {AGAIN}")
             health = scrape.healthy(http, url, deadline)
             generation = None
             if health:
@@ -127,15 +133,17 @@ def measure(unit: str, url: str, unit_record: str, venv: str, record_dir: str, s
     except UserError:
         same = False
     if not same:
-        return Measured(False, f"the start key of {unit} changed during its measurement ({unit_record} or "
-                               f"the vLLM build in {venv} was rewritten): {AGAIN}")
-    doc = {"key": key, "unit": unit, "start_available_bytes": start_available, "low_water_bytes": water.low,
-           "needed_bytes": water.needed, "kv_cache": kv_cache, "measured_at": memfit.now_iso(),
-           "samples": water.samples}
+        return Measured(False, f"the start key of {unit} changed during its measurement "
+                               f"({unit_record} or the vLLM build in {venv} was rewritten): "
+                               f"{AGAIN}")
+    doc = {"key": key, "unit": unit, "start_available_bytes": start_available,
+           "low_water_bytes": water.low, "needed_bytes": water.needed, "kv_cache": kv_cache,
+           "measured_at": memfit.now_iso(), "samples": water.samples}
     path = memfit.write_record(record_dir, doc)
-    kv = ", ".join(f"{k}={v}" for k, v in kv_cache.items() if k in ("num_gpu_blocks", "block_size",
-                                                                    "cache_dtype")) or "not reported"
+    kv = ", ".join(f"{k}={v}" for k, v in kv_cache.items()
+                   if k in ("num_gpu_blocks", "block_size", "cache_dtype")) or "not reported"
     figures = (f"MemAvailable {memfit.gib(start_available)} before the load, low water "
-               f"{memfit.gib(water.low)} over {water.samples} samples, needs {memfit.gib(water.needed)}")
-    return Measured(True, f"measured {unit} ({memfit.describe(key)}): {figures}; KV cache {kv}; recorded "
-                          f"in {path}", doc)
+               f"{memfit.gib(water.low)} over {water.samples} samples, needs "
+               f"{memfit.gib(water.needed)}")
+    return Measured(True, f"measured {unit} ({memfit.describe(key)}): {figures}; KV cache {kv}; "
+                          f"recorded in {path}", doc)

@@ -1,6 +1,7 @@
 """What the operate commands read of a vLLM server: /health, /metrics (counters through
 :func:`sparkspec.bench.metrics.parse`; the gauges and info labels it does not keep through the same
-prometheus_client parser), and the systemctl answers they act on. Every read is bounded in size and time."""
+prometheus_client parser), and the systemctl answers they act on. Every read is bounded in size and
+time."""
 
 from __future__ import annotations
 
@@ -36,18 +37,21 @@ Systemctl = Callable[[Sequence[str]], str]
 def systemctl(args: Sequence[str]) -> str:
     """``systemctl ARGS``'s stdout; a missing systemctl, a hang or a failed action is one line."""
     try:
-        proc = subprocess.run([SYSTEMCTL, *args], capture_output=True, text=True, timeout=120, check=False)
+        proc = subprocess.run([SYSTEMCTL, *args], capture_output=True, text=True, timeout=120,
+                              check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise UserError(f"systemctl {' '.join(args)}: {exc}; check that systemd runs here") from None
+        raise UserError(f"systemctl {' '.join(args)}: {exc}; check that systemd runs here") \
+            from None
     if proc.returncode != 0 and args[:1] not in (["is-active"], ["show"]):
         tail = (proc.stderr.strip().splitlines() or ["no message"])[-1]
-        raise UserError(f"systemctl {' '.join(args)} exited {proc.returncode}: {metrics.clean(tail)}")
+        raise UserError(f"systemctl {' '.join(args)} exited {proc.returncode}: "
+                        f"{metrics.clean(tail)}")
     return proc.stdout
 
 
 def read_key(path: str | None, env: str = KEY_ENV) -> str | None:
-    """The API key: the one line of the file at ``path`` (bounded; its text never quoted), else ``$env``,
-    else None."""
+    """The API key: the one line of the file at ``path`` (bounded; its text never quoted), else
+    ``$env``, else None."""
     if path is None:
         return os.environ.get(env) or None
     fix = "write the key alone on one line (chmod 600)"
@@ -67,11 +71,12 @@ def client(timeout: float) -> httpx.Client:
     return httpx.Client(timeout=httpx.Timeout(timeout), trust_env=False)
 
 
-def fetch(http: httpx.Client, method: str, url: str, api_key: str | None = None, limit: int = SMALL_BODY,
-          deadline_s: float = DEADLINE_S, body: object = None) -> tuple[int, bytes]:
-    """``method url``: its status and at most ``limit`` bytes of body within ``deadline_s`` of wall-clock time
-    over the whole request (checked at every chunk, each read bounded by the same time), else one line
-    (UserError) naming the URL; a time-out says "no answer within"."""
+def fetch(http: httpx.Client, method: str, url: str, api_key: str | None = None,
+          limit: int = SMALL_BODY, deadline_s: float = DEADLINE_S,
+          body: object = None) -> tuple[int, bytes]:
+    """``method url``: its status and at most ``limit`` bytes of body within ``deadline_s`` of
+    wall-clock time over the whole request (checked at every chunk, each read bounded by the same
+    time), else one line (UserError) naming the URL; a time-out says "no answer within"."""
     return metrics.request_bounded(http, method, url, api_key, limit, deadline_s, body)
 
 
@@ -86,7 +91,7 @@ def healthy(http: httpx.Client, url: str, deadline_s: float = DEADLINE_S) -> boo
 
 @dataclass(frozen=True)
 class Sample:
-    """One /metrics read: the counters the operate commands watch, and the running requests gauge."""
+    """One /metrics read: the counters the operate commands watch and the running requests gauge."""
 
     generation_tokens: float
     running: float
@@ -104,7 +109,8 @@ def _families(text: str, names: set[str]) -> dict[str, list[tuple[dict[str, str]
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
                 if sample.name in names:
-                    found.setdefault(sample.name, []).append((dict(sample.labels), float(sample.value)))
+                    found.setdefault(sample.name, []).append((dict(sample.labels),
+                                                              float(sample.value)))
     except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
         raise UserError(f"/metrics: not Prometheus text ({metrics.clean(str(exc))})") from None
     return found
@@ -112,7 +118,7 @@ def _families(text: str, names: set[str]) -> dict[str, list[tuple[dict[str, str]
 
 def read_metrics(http: httpx.Client, url: str, api_key: str | None = None, limit: int = MAX_METRICS,
                  deadline_s: float = DEADLINE_S) -> tuple[Sample, str]:
-    """The counters and gauges of one /metrics read, and its text; one line (UserError) when it fails."""
+    """Counters and gauges of one /metrics read, and its text; one line (UserError) if it fails."""
     status, body = fetch(http, "GET", url + "/metrics", api_key, limit, deadline_s)
     if status != 200:
         raise UserError(f"{url}/metrics: HTTP {status}")
@@ -133,7 +139,7 @@ def read_metrics(http: httpx.Client, url: str, api_key: str | None = None, limit
 
 
 def info_labels(text: str, name: str = CACHE_CONFIG) -> dict[str, str]:
-    """The labels of an info gauge (vLLM's cache config: num_gpu_blocks, block_size, cache_dtype, ...), as
-    strings; the first sample's when there are several (one per engine), {} when absent."""
+    """The labels of an info gauge (vLLM's cache config: num_gpu_blocks, block_size, cache_dtype,
+    ...), as strings; the first sample's when there are several (one per engine), {} when absent."""
     samples = _families(text, {name}).get(name, [])
     return {k: metrics.clean(v) for k, v in sorted(samples[0][0].items())} if samples else {}

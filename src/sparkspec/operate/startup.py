@@ -1,5 +1,5 @@
-"""A vLLM start's time to READY, split into weights, compile and graph capture by the lines of its journal
-(registry STARTUP_LINES), and what happened to its compile cache."""
+"""A vLLM start's time to READY, split into weights, compile and graph capture by the lines of its
+journal (registry STARTUP_LINES), and what happened to its compile cache."""
 
 from __future__ import annotations
 
@@ -11,21 +11,23 @@ from typing import Any
 
 from sparkspec.registry.data import STARTUP_CACHE_LINES, STARTUP_LINES
 
-# the unit's ExecStartPre (roles/deploy/files/compile_cache.py) says what it found, first in each start
+# the unit's ExecStartPre (roles/deploy/files/compile_cache.py) says what it found, first in
+# each start
 FOLDER_LINE = re.compile(r"sparkspec compile cache ([0-9a-f]{16}): (warm|cold)\b(.*)")
 PHASES = ("weights", "compile", "graphs", "engine")
 
 
 def patterns() -> list[str]:
-    """Every regular expression a report reads: the host sends only the journal lines one of them matches."""
+    """Every regular expression a report reads: the host sends only the journal lines they match."""
     lines = [p for group in STARTUP_LINES.values() for p in group]
     return [*lines, *STARTUP_CACHE_LINES.values(), FOLDER_LINE.pattern]
 
 
 def report(start_us: int, entries: Iterable[Sequence[Any]], healthy_us: int = 0) -> dict[str, Any]:
-    """The report of one start from its journal entries ``(monotonic µs, text)``, the unit's activation
-    time (systemd's InactiveExitTimestampMonotonic) and when /health first answered (the READY line's time
-    where the journal has it): seconds per phase where a line says so, else None."""
+    """The report of one start from its journal entries ``(monotonic µs, text)``, the unit's
+    activation time (systemd's InactiveExitTimestampMonotonic) and when /health first answered (the
+    READY line's time where the journal has it): seconds per phase where a line says so, else
+    None."""
     lines = sorted((int(us), str(text)) for us, text in entries)
     out: dict[str, Any] = dict.fromkeys(("ready_s", *(p + "_s" for p in PHASES)))
     for phase in PHASES:
@@ -44,7 +46,8 @@ def report(start_us: int, entries: Iterable[Sequence[Any]], healthy_us: int = 0)
     # a failed load compiles and stores again: the failure is the news
     out["compile_cache"] = cache[0] if cache else None
     folder = [m for _, text in lines for m in [FOLDER_LINE.search(text)] if m]
-    out["cache_folder"] = {"key": folder[-1].group(1), "state": folder[-1].group(2)} if folder else None
+    out["cache_folder"] = {"key": folder[-1].group(1), "state": folder[-1].group(2)} \
+        if folder else None
     return out
 
 
@@ -69,13 +72,14 @@ def summary(unit: str, doc: dict[str, Any]) -> str:
 
 
 def current_start(unit: str) -> dict[str, Any]:
-    """The report of the unit's current start, read on the host from systemd and the journal (None values
-    where the start has not got that far)."""
+    """The report of the unit's current start, read on the host from systemd and the journal (None
+    values where the start has not got that far)."""
     def run(*argv: str) -> str:
         return subprocess.run(argv, capture_output=True, text=True, check=False).stdout
 
     shown = dict(line.split("=", 1) for line in run(
-        "systemctl", "show", unit, "--property=InvocationID,InactiveExitTimestampMonotonic").splitlines()
+        "systemctl", "show", unit,
+        "--property=InvocationID,InactiveExitTimestampMonotonic").splitlines()
         if "=" in line)
     entries: list[tuple[int, str]] = []
     invocation = shown.get("InvocationID", "")

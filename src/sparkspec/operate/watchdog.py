@@ -1,5 +1,5 @@
-"""The watchdog's configuration and decisions, as pure code fed snapshots and times (no sleeping, no I/O);
-:mod:`sparkspec.operate.watchrun` is the loop that feeds them.
+"""The watchdog's configuration and decisions, as pure code fed snapshots and times (no sleeping, no
+I/O); :mod:`sparkspec.operate.watchrun` is the loop that feeds them.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Any
 
 from sparkspec.jsonfile import read_json
 
-# The bounds of the config (the role mirrors them): seconds in (0, MAX_SECONDS], counts in [1, MAX_COUNT],
-# the acceptance floor in [0, MAX_FLOOR_PCT] or null.
+# The bounds of the config (the role mirrors them): seconds in (0, MAX_SECONDS], counts in
+# [1, MAX_COUNT], the acceptance floor in [0, MAX_FLOOR_PCT] or null.
 MAX_SECONDS = 1e7
 MAX_COUNT = 1 << 40
 MAX_FLOOR_PCT = 100.0
@@ -66,15 +66,18 @@ def problems(doc: Any) -> list[str]:
             out.append(f"{k!r}: {v!r:.40} is not a whole number from 1 to {MAX_COUNT}")
     floor = doc.get("acceptance_floor")
     if floor is not None and not (number("acceptance_floor") and 0 <= floor <= MAX_FLOOR_PCT):
-        out.append(f"'acceptance_floor': {floor!r:.40} is not a percentage from 0 to 100, or null (no "
-                   "floor)")
+        out.append(f"'acceptance_floor': {floor!r:.40} is not a percentage from 0 to 100, or null "
+                   "(no floor)")
     for k in PATHS:
         v = doc.get(k)
-        if k in doc and (not isinstance(v, str) or not os.path.isabs(v) or "\0" in v or not v.isprintable()):
+        if k in doc and (not isinstance(v, str) or not os.path.isabs(v) or "\0" in v
+                         or not v.isprintable()):
             out.append(f"{k!r}: {v!r:.80} is not an absolute path")
-    if number("grace_s") and number("restart_window_s") and doc["restart_window_s"] <= doc["grace_s"]:
-        out.append(f"'restart_window_s': {doc['restart_window_s']:g} must be > 'grace_s' {doc['grace_s']:g} "
-                   "(a cap window no longer than the grace period never counts two restarts)")
+    if number("grace_s") and number("restart_window_s") \
+            and doc["restart_window_s"] <= doc["grace_s"]:
+        out.append(f"'restart_window_s': {doc['restart_window_s']:g} must be > 'grace_s' "
+                   f"{doc['grace_s']:g} (a cap window no longer than the grace period never counts "
+                   "two restarts)")
     return out
 
 
@@ -88,9 +91,10 @@ def load_config(path: str) -> tuple[Config | None, list[str]]:
     floor = doc["acceptance_floor"]
     seconds = {k: float(doc[k]) for k in SECONDS}
     return Config(model=doc["model"], acceptance_floor=None if floor is None else float(floor),
-                  lock=doc["lock"], state=doc["state"], min_draft_tokens=int(doc["min_draft_tokens"]),
-                  probe_failures=int(doc["probe_failures"]), max_restarts=int(doc["max_restarts"]),
-                  **seconds), []
+                  lock=doc["lock"], state=doc["state"],
+                  min_draft_tokens=int(doc["min_draft_tokens"]),
+                  probe_failures=int(doc["probe_failures"]),
+                  max_restarts=int(doc["max_restarts"]), **seconds), []
 
 
 @dataclass(frozen=True)
@@ -98,7 +102,7 @@ class UnitState:
     """What ``systemctl show U -p ActiveState,ActiveEnterTimestampMonotonic,InvocationID`` says."""
 
     active: str
-    entered: float  # CLOCK_MONOTONIC seconds (time.monotonic()'s clock) of the last entry into active
+    entered: float  # CLOCK_MONOTONIC seconds (time.monotonic()'s) of the last entry into active
     invocation: str
 
 
@@ -106,7 +110,8 @@ def parse_show(text: str) -> UnitState:
     fields = dict(line.partition("=")[::2] for line in text.splitlines() if "=" in line)
     raw = fields.get("ActiveEnterTimestampMonotonic", "0").strip()
     return UnitState(fields.get("ActiveState", "unknown").strip() or "unknown",
-                     int(raw) / 1e6 if raw.isdigit() else 0.0, fields.get("InvocationID", "").strip())
+                     int(raw) / 1e6 if raw.isdigit() else 0.0,
+                     fields.get("InvocationID", "").strip())
 
 
 @dataclass(frozen=True)
@@ -123,8 +128,9 @@ class Counters:
 
 
 def busy(c: Counters | None, before: float | None) -> str | None:
-    """Why a failed probe does not count: generation advanced since ``before`` (the previous probe's reading)
-    or requests wait in the queue (a busy server queues the probe too); None when neither."""
+    """Why a failed probe does not count: generation advanced since ``before`` (the previous probe's
+    reading) or requests wait in the queue (a busy server queues the probe too); None when
+    neither."""
     if c is None:
         return None
     if before is not None and c.generation > before:
@@ -141,14 +147,16 @@ class Watch:
     cfg: Config
     invocation: str = ""
     last_generation: float | None = None
-    last_progress: tuple[float, float, float | None] | None = None   # generation, prompt, KV cache usage
+    # generation, prompt, KV cache usage
+    last_progress: tuple[float, float, float | None] | None = None
     still_since: float = 0.0
     acceptance: deque[tuple[float, float, float]] = field(default_factory=deque)
     probe_fails: int = 0
     probe_generation: float | None = None   # generation tokens at the previous probe
     excused: str | None = None   # why the last failed probe was not counted
     next_probe: float = 0.0
-    restarted_at: float = -math.inf   # the watchdog's own last restart (monotonic): a grace starts there
+    # the watchdog's own last restart (monotonic): a grace starts there
+    restarted_at: float = -math.inf
 
     def reset(self) -> None:
         self.last_generation = self.last_progress = self.probe_generation = None
@@ -157,8 +165,8 @@ class Watch:
         self.next_probe = 0.0
 
     def gate(self, now: float, unit: UnitState) -> str | None:
-        """Why the checks skip this round (not active, within grace), else None. A new invocation or a
-        state other than active resets the windows."""
+        """Why the checks skip this round (not active, within grace), else None. A new invocation or
+        a state other than active resets the windows."""
         if unit.invocation != self.invocation:
             self.invocation = unit.invocation
             self.reset()
@@ -168,20 +176,23 @@ class Watch:
         since = now - max(unit.entered, self.restarted_at)
         if since < self.cfg.grace_s:
             self.reset()
-            return f"within the grace period ({since:.0f} of {self.cfg.grace_s:g} s since the start)"
+            return (f"within the grace period ({since:.0f} of {self.cfg.grace_s:g} s since the "
+                    "start)")
         return None
 
     def feed_stall(self, now: float, c: Counters) -> str | None:
-        """Progress is any change of generation tokens, prompt tokens (a long chunked prefill generates none
-        for a while) or the KV cache usage gauge; a stall is none of them while requests run."""
+        """Progress is any change of generation tokens, prompt tokens (a long chunked prefill
+        generates none for a while) or the KV cache usage gauge; a stall is none of them while
+        requests run."""
         progress = (c.generation, c.prompt, c.kv_usage)
         if self.last_progress is None or progress != self.last_progress or c.running <= 0:
             self.last_progress, self.last_generation, self.still_since = progress, c.generation, now
             return None
         still = now - self.still_since
         if still >= self.cfg.stall_window_s:
-            return (f"engine stalled: {c.running:g} request(s) running but generation tokens stuck at "
-                    f"{c.generation:.0f} for {still:.0f} s (window {self.cfg.stall_window_s:g} s)")
+            return (f"engine stalled: {c.running:g} request(s) running but generation tokens stuck "
+                    f"at {c.generation:.0f} for {still:.0f} s (window "
+                    f"{self.cfg.stall_window_s:g} s)")
         return None
 
     def feed_acceptance(self, now: float, c: Counters) -> str | None:
@@ -203,8 +214,8 @@ class Watch:
             return None
         rate = 100.0 * accepted / drafts
         if rate < floor:
-            return (f"acceptance collapsed: {rate:.1f} % of {drafts:.0f} draft tokens accepted over the last "
-                    f"{now - t0:.0f} s, below the floor {floor:g} %")
+            return (f"acceptance collapsed: {rate:.1f} % of {drafts:.0f} draft tokens accepted "
+                    f"over the last {now - t0:.0f} s, below the floor {floor:g} %")
         return None
 
     def probe_due(self, now: float) -> bool:
@@ -212,8 +223,9 @@ class Watch:
 
     def feed_probe(self, now: float, health_ok: bool, error: str | None,
                    c: Counters | None = None) -> str | None:
-        """A probe's outcome: /health's answer, the completion's error (None: it answered), and the counters
-        read after it (None: not read). A failure does not count while the server is :func:`busy`."""
+        """A probe's outcome: /health's answer, the completion's error (None: it answered), and the
+        counters read after it (None: not read). A failure does not count while the server is
+        :func:`busy`."""
         self.next_probe = now + self.cfg.probe_interval_s
         self.excused = busy(c, self.probe_generation)
         if c is not None:
@@ -223,14 +235,14 @@ class Watch:
             return None
         self.probe_fails += 1
         if self.probe_fails >= self.cfg.probe_failures:
-            return (f"/health answers 200 but completions time out: {self.probe_fails} probes in a row "
-                    f"failed (last: {error}; timeout {self.cfg.probe_timeout_s:g} s)")
+            return (f"/health answers 200 but completions time out: {self.probe_fails} probes in a "
+                    f"row failed (last: {error}; timeout {self.cfg.probe_timeout_s:g} s)")
         return None
 
 
 @dataclass
 class Restarts:
-    """Restart times (wall clock) and the cap: at most ``max_restarts`` within ``restart_window_s``."""
+    """Restart times (wall clock) and the cap: at most ``max_restarts`` in ``restart_window_s``."""
 
     cfg: Config
     times: list[float] = field(default_factory=list)

@@ -1,5 +1,6 @@
-"""The watchdog's loop (``sparkspec watchdog``): it reads the unit's state, /metrics and the probes, feeds
-:class:`sparkspec.operate.watchdog.Watch`, and restarts the unit, under the deploy lock, when it says so.
+"""The watchdog's loop (``sparkspec watchdog``): it reads the unit's state, /metrics and the probes,
+feeds :class:`sparkspec.operate.watchdog.Watch`, and restarts the unit, under the deploy lock, when
+it says so.
 """
 
 from __future__ import annotations
@@ -31,31 +32,35 @@ def say(text: str) -> None:
 
 
 class Runner:
-    """One watchdog: :meth:`step` is one round (tests call it with their own times), :meth:`run` the loop."""
+    """One watchdog: :meth:`step` is one round (tests pass their times), :meth:`run` the loop."""
 
     def __init__(self, cfg: Config, unit: str, url: str, api_key: str | None = None,
                  systemctl: scrape.Systemctl = scrape.systemctl) -> None:
-        self.cfg, self.unit, self.url, self.api_key, self.systemctl = cfg, unit, url.rstrip("/"), api_key, \
-            systemctl
+        self.cfg, self.unit, self.url, self.api_key, self.systemctl = \
+            cfg, unit, url.rstrip("/"), api_key, systemctl
         self.watch = Watch(cfg)
         self.restarts = Restarts(cfg, self._load_state())
-        # of a /health or /metrics read: the probe's timeout, but never under 5 s (a loaded host answers late)
+        # of a /health or /metrics read: the probe's timeout, but never under 5 s (a loaded
+        # host answers late)
         self.deadline = min(max(cfg.probe_timeout_s, 5.0), scrape.DEADLINE_S)
         self.http = scrape.client(self.deadline)
         self.note_last: str | None = None
-        self._open_lock().close()   # a lock that cannot be made is one line now, not at the first restart
+        # a lock that cannot be made is one line now, not at the first restart
+        self._open_lock().close()
 
-    # --- the files ----------------------------------------------------------------------------------------
+    # --- the files --------------------------------------------------------------------------------
     def _open_lock(self) -> _Lock:
         try:
             Path(self.cfg.lock).parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-            # root's alone (as deploy_lock.py makes it): flock works on a read-only descriptor, so a lock
-            # others could open is one they could hold, and the watchdog would wait on them for ever
-            fd = os.open(self.cfg.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+            # root's alone (as deploy_lock.py makes it): flock works on a read-only descriptor,
+            # so a lock others could open is one they could hold, and the watchdog would wait on
+            # them for ever
+            fd = os.open(self.cfg.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
+                         0o600)
             os.fchmod(fd, 0o600)
         except OSError as exc:
-            raise UserError(f"{self.cfg.lock}: cannot open the deploy lock ({exc.strerror}); fix 'lock' in "
-                            "the config") from None
+            raise UserError(f"{self.cfg.lock}: cannot open the deploy lock ({exc.strerror}); "
+                            "fix 'lock' in the config") from None
         return _Lock(fd)
 
     def _load_state(self) -> list[float]:
@@ -65,8 +70,8 @@ class Runner:
         try:
             doc = loads_bounded(read_regular(path, "watchdog state", 1 << 20))
             times = doc["restarts"] if isinstance(doc, dict) else None
-            if not isinstance(times, list) or not all(isinstance(t, int | float) and not isinstance(t, bool)
-                                                      for t in times):
+            if not isinstance(times, list) or not all(
+                    isinstance(t, int | float) and not isinstance(t, bool) for t in times):
                 raise ValueError("'restarts' is not a list of times")
             return [float(t) for t in times]
         except (UserError, ValueError, KeyError) as exc:
@@ -77,9 +82,11 @@ class Runner:
         body = json.dumps({"unit": self.unit, "restarts": self.restarts.times}, indent=2) + "\n"
         try:
             Path(self.cfg.state).parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-            outputs.write_atomic(self.cfg.state, body.encode(), mode=0o644, flag="'state' in the config")
+            outputs.write_atomic(self.cfg.state, body.encode(), mode=0o644,
+                                 flag="'state' in the config")
         except (OSError, UserError) as exc:
-            say(f"{self.cfg.state}: cannot record the restart ({exc}); the cap counts from memory only")
+            say(f"{self.cfg.state}: cannot record the restart ({exc}); the cap counts from memory "
+                "only")
 
     def note(self, text: str | None) -> None:
         """Say a state once (not every round); None forgets it so the next one is said again."""
@@ -87,13 +94,14 @@ class Runner:
             say(text)
         self.note_last = text
 
-    # --- one round ----------------------------------------------------------------------------------------
+    # --- one round --------------------------------------------------------------------------------
     def step(self, now: float, wall: float) -> int | None:
-        """One round at ``now`` (time.monotonic()) and ``wall`` (time.time()): the exit code when the watchdog
-        stops (the cap), else None."""
+        """One round at ``now`` (time.monotonic()) and ``wall`` (time.time()): the exit code when
+        the watchdog stops (the cap), else None."""
         lock = self._open_lock()
         try:
-            free = lock.take()   # a deploy in progress? released at once: no read happens under the lock
+            # a deploy in progress? released at once: no read happens under the lock
+            free = lock.take()
         finally:
             lock.close()
         if not free:
@@ -115,19 +123,23 @@ class Runner:
 
     def _counters(self) -> Counters | None:
         try:
-            sample, _ = scrape.read_metrics(self.http, self.url, self.api_key, MAX_METRICS, self.deadline)
+            sample, _ = scrape.read_metrics(self.http, self.url, self.api_key, MAX_METRICS,
+                                            self.deadline)
         except UserError as exc:
-            self.note(f"cannot read {self.url}/metrics ({exc}); stall and acceptance checks wait for it")
+            self.note(f"cannot read {self.url}/metrics ({exc}); stall and acceptance checks wait "
+                      "for it")
             return None
-        return Counters(sample.generation_tokens, sample.running, sample.draft_tokens, sample.accepted_tokens,
-                        sample.prompt_tokens, sample.waiting, sample.kv_usage)
+        return Counters(sample.generation_tokens, sample.running, sample.draft_tokens,
+                        sample.accepted_tokens, sample.prompt_tokens, sample.waiting,
+                        sample.kv_usage)
 
     def _check(self, now: float) -> str | None:
         counters = self._counters()
         reason = None
         if counters is not None:
             self.note(f"watching {self.unit}")
-            reason = self.watch.feed_stall(now, counters) or self.watch.feed_acceptance(now, counters)
+            reason = self.watch.feed_stall(now, counters) \
+                or self.watch.feed_acceptance(now, counters)
         if reason is None and self.watch.probe_due(now):
             health = scrape.healthy(self.http, self.url, self.deadline)
             error = self.probe() if health else None
@@ -135,13 +147,13 @@ class Runner:
                 counters = self._counters()
             reason = self.watch.feed_probe(now, health, error, counters)
             if error is not None and self.watch.excused is not None:
-                self.note(f"a probe failed ({error}) but {self.unit} is busy ({self.watch.excused}): not "
-                          "counted")
+                self.note(f"a probe failed ({error}) but {self.unit} is busy "
+                          f"({self.watch.excused}): not counted")
         return reason
 
     def probe(self) -> str | None:
-        """A one-token completion within ``probe_timeout_s`` overall: None when it answered, else why not (a
-        4xx, the probe's own fault, is said and not counted)."""
+        """A one-token completion within ``probe_timeout_s`` overall: None when it answered, else
+        why not (a 4xx, the probe's own fault, is said and not counted)."""
         body = {"model": self.cfg.model, "prompt": "ping", "max_tokens": 1, "temperature": 0}
         url = self.url + "/v1/completions"
         try:
@@ -150,13 +162,14 @@ class Runner:
         except UserError as exc:
             return str(exc).removeprefix(f"{url}: ")
         if 400 <= status < 500:
-            self.note(f"the probe completion answers HTTP {status}: check 'model' in the config and the API "
-                      f"key (--api-key-file or ${KEY_ENV}); probes are not counted until it answers")
+            self.note(f"the probe completion answers HTTP {status}: check 'model' in the config "
+                      f"and the API key (--api-key-file or ${KEY_ENV}); probes are not counted "
+                      "until it answers")
             return None
         return None if status < 400 else f"HTTP {status}"
 
     def _restart(self, reason: str, seen: UnitState, now: float, wall: float) -> int | None:
-        """Under the deploy lock: the unit's state read again, then the restart (or the cap's stop)."""
+        """Under the deploy lock: read the unit's state again, then restart (or stop at the cap)."""
         lock = self._open_lock()
         try:
             if not lock.take():
@@ -165,8 +178,9 @@ class Runner:
             unit = parse_show(self.systemctl(["show", self.unit, "-p", SHOW]))
             if unit.invocation != seen.invocation or unit.active != "active":
                 self.watch.reset()
-                self.note(f"{self.unit} changed while it was checked (now {unit.active}, invocation "
-                          f"{unit.invocation[:12] or '-'}): not restarting; checking again")
+                self.note(f"{self.unit} changed while it was checked (now {unit.active}, "
+                          f"invocation {unit.invocation[:12] or '-'}): not restarting; checking "
+                          "again")
                 return None
             return self._restart_locked(reason, now, wall)
         finally:
@@ -175,14 +189,14 @@ class Runner:
     def _restart_locked(self, reason: str, now: float, wall: float) -> int | None:
         cfg = self.cfg
         if self.restarts.capped(wall):
-            say(f"{reason}; but {self.unit} was restarted {len(self.restarts.recent(wall))} times in "
-                f"{cfg.restart_window_s:g} s (cap {cfg.max_restarts}): leaving {self.unit} as it is and "
-                f"stopping; fix the cause and `systemctl restart {self.unit}-watchdog`")
+            say(f"{reason}; but {self.unit} was restarted {len(self.restarts.recent(wall))} times "
+                f"in {cfg.restart_window_s:g} s (cap {cfg.max_restarts}): leaving {self.unit} as "
+                f"it is and stopping; fix the cause and `systemctl restart {self.unit}-watchdog`")
             return 0
         self.restarts.record(wall)
         self._save_state()
-        say(f"restarting {self.unit}: {reason} (restart {len(self.restarts.recent(wall))} of at most "
-            f"{cfg.max_restarts} in {cfg.restart_window_s:g} s)")
+        say(f"restarting {self.unit}: {reason} (restart {len(self.restarts.recent(wall))} of at "
+            f"most {cfg.max_restarts} in {cfg.restart_window_s:g} s)")
         try:
             self.systemctl(["restart", self.unit])
         except UserError as exc:
@@ -192,8 +206,9 @@ class Runner:
         self.note_last = None
         return None
 
-    # --- the loop -----------------------------------------------------------------------------------------
-    def run(self, clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> int:
+    # --- the loop ---------------------------------------------------------------------------------
+    def run(self, clock: Callable[[], float] = time.monotonic,
+            wall: Callable[[], float] = time.time) -> int:
         """Round after round until the cap stops it (0) or SIGTERM, SIGINT or SIGHUP do (0)."""
         stop = threading.Event()
         stopped: list[str] = []

@@ -1,5 +1,6 @@
-"""The registry of methods and profiles: the only schema, the one home of their values, and everything a host
-needs resolved once (:func:`resolve`), with vLLM's command line built from it (:func:`vllm_command`).
+"""The registry of methods and profiles: the only schema, the one home of
+their values, and everything a host needs resolved once (:func:`resolve`),
+with vLLM's command line built from it (:func:`vllm_command`).
 """
 
 from sparkspec.registry.command import BASE_ENV, vllm_command

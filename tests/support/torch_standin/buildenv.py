@@ -1,12 +1,13 @@
 """The build environment of the vLLM stand-in tests: stand-in torch wheels and a cached build venv.
 
-``python -m tests.support.torch_standin.buildenv OUTDIR`` writes both stand-in torch wheels (cu130, cpu) into
-OUTDIR and prints their paths (the vllm_build scenario can install them in its container).
+``python -m tests.support.torch_standin.buildenv OUTDIR`` writes both stand-in torch wheels (cu130,
+cpu) into OUTDIR and prints their paths (the vllm_build scenario can install them in its container).
 
-``build_venv()`` is a venv under .cache/ with what vLLM's requirements/build/cuda.txt installs (cmake, ninja,
-setuptools, wheel), the stand-in torch 2.13.0+cu130 in place of the real one, and cuobjdump from
-nvidia-cuda-cuobjdump (this machine's CUDA has none). It is rebuilt only when the pins or the stand-in torch's
-sources change (a stamp file holds their digest). nvcc comes from PATH, as on a Spark.
+``build_venv()`` is a venv under .cache/ with what vLLM's requirements/build/cuda.txt installs
+(cmake, ninja, setuptools, wheel), the stand-in torch 2.13.0+cu130 in place of the real one, and
+cuobjdump from nvidia-cuda-cuobjdump (this machine's CUDA has none). It is rebuilt only when the
+pins or the stand-in torch's sources change (a stamp file holds their digest). nvcc comes from PATH,
+as on a Spark.
 """
 
 from __future__ import annotations
@@ -29,11 +30,13 @@ BUILD_PINS = ("cmake==3.31.10", "ninja==1.13.2", "setuptools==80.9.0", "wheel==0
 
 
 def torch_wheel(out: Path, variant: str) -> Path:
-    """The stand-in torch wheel for ``variant`` (a key of VARIANTS), built into ``out`` from a copy."""
+    """The stand-in torch wheel for ``variant`` (a key of VARIANTS), built into ``out`` from a
+    copy."""
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "torch_standin"
-        shutil.copytree(HERE, src, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+        shutil.copytree(HERE, src,
+                        ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
         env = dict(os.environ, TORCH_STANDIN_CUDA=VARIANTS[variant])
         subprocess.run(
             [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
@@ -55,8 +58,8 @@ def _sources_digest() -> str:
 
 
 def build_venv() -> Path:
-    """The cached build venv (see the module docstring); returns its folder. Safe to call from parallel
-    processes: one builds it under a lock, the others wait and reuse it."""
+    """The cached build venv (see the module docstring); returns its folder. Safe to call from
+    parallel processes: one builds it under a lock, the others wait and reuse it."""
     venv = ROOT / ".cache" / "vllm-standin-build"
     stamp = venv / ".sparkspec-stamp"
     want = _sources_digest()
@@ -67,7 +70,8 @@ def build_venv() -> Path:
             return venv
         shutil.rmtree(venv, ignore_errors=True)
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+        pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet",
+               "--disable-pip-version-check"]
         subprocess.run([*pip, *BUILD_PINS], check=True)
         with tempfile.TemporaryDirectory() as tmp:
             subprocess.run([*pip, "--no-index", str(torch_wheel(Path(tmp), "cu130"))], check=True)

@@ -1,4 +1,5 @@
-"""Stand-in torch: ``TORCH_STANDIN_CUDA`` (default ``13.0``; ``none`` for the CPU build) picks the variant."""
+"""Stand-in torch: ``TORCH_STANDIN_CUDA`` (default ``13.0``; ``none`` for the CPU build) picks the
+variant."""
 
 import os
 from pathlib import Path

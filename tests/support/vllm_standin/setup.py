@@ -1,12 +1,13 @@
-"""vLLM stand-in's setup.py (sparkspec tests): vLLM 0.32.0's build interface, cut to one CMake extension.
+"""vLLM stand-in's setup.py (sparkspec tests): vLLM 0.32.0's build interface, cut to one CMake
+extension.
 
-As vLLM's: torch is imported from the build environment (no build isolation) and decides the target device
-(a CPU torch silently builds a CPU package without _C, vLLM's torch trap); MAX_JOBS (default: the CPUs) and
-NVCC_THREADS (default 1) give ``num_jobs = max(1, MAX_JOBS // NVCC_THREADS)`` for ``cmake --build -j`` and the
-ninja job pool; NVCC_THREADS reaches nvcc as ``--threads``; CMAKE_ARGS is split and appended to the configure
-command; the nvcc used is CUDA_HOME/bin/nvcc; ccache is the compiler launcher when on PATH;
-TORCH_CUDA_ARCH_LIST reaches CMake through torch's CMake package. The wheel records what reached the build in
-vllm/_standin_build.json.
+As vLLM's: torch is imported from the build environment (no build isolation) and decides the target
+device (a CPU torch silently builds a CPU package without _C, vLLM's torch trap); MAX_JOBS (default:
+the CPUs) and NVCC_THREADS (default 1) give ``num_jobs = max(1, MAX_JOBS // NVCC_THREADS)`` for
+``cmake --build -j`` and the ninja job pool; NVCC_THREADS reaches nvcc as ``--threads``; CMAKE_ARGS
+is split and appended to the configure command; the nvcc used is CUDA_HOME/bin/nvcc; ccache is the
+compiler launcher when on PATH; TORCH_CUDA_ARCH_LIST reaches CMake through torch's CMake package.
+The wheel records what reached the build in vllm/_standin_build.json.
 """
 
 import json
@@ -98,7 +99,8 @@ class cmake_build_ext(build_ext):
         if other_cmake_args:
             cmake_args += other_cmake_args.split()
         for ext in self.extensions:
-            subprocess.check_call(["cmake", ext.cmake_lists_dir, *build_tool, *cmake_args], cwd=build_temp)
+            subprocess.check_call(["cmake", ext.cmake_lists_dir, *build_tool, *cmake_args],
+                                  cwd=build_temp)
         targets = [ext.name.removeprefix("vllm.") for ext in self.extensions]
         build_args = ["--build", ".", f"-j={num_jobs}", *[f"--target={name}" for name in targets]]
         subprocess.check_call(["cmake", *build_args], cwd=build_temp)
@@ -121,7 +123,8 @@ class cmake_build_ext(build_ext):
 
 
 def get_requirements() -> list[str]:
-    """requirements/cuda.txt with its -r includes, as vLLM's setup.py reads it for install_requires."""
+    """requirements/cuda.txt with its -r includes, as vLLM's setup.py reads it for
+    install_requires."""
 
     def read(name: str) -> list[str]:
         out: list[str] = []

@@ -100,9 +100,10 @@ def test_int8_kernel_matches_the_reference(interpreted: dict[str, Any], dtype: s
 
 
 @pytest.mark.parametrize("m", [1, 3, 4, 17])
-def test_int8_kernel_within_the_quantization_bound_of_bf16(interpreted: dict[str, Any], m: int) -> None:
-    """The kernel's logits against the bf16 head's own x @ w.T: within half a quantization step per weight
-    (summed over the row), as test_lm_head.py bounds the CPU path."""
+def test_int8_kernel_within_the_quantization_bound_of_bf16(interpreted: dict[str, Any],
+                                                            m: int) -> None:
+    """The kernel's logits against the bf16 head's own x @ w.T: within half a quantization step per
+    weight (summed over the row), as test_lm_head.py bounds the CPU path."""
     assert interpreted[f"int8-vs-bf16/m{m}"] <= 1.0
 
 

@@ -1,5 +1,5 @@
-"""Prompt suites: the built-in ones (``structured``, ``open``) and JSON-lines files a user gives, checked as
-untrusted input.
+"""Prompt suites: the built-in ones (``structured``, ``open``) and JSON-lines files a user gives,
+checked as untrusted input.
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ def _text_field(row: object, key: str, where: str, default: str, limit: int) -> 
 
 
 def parse(text: str, source: str, suite: str) -> list[Prompt]:
-    """The prompts of a JSON-lines suite: ``{"prompt": str, "id": str, "category": str, "expect_json":
-    bool}``, only ``prompt`` required; blank lines are skipped."""
+    """The prompts of a JSON-lines suite: ``{"prompt": str, "id": str, "category": str,
+    "expect_json": bool}``, only ``prompt`` required; blank lines are skipped."""
     prompts = []
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -54,7 +54,8 @@ def parse(text: str, source: str, suite: str) -> list[Prompt]:
             raise UserError(f'{where}: "prompt" is empty; give each line a prompt to send')
         expect_json = expect(row, "expect_json", bool, where, "use true or false", required=False)
         prompts.append(Prompt(_text_field(row, "id", where, f"{suite}-{n}", MAX_ID), suite,
-                              _text_field(row, "category", where, suite, MAX_ID), prompt, bool(expect_json)))
+                              _text_field(row, "category", where, suite, MAX_ID), prompt,
+                              bool(expect_json)))
     if not prompts:
         raise UserError(f'{source}: suite has no prompts; add JSON lines with a "prompt" or pick '
                         f"--suite {'|'.join(BUILTIN)}|all")
@@ -67,22 +68,23 @@ def load(name: str) -> list[Prompt]:
         text = resources.files(__name__).joinpath(f"{name}.jsonl").read_text(encoding="utf-8")
         return parse(text, f"suite {name}", name)
     if not name or not os.path.lexists(name):
-        raise UserError(f"--suite {name!r}: no such suite or file; use {'|'.join(BUILTIN)}|all or a .jsonl "
-                        "path")
+        raise UserError(f"--suite {name!r}: no such suite or file; use {'|'.join(BUILTIN)}|all or "
+                        "a .jsonl path")
     raw = read_regular(name, "suite file", MAX_SUITE_BYTES)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise UserError(f"{name}: not UTF-8 text (byte {exc.start}); save the suite as UTF-8") from None
+        raise UserError(f"{name}: not UTF-8 text (byte {exc.start}); save the suite as UTF-8") \
+            from None
     return parse(text, name, Path(name).stem)
 
 
 def suites_for(spec: str) -> list[tuple[str, list[Prompt]]]:
-    """``all`` (every built-in suite), a built-in suite's name, or a file: (suite name, prompts) pairs."""
+    """``all`` (every built-in suite), a built-in suite's name or a file: (suite, prompts) pairs."""
     names = BUILTIN if spec == "all" else (spec,)
     return [(n if n in BUILTIN else Path(n).stem, load(n)) for n in names]
 
 
 def file_of(spec: str) -> str | None:
-    """The suite file a ``--suite`` value names (an input that no output may overwrite), else None."""
+    """The suite file a ``--suite`` value names (an input no output may overwrite), else None."""
     return None if spec == "all" or spec in BUILTIN else spec

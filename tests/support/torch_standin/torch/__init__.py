@@ -1,4 +1,5 @@
-"""Stand-in torch (sparkspec tests): build metadata only, see tests/support/torch_standin/README.md."""
+"""Stand-in torch (sparkspec tests): build metadata only, see
+tests/support/torch_standin/README.md."""
 
 from torch import utils, version
 

@@ -1,5 +1,5 @@
-"""CUDA_HOME found the way torch.utils.cpp_extension finds it: CUDA_HOME/CUDA_PATH, then nvcc on PATH, then
-/usr/local/cuda."""
+"""CUDA_HOME found the way torch.utils.cpp_extension finds it: CUDA_HOME/CUDA_PATH, then nvcc on
+PATH, then /usr/local/cuda."""
 
 import os
 import shutil

@@ -1,6 +1,6 @@
-"""sparkspec.outputs, the one writer: atomic writes leave no temp file behind, never act through a link,
-honour their mode; an output that is not ours is refused, ours is replaced; and no second writer appears in
-src/."""
+"""sparkspec.outputs, the one writer: atomic writes leave no temp file behind, never act through a
+link, honour their mode; an output that is not ours is refused, ours is replaced; and no second
+writer appears in src/."""
 
 from __future__ import annotations
 
@@ -50,14 +50,16 @@ FAILURES: list[tuple[str, Callable[[Path], object], type[BaseException]]] = [
     ("parts raise mid-stream", lambda t: outputs.write_atomic(t, _parts_then_fail()), Boom),
     ("the block raises", _in_block, Boom),
     ("an OSError in the block", _oserror_in_block, OSError),
-    ("not bytes", lambda t: outputs.write_atomic(t, ["text"]), TypeError),  # type: ignore[list-item]
+    ("not bytes", lambda t: outputs.write_atomic(t, ["text"]),  # type: ignore[list-item]
+     TypeError),
     ("stage: not bytes", lambda t: outputs.stage(t, "text"), TypeError),  # type: ignore[arg-type]
 ]
 
 
 @pytest.mark.parametrize(("name", "write", "error"), FAILURES, ids=[f[0] for f in FAILURES])
 def test_a_failed_write_leaves_the_old_file_and_no_temp(name: str, write: Callable[[Path], object],
-                                                        error: type[BaseException], tmp_path: Path) -> None:
+                                                        error: type[BaseException],
+                                                        tmp_path: Path) -> None:
     target = tmp_path / "out.json"
     target.write_bytes(b"old")
     before = _entries(tmp_path)
@@ -68,7 +70,8 @@ def test_a_failed_write_leaves_the_old_file_and_no_temp(name: str, write: Callab
 
 
 def test_a_failed_rename_leaves_no_temp(tmp_path: Path) -> None:
-    """A folder appears where the file goes while it is written: the rename fails, the temp file goes."""
+    """A folder appears where the file goes while it is written: the rename fails, the temp file
+    goes."""
     target = tmp_path / "out"
     with pytest.raises(IsADirectoryError), outputs.atomic(target) as fh:
         fh.write(b"new")
@@ -77,9 +80,10 @@ def test_a_failed_rename_leaves_no_temp(tmp_path: Path) -> None:
     assert _entries(tmp_path) == ["out"] and _entries(target) == ["inside"]
 
 
-def test_write_outputs_writes_none_when_one_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """All or none: the disk fills while the third output is staged, so the first is not replaced, and the
-    staged siblings and the folder made for the second are gone."""
+def test_write_outputs_writes_none_when_one_fails(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """All or none: the disk fills while the third output is staged, so the first is not replaced,
+    and the staged siblings and the folder made for the second are gone."""
     first = tmp_path / "a.md"
     first.write_text("| ours |\n")
     items = [(Output(str(first), "--markdown", starts_with("| ours |")), b"| ours | new\n"),
@@ -105,7 +109,8 @@ LINKS: list[tuple[str, Callable[[Path], object]]] = [
     ("write_atomic", lambda p: outputs.write_atomic(p, b"new")),
     ("atomic", lambda p: outputs.atomic(p).__enter__()),
     ("Output.check", lambda p: Output(str(p), "--output", json_format(FORMAT)).check()),
-    ("write_outputs", lambda p: write_outputs([(Output(str(p), "--output", json_format(FORMAT)), b"{}")])),
+    ("write_outputs",
+     lambda p: write_outputs([(Output(str(p), "--output", json_format(FORMAT)), b"{}")])),
 ]
 
 
@@ -140,7 +145,8 @@ OWNERSHIP: list[tuple[str, outputs.Marker, Callable[[], bytes], bool]] = [
     ("json ours", json_format(FORMAT), lambda: f'{{"format": "{FORMAT}", "x": 1}}'.encode(), True),
     ("empty file", json_format(FORMAT), lambda: b"", True),
     ("json other format", json_format(FORMAT), lambda: b'{"format": "sparkspec-test/2"}', False),
-    ("json, format only in a string", json_format(FORMAT), lambda: f'{{"note": "{FORMAT}"}}'.encode(), False),
+    ("json, format only in a string", json_format(FORMAT),
+     lambda: f'{{"note": "{FORMAT}"}}'.encode(), False),
     ("json list", json_format(FORMAT), lambda: f'["{FORMAT}"]'.encode(), False),
     ("not json", json_format(FORMAT), lambda: f"format: {FORMAT}".encode(), False),
     ("deeply nested json", json_format(FORMAT), lambda: b"[" * 100_000 + FORMAT.encode(), False),
@@ -155,7 +161,8 @@ OWNERSHIP: list[tuple[str, outputs.Marker, Callable[[], bytes], bool]] = [
 ]
 
 
-@pytest.mark.parametrize(("name", "marker", "existing", "ours"), OWNERSHIP, ids=[o[0] for o in OWNERSHIP])
+@pytest.mark.parametrize(("name", "marker", "existing", "ours"), OWNERSHIP,
+                         ids=[o[0] for o in OWNERSHIP])
 def test_only_an_output_that_is_ours_is_replaced(name: str, marker: outputs.Marker,
                                                  existing: Callable[[], bytes],
                                                  ours: bool, tmp_path: Path) -> None:
@@ -189,7 +196,8 @@ def test_an_output_that_is_no_regular_file_is_refused(what: str, make: Callable[
     ("folder/out.json", "folder", "is inside the input"),
     (".", "folder/in.json", "contains the input"),
 ])
-def test_an_output_apart_from_its_inputs(output: str, input_: str, how: str, tmp_path: Path) -> None:
+def test_an_output_apart_from_its_inputs(output: str, input_: str, how: str,
+                                         tmp_path: Path) -> None:
     (tmp_path / "folder").mkdir()
     with pytest.raises(UserError, match=how):
         Output(str(tmp_path / output), "--output", json_format(FORMAT),
@@ -209,20 +217,23 @@ def test_mode_is_honoured(mode: int | None, umask: int, want: int, tmp_path: Pat
         outputs.write_atomic(tmp_path / "new", b"x", mode=mode)
         outputs.write_atomic(tmp_path / "new", b"y", mode=mode)  # replacing: the new file's mode
         staged = outputs.stage(tmp_path / "staged", b"z", mode=mode)
-        write_outputs([(Output(str(tmp_path / "out"), "--output", json_format(FORMAT)), b"{}")], mode=mode)
+        write_outputs([(Output(str(tmp_path / "out"), "--output", json_format(FORMAT)), b"{}")],
+                      mode=mode)
     finally:
         os.umask(old)
     for path in (tmp_path / "new", staged, tmp_path / "out"):
         assert stat.S_IMODE(path.stat().st_mode) == want, path
 
 
-def test_temp_names_are_fresh_hidden_siblings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A temp file is a new hidden sibling; a link planted at the name it draws is neither followed nor
-    replaced: the next name is drawn."""
+def test_temp_names_are_fresh_hidden_siblings(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A temp file is a new hidden sibling; a link planted at the name it draws is neither followed
+    nor replaced: the next name is drawn."""
     target = tmp_path / "out.json"
     names = {outputs.temp_name(target) for _ in range(50)}
     assert len(names) == 50
-    assert all(n.parent == tmp_path and n.name.startswith(".out.json.") and n.suffix == ".tmp" for n in names)
+    assert all(n.parent == tmp_path and n.name.startswith(".out.json.") and n.suffix == ".tmp"
+               for n in names)
     victim = tmp_path / "victim"
     victim.write_text("theirs")
     (tmp_path / ".out.json.planted.tmp").symlink_to(victim)
@@ -251,15 +262,17 @@ def test_link_or_copy_links_on_one_filesystem(tmp_path: Path) -> None:
     src = tmp_path / "src.bin"
     src.write_bytes(b"weights")
     via = tmp_path / "via"
-    via.symlink_to(src)  # a Hugging Face cache links its snapshot into blobs: the file is what counts
+    # a Hugging Face cache links its snapshot into blobs: the file is what counts
+    via.symlink_to(src)
     assert outputs.link_or_copy(via, tmp_path / "dst.bin") == "linked"
     assert (tmp_path / "dst.bin").samefile(src) and not (tmp_path / "dst.bin").is_symlink()
     assert _entries(tmp_path) == ["dst.bin", "src.bin", "via"]
 
 
-# --- one writer ----------------------------------------------------------------------------------------
+# --- one writer -----------------------------------------------------------------------------------
 
-WRITERS = {"fsync", "fdatasync", "rename", "renames", "replace", "mkstemp", "mkdtemp", "NamedTemporaryFile"}
+WRITERS = {"fsync", "fdatasync", "rename", "renames", "replace", "mkstemp", "mkdtemp",
+           "NamedTemporaryFile"}
 # the writer itself, and the checkpoint shard stream (its own O_DIRECT write path, fsynced in place)
 OWNERS = {"outputs.py", "checkpoint/stream.py"}
 
@@ -267,8 +280,10 @@ OWNERS = {"outputs.py", "checkpoint/stream.py"}
 def _second_writers(path: Path) -> list[str]:
     found = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in WRITERS:
-            on_os = isinstance(node.func.value, ast.Name) and node.func.value.id in ("os", "tempfile")
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                node.func.attr in WRITERS:
+            on_os = (isinstance(node.func.value, ast.Name)
+                     and node.func.value.id in ("os", "tempfile"))
             if node.func.attr == "replace" and not on_os and len(node.args) != 1:
                 continue  # str.replace(old, new), not Path.replace(target)
             found.append(f"{node.lineno}: {ast.unparse(node)[:80]}")
@@ -280,8 +295,8 @@ def _second_writers(path: Path) -> list[str]:
 
 
 def test_no_second_atomic_writer_in_the_package() -> None:
-    """fsync, rename/replace, temp files and exclusive creation belong to sparkspec.outputs: a module that
-    needs an atomic write calls it instead of writing its own."""
+    """fsync, rename/replace, temp files and exclusive creation belong to sparkspec.outputs: a
+    module that needs an atomic write calls it instead of writing its own."""
     found = {}
     for path in sorted(SRC.rglob("*.py")):
         rel = path.relative_to(SRC).as_posix()
@@ -293,26 +308,30 @@ def test_no_second_atomic_writer_in_the_package() -> None:
 def test_the_scan_sees_a_writer(tmp_path: Path) -> None:
     """The scan above can fail: each way of writing one is found."""
     code = ("import os, tempfile\nos.replace(a, b)\nPath(a).replace(b)\np.rename(q)\nos.fsync(fd)\n"
-            "tempfile.mkstemp()\nos.open(p, os.O_CREAT | os.O_EXCL)\nf('renameat2')\ns.replace('a', 'b')\n")
+            "tempfile.mkstemp()\nos.open(p, os.O_CREAT | os.O_EXCL)\nf('renameat2')\n"
+            "s.replace('a', 'b')\n")
     probe = tmp_path / "probe_writer.py"
     probe.write_text(code)
     assert sorted(int(h.split(":")[0]) for h in _second_writers(probe)) == [2, 3, 4, 5, 6, 7, 8]
 
 
 def test_the_writer_imports_only_the_standard_library() -> None:
-    """outputs.py imports sparkspec.errors and sparkspec.stops (the signal hold) and nothing else of ours, and
-    they and it no third-party package: the one writer stays small enough to reason about."""
+    """outputs.py imports sparkspec.errors and sparkspec.stops (the signal hold) and nothing else of
+    ours, and they and it no third-party package: the one writer stays small enough to reason
+    about."""
     import sys
 
     def imports(name: str) -> set[str]:
         tree = ast.parse((SRC / name).read_text(encoding="utf-8"))
         names = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
                  for alias in node.names}
-        names |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+        names |= {node.module for node in ast.walk(tree)
+                  if isinstance(node, ast.ImportFrom) and node.module}
         if "sparkspec" in names:   # `from sparkspec import stops`
             names = (names - {"sparkspec"}) | {
                 f"sparkspec.{alias.name}" for node in ast.walk(tree)
-                if isinstance(node, ast.ImportFrom) and node.module == "sparkspec" for alias in node.names}
+                if isinstance(node, ast.ImportFrom) and node.module == "sparkspec"
+                for alias in node.names}
         return names
 
     names = imports("outputs.py")
@@ -320,4 +339,5 @@ def test_the_writer_imports_only_the_standard_library() -> None:
     assert ours == {"sparkspec.errors", "sparkspec.stops"}
     for name in ("outputs.py", "errors.py", "stops.py"):
         names = imports(name)
-        assert {n.split(".")[0] for n in names - ours} <= set(sys.stdlib_module_names) | {"__future__"}, name
+        assert {n.split(".")[0] for n in names - ours} <= \
+            set(sys.stdlib_module_names) | {"__future__"}, name

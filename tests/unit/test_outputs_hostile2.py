@@ -1,7 +1,8 @@
-"""Hostile outputs, second round (issue 23): `fetch batch` / `fetch repo` / `fetch fp8-subset` destinations,
-`--progress-file`, and the batch checked as a whole before anything is fetched or created. Every refusal is
-exit 2, one `sparkspec: error:` line, and the tree hashed before and after is the same (tests/badinput.py).
-Nothing here connects anywhere: every item reads a --local-path, and every case is refused before it reads."""
+"""Hostile outputs, second round (issue 23): `fetch batch` / `fetch repo` / `fetch fp8-subset`
+destinations, `--progress-file`, and the batch checked as a whole before anything is fetched or
+created. Every refusal is exit 2, one `sparkspec: error:` line, and the tree hashed before and after
+is the same (tests/badinput.py). Nothing here connects anywhere: every item reads a --local-path,
+and every case is refused before it reads."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ REV = "a" * 40
 
 
 def _tree(root: Path) -> dict[str, Path]:
-    """int4 (a folder with an index), src (a --local-path copy of a repo), foreign (someone's folder)."""
+    """int4 (a folder with an index), src (a --local-path copy of a repo), foreign (someone's
+    folder)."""
     int4, src, foreign = root / "int4", root / "src", root / "foreign"
     for folder in (int4, src, foreign):
         folder.mkdir()
@@ -40,7 +42,7 @@ def _subset(dest: str | Path, int4: str | Path, src: Path) -> list[str]:
             "--local-path", str(src)]
 
 
-# --- --dest of a single fetch ---------------------------------------------------------------------------
+# --- --dest of a single fetch ---------------------------------------------------------------------
 def _link_to_empty(t: Path) -> Path:
     (t / "empty").mkdir()
     (t / "d").symlink_to(t / "empty")
@@ -58,7 +60,8 @@ def _fifo(t: Path) -> Path:
 
 
 def _planted_cache_link(t: Path) -> Path:
-    """A fetch's own folder (its state folder there) in which someone planted .cache -> elsewhere."""
+    """A fetch's own folder (its state folder there) in which someone planted .cache ->
+    elsewhere."""
     (t / "d" / ".sparkspec-fetch").mkdir(parents=True)
     (t / "d" / ".cache").symlink_to(t / "foreign")
     return t / "d"
@@ -77,8 +80,9 @@ DESTS = {
 }
 
 
-@pytest.mark.parametrize(("kind", "case"), [(k, c) for k in ("repo", "fp8-subset") for c in sorted(DESTS)
-                                             if k == "fp8-subset" or "int4" not in c])  # repo reads no --int4
+@pytest.mark.parametrize(("kind", "case"),
+                         [(k, c) for k in ("repo", "fp8-subset") for c in sorted(DESTS)
+                          if k == "fp8-subset" or "int4" not in c])  # repo reads no --int4
 def test_a_hostile_dest_is_refused_before_anything(tmp_path: Path, case: str, kind: str) -> None:
     t = _tree(tmp_path)
     make, match = DESTS[case]
@@ -87,7 +91,7 @@ def test_a_hostile_dest_is_refused_before_anything(tmp_path: Path, case: str, ki
     refused_untouched(["fetch", *argv], [tmp_path], match=match)
 
 
-# --- --progress-file --------------------------------------------------------------------------------------
+# --- --progress-file ------------------------------------------------------------------------------
 def _foreign_file(t: Path) -> Path:
     (t / "p.json").write_text('{"what": "not sparkspec"}\n')
     return t / "p.json"
@@ -116,20 +120,22 @@ def test_a_hostile_progress_file_is_refused_before_anything(tmp_path: Path, case
     t = _tree(tmp_path)
     make, match = PROGRESS[case]
     progress = make(tmp_path)
-    argv = ["fetch", *_subset(tmp_path / "out", t["int4"], t["src"]), "--progress-file", str(progress)]
+    argv = ["fetch", *_subset(tmp_path / "out", t["int4"], t["src"]),
+            "--progress-file", str(progress)]
     refused_untouched(argv, [tmp_path], match=match)
 
 
 def test_a_refused_command_leaves_no_progress_file(tmp_path: Path) -> None:
-    """The command's own check refuses it (a foreign --dest): the progress file was never created."""
+    """The command's own check refuses it (a foreign --dest): the progress file was never
+    created."""
     t = _tree(tmp_path)
     argv = ["fetch", *_repo(t["foreign"], t["src"]), "--progress-file", str(tmp_path / "p.json")]
     refused_untouched(argv, [tmp_path], match="did not write")
 
 
 def test_a_progress_file_of_ours_is_replaced_then_removed(tmp_path: Path) -> None:
-    """A document this tool wrote (a killed run's) is replaced during the run and removed at its end; the
-    fetch itself completes (a local copy)."""
+    """A document this tool wrote (a killed run's) is replaced during the run and removed at its
+    end; the fetch itself completes (a local copy)."""
     t = _tree(tmp_path)
     progress = tmp_path / "p.json"
     progress.write_text(json.dumps({"format": "sparkspec progress", "done": 1}) + "\n")
@@ -138,18 +144,21 @@ def test_a_progress_file_of_ours_is_replaced_then_removed(tmp_path: Path) -> Non
     assert not progress.exists() and (tmp_path / "out" / "config.json").read_text() == "{}\n"
 
 
-# --- fetch batch: the items against each other -------------------------------------------------------------
+# --- fetch batch: the items against each other ----------------------------------------------------
 def _batch(t: Path, src: Path) -> dict[str, tuple[list[list[str]], str]]:
     a, b, int4 = t / "a", t / "b", t / "int4"
     return {
         "duplicate": ([_repo(a, src), _repo(a, src)], "item 2 repeats item 1"),
         "same-dest": ([_repo(a, src), _subset(a, int4, src)], "items 1 and 2 both write --dest"),
-        "same-dest-spelt-apart": ([_repo(a, src), _repo(t / "x" / ".." / "a", src)], "both write --dest"),
-        "nested-dests": ([_repo(a, src), _repo(a / "in", src)], "item 2's --dest .* is inside item 1's"),
-        "holding-dests": ([_repo(a / "in", src), _repo(a, src)], "item 2's --dest .* holds item 1's"),
+        "same-dest-spelt-apart": ([_repo(a, src), _repo(t / "x" / ".." / "a", src)],
+                                  "both write --dest"),
+        "nested-dests": ([_repo(a, src), _repo(a / "in", src)],
+                         "item 2's --dest .* is inside item 1's"),
+        "holding-dests": ([_repo(a / "in", src), _repo(a, src)],
+                          "item 2's --dest .* holds item 1's"),
         "int4-fetched-after": ([_subset(b, a, src), _repo(a, src)],
-                               "item 1 reads --int4 .*, which item 2 fetches only after it; put item 2 "
-                               "before"),
+                               "item 1 reads --int4 .*, which item 2 fetches only after "
+                               "it; put item 2 before"),
         "dest-inside-int4": ([_subset(b, int4, src), _repo(int4 / "x", src)],
                              "item 2's --dest .* is inside item 1's --int4"),
         "int4-inside-dest": ([_repo(a, src), _subset(b, a / "int4", src)],
@@ -177,7 +186,8 @@ def test_a_batch_progress_file_inside_an_items_dest_is_refused(tmp_path: Path) -
 
 
 def test_a_batch_whose_subset_reads_an_earlier_items_dest_is_accepted(tmp_path: Path) -> None:
-    """The FP8 subset reads the INT4 folder that the item before it fetches: checked, nothing created."""
+    """The FP8 subset reads the INT4 folder that the item before it fetches: checked, nothing
+    created."""
     t = _tree(tmp_path)
     before = fingerprint(tmp_path)
     src, int4 = str(t["src"]), str(tmp_path / "new-int4")
@@ -186,7 +196,7 @@ def test_a_batch_whose_subset_reads_an_earlier_items_dest_is_accepted(tmp_path: 
     assert_unchanged(before, tmp_path)
 
 
-# --- the property: accepted, and then apart; or refused in one line with nothing created ------------------
+# --- the property: accepted, and then apart; or refused in one line with nothing created ----------
 NAMES = ["a", "a/in", "b", "c", "int4"]
 
 
@@ -201,7 +211,8 @@ def _overlap(x: Path, y: Path) -> bool:
     return x == y or x.is_relative_to(y) or y.is_relative_to(x)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(batches())
 def test_batch_property_apart_or_refused_untouched(tmp_path_factory: pytest.TempPathFactory,
                                                    batch: list[tuple[str, str, str]]) -> None:
@@ -229,14 +240,15 @@ def test_batch_property_apart_or_refused_untouched(tmp_path_factory: pytest.Temp
         for path in it.inputs.values():
             for m, d in enumerate(dests):
                 if m != n and _overlap(d, Path(path)):
-                    assert d == Path(path) and m < n  # only an earlier item's complete folder is read
+                    # only an earlier item's complete folder is read
+                    assert d == Path(path) and m < n
 
 
-# --- the one writer ---------------------------------------------------------------------------------------
-def test_a_swap_without_the_exchange_removes_nothing_it_did_not_make(tmp_path: Path,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    """Where the filesystem lacks renameat2's exchange, the old content moves aside under a fresh name: a
-    folder someone keeps as .out.old beside the output stays as it was."""
+# --- the one writer -------------------------------------------------------------------------------
+def test_a_swap_without_the_exchange_removes_nothing_it_did_not_make(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the filesystem lacks renameat2's exchange, the old content moves aside under a fresh
+    name: a folder someone keeps as .out.old beside the output stays as it was."""
     from sparkspec import outputs
 
     out, tmp, kept = tmp_path / "out", tmp_path / ".out.build", tmp_path / ".out.old"
@@ -251,16 +263,17 @@ def test_a_swap_without_the_exchange_removes_nothing_it_did_not_make(tmp_path: P
 
 def test_a_stop_signal_while_a_temp_is_made_leaves_no_temp(tmp_path: Path,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    """SIGTERM right after the temp sibling is created, before its name is back in the writer's hands (the
-    window of the generate flake): the signal still stops the write (KeyboardInterrupt, exit 130 in a command)
-    and the temp is gone."""
+    """SIGTERM right after the temp sibling is created, before its name is back in the writer's
+    hands (the window of the generate flake): the signal still stops the write (KeyboardInterrupt,
+    exit 130 in a command) and the temp is gone."""
     import signal
 
     from sparkspec import outputs, stops
 
     real = outputs.open_temp
 
-    def made_then_signalled(target: str | os.PathLike[str], mode: int | None = None) -> tuple[int, Path]:
+    def made_then_signalled(target: str | os.PathLike[str],
+                            mode: int | None = None) -> tuple[int, Path]:
         made = real(target, mode)
         os.kill(os.getpid(), signal.SIGTERM)
         return made

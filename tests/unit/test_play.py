@@ -1,5 +1,6 @@
-"""tasks.lib.play runs real playbooks (connection=local) through ansible-runner: the one-line failure summary
-and the changed counts come from the runner's events, never from the printed output."""
+"""tasks.lib.play runs real playbooks (connection=local) through ansible-runner: the one-line
+failure summary and the changed counts come from the runner's events, never from the printed
+output."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ import yaml
 from tasks.lib.play import failure_summary, run_playbook
 from tests.conftest import ROOT
 
-# A line in the play's own output that looks like a failure: a scraper of the printed output would take it.
+# A line in the play's own output that looks like a failure: a scraper of the printed output would
+# take it.
 DECOY = "fatal: [local1]: FAILED! => {\"msg\": \"decoy from the output\"}"
 
 
@@ -26,8 +28,9 @@ DECOY = "fatal: [local1]: FAILED! => {\"msg\": \"decoy from the output\"}"
 def inventory(tmp_path: Path) -> Path:
     path = tmp_path / "hosts.yml"
     path.write_text(yaml.safe_dump({"all": {"hosts": {
-        "local1": {"ansible_connection": "local", "ansible_python_interpreter": "{{ ansible_playbook_python "
-                                                                                "}}"},
+        "local1": {"ansible_connection": "local",
+                   "ansible_python_interpreter": "{{ ansible_playbook_python "
+                                                 "}}"},
         "dead1": {"ansible_host": "127.0.0.1", "ansible_port": 1, "ansible_connection": "ssh"},
     }}}))
     return path
@@ -60,7 +63,8 @@ def test_failure_summary_is_the_failed_tasks_msg(tmp_path, inventory, private_tm
         _copy(tmp_path, "a.txt", "a\n"),
         {"name": "Print a decoy", "ansible.builtin.debug": {"msg": DECOY}},
         {"name": "Fail but "
-                 "ignored", "ansible.builtin.fail": {"msg": "ignored failure"}, "ignore_errors": True},
+                 "ignored", "ansible.builtin.fail": {"msg": "ignored failure"},
+         "ignore_errors": True},
         {"name": "Fail", "ansible.builtin.fail": {"msg": "the  known\nmessage"}},
     ])
     result = run_playbook(book, inventory, "local1")
@@ -77,11 +81,13 @@ def test_changed_counts_come_from_the_stats_event(tmp_path, inventory, private_t
     book = _playbook(tmp_path, [_copy(tmp_path, "a.txt", "a\n"), _copy(tmp_path, "b.txt", "b\n"),
                                 {"name": "Say", "ansible.builtin.debug": {"msg": "changed=7"}}])
     first = run_playbook(book, inventory, "local1", quiet=True)
-    assert (first.rc, first.status, first.changed, first.failures) == (0, "successful", {"local1": 2}, [])
+    assert (first.rc, first.status, first.changed, first.failures) == \
+        (0, "successful", {"local1": 2}, [])
     (tmp_path / "b.txt").write_text("other\n")
     second = run_playbook(book, inventory, "local1", quiet=True)
     assert second.changed == {"local1": 1} and second.total_changed == 1
-    check = run_playbook(book, inventory, "local1", quiet=True, check=True)  # check mode: nothing to change
+    # check mode: nothing to change
+    check = run_playbook(book, inventory, "local1", quiet=True, check=True)
     assert check.changed == {"local1": 0} and (tmp_path / "a.txt").read_text() == "a\n"
     assert list(private_tmp.iterdir()) == []
 
@@ -89,12 +95,13 @@ def test_changed_counts_come_from_the_stats_event(tmp_path, inventory, private_t
 def test_extra_vars_tags_and_argument_errors(tmp_path, inventory):
     spec = {"argument_spec": {"demo_count": {"type": "int", "required": True}}}
     book = _playbook(tmp_path, [
-        {"name": "Tagged out", "ansible.builtin.fail": {"msg": "tag filter ignored"}, "tags": ["skipme"]},
+        {"name": "Tagged out", "ansible.builtin.fail": {"msg": "tag filter ignored"},
+         "tags": ["skipme"]},
         {"name": "Check the arguments", "ansible.builtin.validate_argument_spec": spec,
          "vars": {"demo_count": "{{ demo_value }}"}},
     ])
-    result = run_playbook(book, inventory, "local1", extra_vars={"demo_value": "lots"}, skip_tags=["skipme"],
-                          quiet=True)
+    result = run_playbook(book, inventory, "local1", extra_vars={"demo_value": "lots"},
+                          skip_tags=["skipme"], quiet=True)
     assert result.rc != 0
     summary = failure_summary(result, "local1")
     assert "demo_count" in summary and "lots" in summary and "tag filter" not in summary
@@ -102,11 +109,12 @@ def test_extra_vars_tags_and_argument_errors(tmp_path, inventory):
 
 
 def test_unreachable_host_is_named(tmp_path, inventory):
-    result = run_playbook(_playbook(tmp_path, [{"name": "Ping", "ansible.builtin.ping": {}}]), inventory,
-                          "dead1", quiet=True)
+    result = run_playbook(_playbook(tmp_path, [{"name": "Ping", "ansible.builtin.ping": {}}]),
+                          inventory, "dead1", quiet=True)
     assert list(result.unreachable) == ["dead1"]
     summary = failure_summary(result, "dead1")
-    assert summary.startswith("host dead1 is unreachable over SSH (") and "port 1" in summary, summary
+    assert summary.startswith("host dead1 is unreachable over SSH (") and \
+        "port 1" in summary, summary
 
 
 def test_a_playbook_that_does_not_parse_gives_ansibles_error(tmp_path, inventory):
@@ -129,14 +137,16 @@ print("INTERRUPTED", result.interrupted, failure_summary(result, "local1"), flus
 
 
 def test_sigterm_stops_the_play_and_leaves_nothing(tmp_path, inventory, private_tmp):
-    """SIGTERM (or Ctrl-C) reaches ansible-playbook, which runs in the runner's own session: the play stops,
-    no ansible-playbook is left running, the private folder is removed."""
+    """SIGTERM (or Ctrl-C) reaches ansible-playbook, which runs in the runner's own session: the
+    play stops, no ansible-playbook is left running, the private folder is removed."""
     marker = tmp_path / "sleeping"
-    book = _playbook(tmp_path, [{"name": "Sleep", "ansible.builtin.shell": f"echo $PPID > {marker}; sleep 60",
-                                 "changed_when": False}])
+    book = _playbook(tmp_path,
+                     [{"name": "Sleep", "ansible.builtin.shell": f"echo $PPID > {marker}; sleep 60",
+                       "changed_when": False}])
     env = {**os.environ, "TMPDIR": str(private_tmp)}
-    proc = subprocess.Popen([sys.executable, "-c", INTERRUPTED_RUN, str(book), str(inventory)], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    proc = subprocess.Popen([sys.executable, "-c", INTERRUPTED_RUN, str(book), str(inventory)],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=env)
     deadline = time.monotonic() + 60
     while not marker.exists() and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -147,7 +157,8 @@ def test_sigterm_stops_the_play_and_leaves_nothing(tmp_path, inventory, private_
     # the module running the sleeping shell
     task = Path(f"/proc/{int(marker.read_text().split()[0])}/cmdline")
     deadline = time.monotonic() + 20
-    while task.exists() and "ansible" in task.read_text(errors="replace") and time.monotonic() < deadline:
+    while task.exists() and "ansible" in task.read_text(errors="replace") and \
+            time.monotonic() < deadline:
         time.sleep(0.2)
     outlived = task.exists() and "ansible" in task.read_text(errors="replace")
     assert not outlived, "the task outlived the play"
@@ -164,12 +175,12 @@ print("RC", result.rc, result.changed, flush=True)
 
 
 def test_become_password_answers_the_prompt_and_is_not_shown(tmp_path, inventory, private_tmp):
-    """--ask-become-pass: ansible-playbook asks on the runner's terminal and the runner answers from memory (a
-    wrong prompt pattern would leave the play waiting for ever); the password is neither printed nor on
-    disk."""
+    """--ask-become-pass: ansible-playbook asks on the runner's terminal and the runner answers from
+    memory (a wrong prompt pattern would leave the play waiting for ever); the password is neither
+    printed nor on disk."""
     book = _playbook(tmp_path, [{"name": "Ping", "ansible.builtin.ping": {}}])
-    proc = subprocess.run([sys.executable, "-c", BECOME_RUN, str(book), str(inventory)], check=False,
-                          cwd=ROOT, timeout=60, capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-c", BECOME_RUN, str(book), str(inventory)],
+                          check=False, cwd=ROOT, timeout=60, capture_output=True, text=True,
                           env={**os.environ, "TMPDIR": str(private_tmp)})
     assert "RC 0 {'local1': 0}" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "BECOME password" in proc.stdout and "s3cret-pw" not in proc.stdout + proc.stderr
@@ -177,9 +188,10 @@ def test_become_password_answers_the_prompt_and_is_not_shown(tmp_path, inventory
 
 
 def test_a_tasks_lines_reach_a_pipe_as_they_are_printed() -> None:
-    """`invoke tune ... | tee log` (and a test reading the pipe) sees each step when it starts: the tasks'
-    streams are line-buffered, not flushed in 8 KiB blocks at exit."""
-    code = "import sys, time, tasks; print('step one'); print('warn', file=sys.stderr); time.sleep(60)"
+    """`invoke tune ... | tee log` (and a test reading the pipe) sees each step when it starts: the
+    tasks' streams are line-buffered, not flushed in 8 KiB blocks at exit."""
+    code = ("import sys, time, tasks; print('step one'); print('warn', file=sys.stderr); "
+            "time.sleep(60)")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)
@@ -196,8 +208,8 @@ def test_a_tasks_lines_reach_a_pipe_as_they_are_printed() -> None:
 
 def test_a_play_that_outlives_its_interrupt_is_cancelled(monkeypatch):
     """One signal (systemd's SIGTERM, a CI time-out) gets no second one: a play still running
-    INTERRUPT_GRACE_S after the SIGINT was passed on is cancelled (the runner kills it), so the caller's
-    restore runs; before that, Ansible is left to stop on its own."""
+    INTERRUPT_GRACE_S after the SIGINT was passed on is cancelled (the runner kills it), so the
+    caller's restore runs; before that, Ansible is left to stop on its own."""
     from tasks.lib import play
 
     monkeypatch.setattr(play, "INTERRUPT_GRACE_S", 0.5)

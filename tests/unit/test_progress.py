@@ -1,5 +1,5 @@
-"""The progress document a long command writes (sparkspec.progress.ProgressFile) and the line the play prints
-from it (sparkspec.progress.line, used by the sparkspec_progress action plugin)."""
+"""The progress document a long command writes (sparkspec.progress.ProgressFile) and the line the
+play prints from it (sparkspec.progress.line, used by the sparkspec_progress action plugin)."""
 
 from __future__ import annotations
 
@@ -14,16 +14,19 @@ from sparkspec.progress import ProgressFile, duration, line, size
 
 
 def doc(**kw: object) -> dict[str, object]:
-    return {"what": "fetch org/big", "done": 0, "total": None, "rate": 0.0, "eta_s": None, "time": 0.0, **kw}
+    return {"what": "fetch org/big", "done": 0, "total": None, "rate": 0.0, "eta_s": None,
+            "time": 0.0, **kw}
 
 
 def test_line_with_total_rate_and_time_left() -> None:
-    got = line("sim01", doc(done=int(1.2 * 2**30), total=77 * 2**30, rate=95e6, eta_s=780), "Fetch", 60)
+    got = line("sim01", doc(done=int(1.2 * 2**30), total=77 * 2**30, rate=95e6, eta_s=780),
+               "Fetch", 60)
     assert got == "sim01: fetch org/big: 1.2 GiB of 77.0 GiB, 90.6 MiB/s, 13 min left"
 
 
 def test_line_without_total_says_no_time_left() -> None:
-    assert line("h", doc(done=5 * 2**20, rate=2048), "Fetch", 5) == "h: fetch org/big: 5.0 MiB, 2.0 KiB/s"
+    assert line("h", doc(done=5 * 2**20, rate=2048), "Fetch", 5) == \
+        "h: fetch org/big: 5.0 MiB, 2.0 KiB/s"
 
 
 def test_line_with_zero_rate_says_time_left_unknown() -> None:
@@ -36,7 +39,8 @@ def test_line_before_any_progress_says_how_long_it_runs() -> None:
 
 
 def test_line_of_a_wait_names_elapsed_time_and_note() -> None:
-    got = line("h", {"what": "wait for /health", "elapsed_s": 95, "note": "unit activating"}, "Wait", 96)
+    got = line("h", {"what": "wait for /health", "elapsed_s": 95, "note": "unit activating"},
+               "Wait", 96)
     assert got == "h: wait for /health: 95 s; unit activating"
 
 
@@ -52,7 +56,8 @@ def test_size(n: int, text: str) -> None:
     assert size(n) == text
 
 
-@pytest.mark.parametrize(("s", "text"), [(0.4, "0 s"), (119, "119 s"), (780, "13 min"), (7500, "2 h 05 min")])
+@pytest.mark.parametrize(("s", "text"),
+                         [(0.4, "0 s"), (119, "119 s"), (780, "13 min"), (7500, "2 h 05 min")])
 def test_duration(s: float, text: str) -> None:
     assert duration(s) == text
 
@@ -101,8 +106,8 @@ WAITER = Path(__file__).resolve().parents[2] / "roles/deploy/files/wait_healthy.
 
 
 def test_health_wait_writes_elapsed_state_and_masked_log_then_removes_it(tmp_path: Path) -> None:
-    """The deploy role's waiter with --progress-file: `systemctl` and `journalctl` stand-ins on PATH (the
-    first keeps a copy of the progress file each time it is asked), /health never answering."""
+    """The deploy role's waiter with --progress-file: `systemctl` and `journalctl` stand-ins on PATH
+    (the first keeps a copy of the progress file each time it is asked), /health never answering."""
     import os
     import subprocess
     import sys
@@ -110,16 +115,19 @@ def test_health_wait_writes_elapsed_state_and_masked_log_then_removes_it(tmp_pat
     progress, seen = tmp_path / "async" / "p.json", tmp_path / "seen.json"
     bindir = tmp_path / "bin"
     bindir.mkdir()
-    (bindir / "systemctl").write_text(f"#!/bin/sh\ncp {progress} {seen} 2>/dev/null\n"
-                                      "printf 'ActiveState=activating\\nSubState=start\\nNRestarts=0\\n'\n")
-    (bindir / "journalctl").write_text("#!/bin/sh\necho \"Loading weights (api_key='sk-123', token=abc)\"\n")
+    (bindir / "systemctl").write_text(
+        f"#!/bin/sh\ncp {progress} {seen} 2>/dev/null\n"
+        "printf 'ActiveState=activating\\nSubState=start\\nNRestarts=0\\n'\n")
+    (bindir / "journalctl").write_text(
+        "#!/bin/sh\necho \"Loading weights (api_key='sk-123', token=abc)\"\n")
     for stub in bindir.iterdir():
         stub.chmod(0o755)
     env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}")
-    argv = [sys.executable, str(WAITER), "http://127.0.0.1:9", "u.service", "1.5", "0.2", "--progress-file",
-            str(progress)]
+    argv = [sys.executable, str(WAITER), "http://127.0.0.1:9", "u.service", "1.5", "0.2",
+            "--progress-file", str(progress)]
     run = subprocess.run(argv, check=False, capture_output=True, text=True, env=env, timeout=60)
-    assert run.returncode == 1 and "did not answer 200 within 2 s" in run.stdout, run.stdout + run.stderr
+    assert run.returncode == 1 and \
+        "did not answer 200 within 2 s" in run.stdout, run.stdout + run.stderr
     got = json.loads(seen.read_text())
     assert got["what"] == "wait for u.service /health" and got["elapsed_s"] in (0, 1, 2)
     assert got["note"] == "unit activating/start: Loading weights (api_key='***', token=***)"
@@ -138,10 +146,10 @@ class Recorder(ProgressFile):
         self.seen.append((self.done, self.total))
 
 
-def test_fp8_subset_and_assemble_count_every_byte_they_move(tmp_path: Path,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    """Ranged FP8 fetch, whole-shard FP8 fetch, a local copy and assemble each count into the progress file
-    exactly the bytes their results report (the same counters as their bars)."""
+def test_fp8_subset_and_assemble_count_every_byte_they_move(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ranged FP8 fetch, whole-shard FP8 fetch, a local copy and assemble each count into the
+    progress file exactly the bytes their results report (the same counters as their bars)."""
     from sparkspec.checkpoint.assemble import assemble
     from sparkspec.hub.fetch import fetch_fp8_subset, fetch_repo
     from sparkspec.hub.server import HubServer
@@ -149,24 +157,25 @@ def test_fp8_subset_and_assemble_count_every_byte_they_move(tmp_path: Path,
     from tests.support.testckpt import ModelSpec, write_fp8, write_int4_autoround
 
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    spec = ModelSpec(hidden=256, layers=2, experts=2, moe_intermediate=128, shared_intermediate=256, heads=2,
-                     kv_heads=1, head_dim=128, linear_key_heads=2, linear_value_heads=2, linear_key_dim=64,
-                     linear_value_dim=64, vocab=128)
+    spec = ModelSpec(hidden=256, layers=2, experts=2, moe_intermediate=128, shared_intermediate=256,
+                     heads=2, kv_heads=1, head_dim=128, linear_key_heads=2, linear_value_heads=2,
+                     linear_key_dim=64, linear_value_dim=64, vocab=128)
     write_int4_autoround(tmp_path / "int4", spec)
     write_fp8(tmp_path / "fp8", spec, shards=2)
     publish(tmp_path / "root", "org/fp8", tmp_path / "fp8")
     with HubServer(tmp_path / "root") as srv:
         ranged = Recorder(tmp_path / "r.json")
-        got = fetch_fp8_subset("org/fp8", "main", tmp_path / "int4", tmp_path / "sub", endpoint=srv.url,
-                               progress=ranged)
+        got = fetch_fp8_subset("org/fp8", "main", tmp_path / "int4", tmp_path / "sub",
+                               endpoint=srv.url, progress=ranged)
         assert got.tensor_bytes_fetched > 0
         assert ranged.seen[-1] == (got.tensor_bytes_fetched, got.tensor_bytes_fetched)
         whole = Recorder(tmp_path / "w.json")
-        got = fetch_fp8_subset("org/fp8", "main", tmp_path / "int4", tmp_path / "sub-full", endpoint=srv.url,
-                               mode="full", progress=whole)
+        got = fetch_fp8_subset("org/fp8", "main", tmp_path / "int4", tmp_path / "sub-full",
+                               endpoint=srv.url, mode="full", progress=whole)
         assert whole.seen and whole.seen[-1] == (got.tensor_bytes_fetched, got.tensor_bytes_fetched)
     local = Recorder(tmp_path / "l.json")
-    got = fetch_repo("org/fp8", "main", tmp_path / "copy", local_path=str(tmp_path / "fp8"), progress=local)
+    got = fetch_repo("org/fp8", "main", tmp_path / "copy",
+                     local_path=str(tmp_path / "fp8"), progress=local)
     assert local.seen[-1] == (got.bytes_fetched, got.bytes_fetched)
     built = Recorder(tmp_path / "a.json")
 

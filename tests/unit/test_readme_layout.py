@@ -1,6 +1,7 @@
 """The README stays a front page: at most 120 lines and 1,200 words, and its layout tree names every
-top-level folder git tracks (dot-folders aside) and every subpackage of src/sparkspec (a folder directly under
-it holding Python: an __init__.py, or the modules of a namespace package), and no folder that is not there."""
+top-level folder git tracks (dot-folders aside) and every subpackage of src/sparkspec (a folder
+directly under it holding Python: an __init__.py, or the modules of a namespace package), and no
+folder that is not there."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 PACKAGE = "src/sparkspec"
-# a tree entry: a folder at column 0 (top level) or column 2 (a subpackage of the entry above), then its words
+# a tree entry: a folder at column 0 (top level) or column 2 (a subpackage of the entry above),
+# then its words
 ENTRY = re.compile(r"^( {0,2})(\S+)/(?:\s|$)")
 
 
@@ -44,14 +46,15 @@ def tree() -> tuple[set[str], set[str]]:
 def tracked() -> list[str]:
     if not (ROOT / ".git").exists():
         pytest.skip("not a git checkout: the tracked folders are unknown")
-    out = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True, check=True,
-                         timeout=60).stdout
+    out = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True,
+                         check=True, timeout=60).stdout
     return [p for p in out.split("\0") if p]
 
 
 def test_readme_is_short() -> None:
     text = README.read_text()
-    assert len(text.splitlines()) <= 120, f"README.md has {len(text.splitlines())} lines (at most 120)"
+    assert len(text.splitlines()) <= 120, \
+        f"README.md has {len(text.splitlines())} lines (at most 120)"
     assert len(text.split()) <= 1200, f"README.md has {len(text.split())} words (at most 1,200)"
 
 
@@ -64,8 +67,10 @@ def test_layout_tree_matches_the_folders() -> None:
     assert folders and subpackages, "git ls-files found no folders: the test reads nothing"
     top, sub = tree()
     named_top = {t.split("/", 1)[0] for t in top}
-    assert sorted(folders - named_top) == [], "top-level folders missing from the README's layout tree"
-    assert sorted(subpackages - sub) == [], f"subpackages of {PACKAGE} missing from the README's layout tree"
+    assert sorted(folders - named_top) == [], \
+        "top-level folders missing from the README's layout tree"
+    assert sorted(subpackages - sub) == [], \
+        f"subpackages of {PACKAGE} missing from the README's layout tree"
     assert sorted(t for t in top | sub if not (ROOT / t).is_dir()) == [], \
         "the README's layout tree names folders that do not exist"
     assert sorted(t for t in top if t.split("/", 1)[0] not in folders) == [], \

@@ -1,6 +1,6 @@
-"""The contract key sparkspec_num_speculative_tokens (what `invoke tune --apply` writes): k per method over
-the method's speculative_config, where the served k came from (k_source), the unit's record that carries both,
-and `invoke status` reading them back."""
+"""The contract key sparkspec_num_speculative_tokens (what `invoke tune --apply` writes): k per
+method over the method's speculative_config, where the served k came from (k_source), the unit's
+record that carries both, and `invoke status` reading them back."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ KEY = "sparkspec_num_speculative_tokens"
 
 @pytest.fixture(scope="module")
 def sim01() -> dict[str, Any]:
-    """sim01's contract as a play reads it (tasks.lib.inventory: the defaults under the sim inventory's
-    vars)."""
+    """sim01's contract as a play reads it (tasks.lib.inventory: the defaults under the sim
+    inventory's vars)."""
     from tasks.lib import inventory
 
     values = inventory.load("inventories/sim").host_vars(
@@ -41,12 +41,14 @@ def test_the_contract_default_is_an_empty_mapping(sim01: dict[str, Any]) -> None
 def test_tuned_k_overrides_the_chosen_methods_k_only(sim01: dict[str, Any]) -> None:
     r = _resolve(sim01, "ngram", num_speculative_tokens={"ngram": 3, "mtp": 5})
     # k replaced, the method's other fields kept
-    assert r["speculative_config"] == {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2,
-                                       "prompt_lookup_max": 4}
+    assert r["speculative_config"] == {"method": "ngram", "num_speculative_tokens": 3,
+                                       "prompt_lookup_min": 2, "prompt_lookup_max": 4}
     assert r["k_source"] == KEY
-    assert registry.BUILTIN_METHODS["ngram"]["speculative_config"]["num_speculative_tokens"] == 4  # untouched
+    # untouched
+    assert registry.BUILTIN_METHODS["ngram"]["speculative_config"]["num_speculative_tokens"] == 4
     # the entry for mtp does not reach ngram; served, mtp gets its own
-    assert _resolve(sim01, "mtp", num_speculative_tokens={"ngram": 3, "mtp": 5})["speculative_config"] == {
+    assert _resolve(sim01, "mtp",
+                    num_speculative_tokens={"ngram": 3, "mtp": 5})["speculative_config"] == {
         "method": "mtp", "num_speculative_tokens": 5}
 
 
@@ -60,7 +62,8 @@ def test_tuned_k_of_a_head_method_keeps_its_head_folder(sim01: dict[str, Any]) -
 
 def test_k_source_values(sim01: dict[str, Any]) -> None:
     assert _resolve(sim01, "ngram")["k_source"] == "registry (ngram)"
-    assert _resolve(sim01, "mtp", num_speculative_tokens={"ngram": 2})["k_source"] == "registry (mtp)"
+    assert _resolve(sim01, "mtp", num_speculative_tokens={"ngram": 2})["k_source"] == \
+        "registry (mtp)"
     own = {"ngram5": {"speculative_config": {"method": "ngram", "num_speculative_tokens": 5}}}
     r = _resolve(sim01, "ngram5", methods=own)
     assert r["k_source"] == "sparkspec_methods.ngram5"
@@ -79,9 +82,11 @@ def test_baseline_has_no_k_and_no_source(sim01: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize(("tuned", "match"), [
-    ({"nope": 3}, rf"^{KEY}\.nope: no such method; choose one of baseline, ngram, mtp, eagle3, dflash$"),
-    ({"baseline": 1}, rf"^{KEY}\.baseline: method baseline drafts nothing \(no speculative_config\), so it "
-                      r"has no k; remove the entry$"),
+    ({"nope": 3},
+     rf"^{KEY}\.nope: no such method; choose one of baseline, ngram, mtp, eagle3, dflash$"),
+    ({"baseline": 1},
+     rf"^{KEY}\.baseline: method baseline drafts nothing \(no speculative_config\), so it has no "
+     r"k; remove the entry$"),
     ({"ngram": 0}, rf"^{KEY}\.ngram: 0; set it to an integer k > 0 and <= 64"),
     ({"ngram": 65}, rf"^{KEY}\.ngram: 65; set it to an integer k > 0 and <= 64"),
     ({"ngram": True}, rf"^{KEY}\.ngram: True; set it to an integer k > 0 and <= 64"),
@@ -101,7 +106,8 @@ def test_every_entry_is_checked_even_when_not_served(sim01: dict[str, Any]) -> N
 
 
 def test_the_units_record_carries_k_and_its_source(sim01: dict[str, Any]) -> None:
-    tuned = registry.vllm_command(_resolve(sim01, "mtp", num_speculative_tokens={"mtp": 3}), SERVICE)
+    tuned = registry.vllm_command(_resolve(sim01, "mtp", num_speculative_tokens={"mtp": 3}),
+                                  SERVICE)
     assert (tuned["record"]["num_speculative_tokens"], tuned["record"]["k_source"]) == (3, KEY)
     args = tuned["args"]
     assert json.loads(args[args.index("--speculative-config") + 1]) == {"method": "mtp",
@@ -120,7 +126,8 @@ def _probe(record: Any) -> dict[str, Any]:
 
 def test_status_reads_k_and_its_source_from_the_record() -> None:
     s = status._status("spark01", "sparkspec-vllm", _probe({"method": "mtp", "profile": "p",
-                                                            "num_speculative_tokens": 3, "k_source": KEY}))
+                                                            "num_speculative_tokens": 3,
+                                                            "k_source": KEY}))
     assert (s.method, s.k, s.k_source) == ("mtp", 3, KEY)
     old = status._status("spark01", "u", _probe({"method": "mtp"}))   # a record from before the key
     assert (old.k, old.k_source) == (None, None)
@@ -152,7 +159,8 @@ def test_status_shows_the_levers_of_the_record() -> None:
     on = status._status("spark01", "u", _probe({"method": "mtp", "levers": levers}))
     assert on.levers == ["int8_lm_head"]
     assert status._status("spark02", "u", _probe({"method": "mtp"})).levers == []
-    odd = status._status("spark02", "u", _probe({"method": "mtp", "levers": ["x"]}))   # not a mapping
+    # not a mapping
+    odd = status._status("spark02", "u", _probe({"method": "mtp", "levers": ["x"]}))
     assert odd.levers == []
     console = Console(record=True, width=300)
     console.print(status.table([on]))
@@ -168,10 +176,13 @@ def test_status_shows_headless_mode_and_what_it_freed() -> None:
     on = status._status("spark01", "u", {**_probe({"method": "mtp"}), "headless": record})
     quiet = status._status("spark02", "u", {**_probe({"method": "mtp"}),
                                             "headless": {**record, "freed_bytes": None}})
-    off = status._status("spark03", "u", {**_probe({"method": "mtp"}), "headless": ["not", "a", "record"]})
+    off = status._status("spark03", "u",
+                         {**_probe({"method": "mtp"}), "headless": ["not", "a", "record"]})
     assert on.headless == record and off.headless is None
     console = Console(record=True, width=300)
     console.print(status.table([on, quiet, off]))
-    rows = {line.split()[1]: line for line in console.export_text().splitlines() if "spark0" in line}
+    rows = {line.split()[1]: line for line in console.export_text().splitlines()
+            if "spark0" in line}
     assert "on (freed +12.0 GiB)" in rows["spark01"]
-    assert "on (nothing to stop)" in rows["spark02"] and rows["spark03"].rstrip(" │|").endswith("off")
+    assert "on (nothing to stop)" in rows["spark02"] and \
+        rows["spark03"].rstrip(" │|").endswith("off")

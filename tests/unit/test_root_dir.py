@@ -1,7 +1,8 @@
-"""The sparkspec role's sparkspec_root_dir module (the monitoring and Grafana roles' check that only root can
-redirect a folder root writes into), run as Ansible runs a module: its file with the arguments in a JSON file,
-on real folders. The cases that need another owner run as root (as CI does): they build a root-owned chain
-under this checkout (every parent root's, mode 0755) and give one part away."""
+"""The sparkspec role's sparkspec_root_dir module (the monitoring and Grafana roles' check that only
+root can redirect a folder root writes into), run as Ansible runs a module: its file with the
+arguments in a JSON file, on real folders. The cases that need another owner run as root (as CI
+does): they build a root-owned chain under this checkout (every parent root's, mode 0755) and give
+one part away."""
 
 from __future__ import annotations
 
@@ -22,15 +23,17 @@ VAR = "monitoring_textfile_dir"
 
 
 def problem(tmp_path: Path, path: str) -> str:
-    (tmp_path / "args.json").write_text(json.dumps({"ANSIBLE_MODULE_ARGS": {"path": path, "var": VAR}}))
-    proc = subprocess.run([sys.executable, str(MODULE), str(tmp_path / "args.json")], capture_output=True,
-                          text=True, check=False, timeout=60)
+    (tmp_path / "args.json").write_text(
+        json.dumps({"ANSIBLE_MODULE_ARGS": {"path": path, "var": VAR}}))
+    proc = subprocess.run([sys.executable, str(MODULE), str(tmp_path / "args.json")],
+                          capture_output=True, text=True, check=False, timeout=60)
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["changed"] is False, result
     return str(result["problem"])
 
 
-@pytest.mark.parametrize("path", ["/usr/share", "/usr/share/", "/usr/share/sparkspec-absent/textfile"])
+@pytest.mark.parametrize("path",
+                         ["/usr/share", "/usr/share/", "/usr/share/sparkspec-absent/textfile"])
 def test_a_root_chain_and_its_missing_rest_are_fine(tmp_path: Path, path: str) -> None:
     assert problem(tmp_path, path) == ""
 
@@ -42,9 +45,9 @@ def test_a_path_that_is_not_plain_and_absolute_is_refused(tmp_path: Path, path: 
 
 def test_a_world_writable_parent_is_refused(tmp_path: Path) -> None:
     line = problem(tmp_path, "/tmp/sparkspec-textfile")          # /tmp: 1777
-    assert line == (f"{VAR} '/tmp/sparkspec-textfile': /tmp is writable by others (mode 1777), who could "
-                    "plant a link there; give a folder whose every parent is root's alone, e.g. under "
-                    "/var/lib/sparkspec-monitoring")
+    assert line == (f"{VAR} '/tmp/sparkspec-textfile': /tmp is writable by others (mode 1777), "
+                    "who could plant a link there; give a folder whose every parent is root's "
+                    "alone, e.g. under /var/lib/sparkspec-monitoring")
 
 
 def test_a_file_in_the_way_is_refused(tmp_path: Path) -> None:
@@ -55,7 +58,8 @@ def test_a_file_in_the_way_is_refused(tmp_path: Path) -> None:
 def chain() -> Iterator[Path]:
     if os.geteuid() != 0:
         pytest.skip("giving a folder to another owner needs root (CI runs as root)")
-    # a chain of root's folders whatever the checkout's parents are (a clone under /tmp sits below 1777)
+    # a chain of root's folders whatever the checkout's parents are (a clone under /tmp sits
+    # below 1777)
     base = Path(tempfile.mkdtemp(prefix="sparkspec-root-dir-", dir="/var/lib"))
     os.chmod(base, 0o755)
     try:
@@ -76,7 +80,8 @@ def test_a_parent_owned_by_a_service_user_is_refused(tmp_path: Path, chain: Path
 def test_a_link_is_refused_even_to_a_root_folder(tmp_path: Path, chain: Path) -> None:
     (chain / "real").mkdir(mode=0o755)
     (chain / "link").symlink_to(chain / "real")
-    assert f": {chain / 'link'} is a symbolic link" in problem(tmp_path, str(chain / "link" / "textfile"))
+    assert f": {chain / 'link'} is a symbolic link" in \
+        problem(tmp_path, str(chain / "link" / "textfile"))
     assert f": {chain / 'link'} is a symbolic link" in problem(tmp_path, str(chain / "link"))
 
 

@@ -30,8 +30,9 @@ from sparkspec.errors import UserError
 
 def _sample(tmp_path: Path) -> Path:
     path = tmp_path / "ref.safetensors"
-    save_file({"b": np.arange(15, dtype=np.float16).reshape(3, 5), "a": np.arange(7, dtype=np.int32),
-               "empty": np.zeros((0, 4), dtype=np.float32)}, str(path), metadata={"format": "pt"})
+    save_file({"b": np.arange(15, dtype=np.float16).reshape(3, 5),
+               "a": np.arange(7, dtype=np.int32), "empty": np.zeros((0, 4), dtype=np.float32)},
+              str(path), metadata={"format": "pt"})
     return path
 
 
@@ -46,7 +47,8 @@ def test_reads_reference_writer_offsets(tmp_path: Path) -> None:
             info = header.tensors[name]
             arr = f.get_tensor(name)
             assert info.shape == arr.shape
-            assert raw[header.data_start + info.begin: header.data_start + info.end] == arr.tobytes()
+            assert raw[header.data_start + info.begin: header.data_start + info.end] == \
+                arr.tobytes()
 
 
 def test_writer_output_loads_with_reference_reader(tmp_path: Path) -> None:
@@ -99,7 +101,8 @@ def _rewrite(path: Path, doc: dict, data: bytes) -> None:
     ("unknown_dtype", "unknown dtype"),
     ("tiny", "too short"),
 ])
-def test_damaged_files_raise_user_error_naming_the_file(tmp_path: Path, damage: str, words: str) -> None:
+def test_damaged_files_raise_user_error_naming_the_file(tmp_path: Path, damage: str,
+                                                        words: str) -> None:
     path = tmp_path / "bad.safetensors"
     write_file(path, {"a": ("F32", (4,), bytes(16)), "b": ("I32", (2,), bytes(8))})
     raw = path.read_bytes()
@@ -149,23 +152,25 @@ def test_index_round_trip_and_errors(tmp_path: Path) -> None:
 
 # --- property tests: whatever the bytes, a header that tiles the file exactly, or one
 # UserError ---------------
-_JSON_LEAF = st.one_of(st.none(), st.booleans(), st.integers(-(2 ** 70), 2 ** 70), st.floats(allow_nan=True),
-                       st.text(max_size=8))
+_JSON_LEAF = st.one_of(st.none(), st.booleans(), st.integers(-(2 ** 70), 2 ** 70),
+                       st.floats(allow_nan=True), st.text(max_size=8))
 _JSON = st.recursive(_JSON_LEAF, lambda inner: st.lists(inner, max_size=4)
                      | st.dictionaries(st.text(max_size=6), inner, max_size=4), max_leaves=12)
 _DIMS = st.lists(st.integers(0, 6), max_size=3)
 _ENTRY = st.one_of(
     # valid, offsets later
     st.fixed_dictionaries({"dtype": st.sampled_from(sorted(DTYPE_SIZES)), "shape": _DIMS}),
-    st.dictionaries(st.sampled_from(["dtype", "shape", "data_offsets", "extra"]), _JSON, max_size=4),
+    st.dictionaries(st.sampled_from(["dtype", "shape", "data_offsets", "extra"]), _JSON,
+                    max_size=4),
     _JSON,
 )
 
 
 def _well_typed(entry: Any) -> bool:
     """An entry with a known dtype and a shape of natural numbers, still without offsets."""
-    return (isinstance(entry, dict) and set(entry) == {"dtype", "shape"} and isinstance(entry["dtype"], str)
-            and entry["dtype"] in DTYPE_SIZES and isinstance(entry["shape"], list)
+    return (isinstance(entry, dict) and set(entry) == {"dtype", "shape"}
+            and isinstance(entry["dtype"], str) and entry["dtype"] in DTYPE_SIZES
+            and isinstance(entry["shape"], list)
             and all(type(d) is int and d >= 0 for d in entry["shape"]))
 
 
@@ -197,14 +202,17 @@ def test_parse_header_on_arbitrary_bytes(blob: bytes) -> None:
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(entries=st.dictionaries(st.text(max_size=6), _ENTRY, max_size=5),
-       metadata=st.one_of(st.none(), _JSON, st.dictionaries(st.text(max_size=4), st.text(max_size=4))),
+       metadata=st.one_of(st.none(), _JSON,
+                          st.dictionaries(st.text(max_size=4), st.text(max_size=4))),
        lay_out=st.booleans(), slack=st.integers(-3, 3),
        length_delta=st.sampled_from([0, 0, 0, -1, 1, 2 ** 40]),
        raw_json=st.one_of(st.none(), st.text(max_size=40)))
-def test_parse_header_on_generated_headers(entries: dict[str, Any], metadata: Any, lay_out: bool, slack: int,
-                                           length_delta: int, raw_json: str | None) -> None:
-    """Headers near the valid ones: right or wrong types in every field, offsets laid out contiguously or
-    not, a data buffer of the right size or a few bytes off, a length prefix that lies, or raw text."""
+def test_parse_header_on_generated_headers(entries: dict[str, Any], metadata: Any, lay_out: bool,
+                                           slack: int, length_delta: int,
+                                           raw_json: str | None) -> None:
+    """Headers near the valid ones: right or wrong types in every field, offsets laid out
+    contiguously or not, a data buffer of the right size or a few bytes off, a length prefix that
+    lies, or raw text."""
     doc: dict[str, Any] = {}
     cursor = 0
     for name, entry in entries.items():
@@ -216,8 +224,10 @@ def test_parse_header_on_generated_headers(entries: dict[str, Any], metadata: An
     if metadata is not None:
         doc["__metadata__"] = metadata
     body = (raw_json if raw_json is not None else json.dumps(doc)).encode()
-    blob = struct.pack("<Q", max(0, len(body) + length_delta)) + body + bytes(max(0, cursor + slack))
+    blob = (struct.pack("<Q", max(0, len(body) + length_delta)) + body
+            + bytes(max(0, cursor + slack)))
     header = _parse(blob)
-    event("parsed" if header is not None else "refused")  # --hypothesis-show-statistics: both happen
+    # --hypothesis-show-statistics: both happen
+    event("parsed" if header is not None else "refused")
     if header is not None and raw_json is None:
         assert set(header.tensors) == set(doc) - {"__metadata__"}

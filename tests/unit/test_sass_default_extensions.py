@@ -1,11 +1,11 @@
-"""The role's SASS check (``vllm_build_helper.py sass``) with the role's default core extensions, FA2
-included.
+"""The role's SASS check (``vllm_build_helper.py sass``) with the role's default core extensions,
+FA2 included.
 
-A stand-in site-packages laid out as a real vLLM 0.32.0 CUDA build lays out its extensions, each a shared
-object compiled by nvcc (PATH) from one tiny kernel, read with cuobjdump
-(tests.support.torch_standin.buildenv's venv), the core list read from roles/vllm_build/defaults/main.yml: all
-sm_121a passes; an FA2 built for sm_80 + PTX (what an unedited flash-attention gives, see test_fa_arch.py) is
-reported without the arch.
+A stand-in site-packages laid out as a real vLLM 0.32.0 CUDA build lays out its extensions, each a
+shared object compiled by nvcc (PATH) from one tiny kernel, read with cuobjdump
+(tests.support.torch_standin.buildenv's venv), the core list read from
+roles/vllm_build/defaults/main.yml: all sm_121a passes; an FA2 built for sm_80 + PTX (what an
+unedited flash-attention gives, see test_fa_arch.py) is reported without the arch.
 """
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ def objects(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                        check=True, capture_output=True)
     (out / "host.c").write_text("int host_only(void) { return 1; }\n")
     built["host"] = out / "host.so"
-    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(built["host"]), str(out / "host.c")], check=True)
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(built["host"]), str(out / "host.c")],
+                   check=True)
     return built
 
 
@@ -63,8 +64,8 @@ def cuobjdump() -> Path:
 
 
 def site(tmp: Path, objects: dict[str, Path], variant: dict[str, str | None]) -> Path:
-    """site-packages with vllm/ holding the core extensions (``variant``: module -> object kind, None leaves
-    it out) and a host-only extension."""
+    """site-packages with vllm/ holding the core extensions (``variant``: module -> object kind,
+    None leaves it out) and a host-only extension."""
     root = tmp / "site-packages"
     for module, kind in variant.items():
         if kind is not None:
@@ -76,8 +77,9 @@ def site(tmp: Path, objects: dict[str, Path], variant: dict[str, str | None]) ->
 
 
 def sass(root: Path, cuobjdump: Path) -> dict:
-    result = subprocess.run([sys.executable, str(HELPER), "sass", str(root), str(cuobjdump), "sm_121a",
-                             json.dumps(CORE)], capture_output=True, text=True, check=True)
+    result = subprocess.run([sys.executable, str(HELPER), "sass", str(root), str(cuobjdump),
+                             "sm_121a", json.dumps(CORE)], capture_output=True, text=True,
+                            check=True)
     return json.loads(result.stdout)
 
 
@@ -93,7 +95,8 @@ def test_every_core_extension_built_for_sm_121a_passes(tmp_path: Path, objects: 
                       "missing_core": [], "without_arch": []}
 
 
-def test_an_fa2_built_for_sm_80_and_ptx_is_reported_without_the_arch(tmp_path: Path, objects: dict[str, Path],
+def test_an_fa2_built_for_sm_80_and_ptx_is_reported_without_the_arch(tmp_path: Path,
+                                                                     objects: dict[str, Path],
                                                                      cuobjdump: Path) -> None:
     variant: dict[str, str | None] = {m: "sm_121a" for m in CORE}
     variant["vllm_flash_attn._vllm_fa2_C"] = "sm_80+PTX"
@@ -107,4 +110,5 @@ def test_a_build_without_fa2_is_reported_missing(tmp_path: Path, objects: dict[s
     variant: dict[str, str | None] = {m: "sm_121a" for m in CORE}
     variant["vllm_flash_attn._vllm_fa2_C"] = None
     report = sass(site(tmp_path, objects, variant), cuobjdump)
-    assert report["missing_core"] == ["vllm_flash_attn._vllm_fa2_C"] and report["without_arch"] == []
+    assert report["missing_core"] == ["vllm_flash_attn._vllm_fa2_C"] and \
+        report["without_arch"] == []

@@ -1,7 +1,7 @@
-"""The optional link role (roles/spark_link): its netplan file for a head and a worker, rendered by Ansible's
-own templating; its checks, one line each; real plays (connection=local) that show it off by default, its
-check mode and its file; netplan's own generator on the file where one is installed; its defaults against
-their facts (docs/spark-facts.md)."""
+"""The optional link role (roles/spark_link): its netplan file for a head and a worker, rendered by
+Ansible's own templating; its checks, one line each; real plays (connection=local) that show it off
+by default, its check mode and its file; netplan's own generator on the file where one is installed;
+its defaults against their facts (docs/spark-facts.md)."""
 
 from __future__ import annotations
 
@@ -59,7 +59,8 @@ def test_the_file_is_what_netplan_reads(host: str, node: dict[str, Any]) -> None
     assert yaml.safe_load(text) == {"network": {"version": 2, "ethernets": {node["interface"]: {
         "dhcp4": False, "addresses": [f"{node['address']}/24"], "mtu": 9000}}}}
     # the other knobs land where netplan reads them; a string MTU from -e becomes a number
-    other = yaml.safe_load(render(host, sparkspec_cluster_node={**node, "interface": "enP2p1s0f0np0"},
+    other = yaml.safe_load(render(host,
+                                  sparkspec_cluster_node={**node, "interface": "enP2p1s0f0np0"},
                                   spark_link_mtu="4200", spark_link_prefix=30,
                                   spark_link_renderer="NetworkManager"))["network"]
     assert other == {"version": 2, "renderer": "NetworkManager", "ethernets": {"enP2p1s0f0np0": {
@@ -73,28 +74,32 @@ def test_good_values_pass() -> None:
 
 
 @pytest.mark.parametrize(("variables", "line"), [
-    ({"sparkspec_cluster_node": "enp1s0f0np0"}, "sparkspec_cluster_node is not a mapping; give {role, "
-                                                "interface, address, rdma_devices} (docs/cluster.md)"),
+    ({"sparkspec_cluster_node": "enp1s0f0np0"},
+     "sparkspec_cluster_node is not a mapping; give {role, interface, address, rdma_devices} "
+     "(docs/cluster.md)"),
     ({"sparkspec_cluster_node": {**HEAD, "interface": "enp1s0/f0"}},
-     "sparkspec_cluster_node.interface \"enp1s0/f0\" is not a network interface name (1-15 letters, digits, "
-     "'_.-'); give the link's interface, e.g. enp1s0f0np0"),
-    ({"sparkspec_cluster_node": {**HEAD, "interface": "a" * 16}}, "sparkspec_cluster_node.interface \"aaaa"),
+     "sparkspec_cluster_node.interface \"enp1s0/f0\" is not a network interface name (1-15 "
+     "letters, digits, '_.-'); give the link's interface, e.g. enp1s0f0np0"),
+    ({"sparkspec_cluster_node": {**HEAD, "interface": "a" * 16}},
+     "sparkspec_cluster_node.interface \"aaaa"),
     ({"sparkspec_cluster_node": {**HEAD, "address": "fe80::1"}},
-     "sparkspec_cluster_node.address \"fe80::1\" is not an IPv4 address; give this node's address on the "
-     "link, e.g. 192.168.100.10 (the link role writes IPv4 only)"),
+     "sparkspec_cluster_node.address \"fe80::1\" is not an IPv4 address; give this node's "
+     "address on the link, e.g. 192.168.100.10 (the link role writes IPv4 only)"),
     ({"sparkspec_cluster_node": {k: v for k, v in HEAD.items() if k != "address"}},
      "sparkspec_cluster_node.address null is not an IPv4 address"),
-    ({"spark_link_mtu": 1279}, "spark_link_mtu 1279 is not a whole number from 1280 to 9216; give the link's "
-                               "MTU, the same on every node (9000: jumbo frames, docs/spark-facts.md)"),
+    ({"spark_link_mtu": 1279},
+     "spark_link_mtu 1279 is not a whole number from 1280 to 9216; give the link's MTU, the same "
+     "on every node (9000: jumbo frames, docs/spark-facts.md)"),
     ({"spark_link_mtu": 9217}, "spark_link_mtu 9217 is not a whole number"),
     ({"spark_link_mtu": "9000.5"}, "spark_link_mtu \"9000.5\" is not a whole number"),
     ({"spark_link_mtu": True}, "spark_link_mtu true is not a whole number"),
-    ({"spark_link_prefix": 31}, "spark_link_prefix 31 is not a whole number from 1 to 30; give the prefix "
-                                "length of the link's addresses (24, as in NVIDIA's netplan file)"),
+    ({"spark_link_prefix": 31},
+     "spark_link_prefix 31 is not a whole number from 1 to 30; give the prefix length of the "
+     "link's addresses (24, as in NVIDIA's netplan file)"),
     ({"spark_link_prefix": 0}, "spark_link_prefix 0 is not a whole number from 1 to 30"),
     ({"spark_link_prefix": "/24"}, "spark_link_prefix \"/24\" is not a whole number"),
-    ({"spark_link_netplan_file": "60-link.yml"}, "spark_link_netplan_file \"60-link.yml\" is not a file name "
-                                                 "ending in .yaml"),
+    ({"spark_link_netplan_file": "60-link.yml"},
+     "spark_link_netplan_file \"60-link.yml\" is not a file name ending in .yaml"),
     ({"spark_link_netplan_file": "../60-link.yaml"}, "spark_link_netplan_file \"../60-link.yaml\""),
 ])
 def test_a_bad_value_is_one_line_naming_it(variables: dict[str, Any], line: str) -> None:
@@ -103,12 +108,13 @@ def test_a_bad_value_is_one_line_naming_it(variables: dict[str, Any], line: str)
 
 
 def test_the_patterns_are_the_registrys() -> None:
-    """The interface rule is the registry's (what lands in NCCL_SOCKET_IFNAME); the address rule takes what
-    Python's ipaddress takes as IPv4, and nothing else."""
+    """The interface rule is the registry's (what lands in NCCL_SOCKET_IFNAME); the address rule
+    takes what Python's ipaddress takes as IPv4, and nothing else."""
     assert ROLE_VARS["_spark_link_ifname_re"] == f"^{registry_cluster._IFNAME.pattern}$"
     ipv4 = re.compile(ROLE_VARS["_spark_link_ipv4_re"])
-    for text in ["192.168.100.10", "10.0.0.1", "0.0.0.0", "255.255.255.255", "256.1.1.1", "01.2.3.4",
-                 "1.2.3", "1.2.3.4.5", "1.2.3.4 ", "fe80::1", "::ffff:1.2.3.4", "a.b.c.d", ""]:
+    for text in ["192.168.100.10", "10.0.0.1", "0.0.0.0", "255.255.255.255", "256.1.1.1",
+                 "01.2.3.4", "1.2.3", "1.2.3.4.5", "1.2.3.4 ", "fe80::1", "::ffff:1.2.3.4",
+                 "a.b.c.d", ""]:
         try:
             ok = isinstance(ipaddress.ip_address(text), ipaddress.IPv4Address)
         except ValueError:
@@ -122,16 +128,19 @@ def test_the_defaults_are_the_facts() -> None:
     assert DEFAULTS["spark_link_prefix"] == facts["link_prefix"]
     assert DEFAULTS["spark_link_manage"] is False          # off by default (issue 24)
     low, high = facts["link_busbw_gb_s"]
-    assert f"busbw about {low}-{high} GB/s" in " ".join((ROOT / "docs/cluster.md").read_text().split())
+    assert f"busbw about {low}-{high} GB/s" in \
+        " ".join((ROOT / "docs/cluster.md").read_text().split())
 
 
-# --- real plays ---------------------------------------------------------------------------------------------
+# --- real plays -----------------------------------------------------------------------------------
 
 def _inventory(tmp_path: Path, hosts: dict[str, dict[str, Any]]) -> Path:
-    local = {"ansible_connection": "local", "ansible_python_interpreter": "{{ ansible_playbook_python }}",
+    local = {"ansible_connection": "local",
+             "ansible_python_interpreter": "{{ ansible_playbook_python }}",
              "spark_link_apply": False}
     path = tmp_path / "hosts.yml"
-    path.write_text(yaml.safe_dump({"all": {"hosts": {h: {**local, **v} for h, v in hosts.items()}}}))
+    path.write_text(yaml.safe_dump({"all": {"hosts": {h: {**local, **v}
+                                                      for h, v in hosts.items()}}}))
     return path
 
 
@@ -156,8 +165,8 @@ def test_the_role_writes_only_when_asked(tmp_path: Path) -> None:
                  "sparkspec_cluster_node": HEAD},
         # not in a cluster: nothing
         "alone1": {"spark_link_manage": True, "spark_link_netplan_dir": str(dirs["alone1"])},
-        # check mode: it would write, and does not; the handler would run netplan apply (absent here), and
-        # check mode skips it
+        # check mode: it would write, and does not; the handler would run netplan apply (absent
+        # here), and check mode skips it
         "check1": {"spark_link_manage": True, "spark_link_netplan_dir": str(dirs["check1"]),
                    "spark_link_apply": True, "sparkspec_cluster_node": WORKER},
     })
@@ -187,8 +196,8 @@ def test_a_bad_value_stops_the_node_with_one_line(tmp_path: Path) -> None:
     result = run_playbook(book, inventory, "bad1", quiet=True)
     assert result.rc != 0
     assert failure_summary(result, "bad1") == (
-        "bad1: spark_link_mtu 1500000 is not a whole number from 1280 to 9216; give the link's MTU, the same "
-        "on every node (9000: jumbo frames, docs/spark-facts.md)")
+        "bad1: spark_link_mtu 1500000 is not a whole number from 1280 to 9216; give the link's "
+        "MTU, the same on every node (9000: jumbo frames, docs/spark-facts.md)")
     assert list(folder.iterdir()) == []
 
 
@@ -201,7 +210,8 @@ def _generator() -> list[str] | None:
     return [netplan, "generate"] if netplan else None
 
 
-@pytest.mark.skipif(_generator() is None, reason="netplan is not installed (set SPARK_LINK_NETPLAN_GENERATE)")
+@pytest.mark.skipif(_generator() is None,
+                    reason="netplan is not installed (set SPARK_LINK_NETPLAN_GENERATE)")
 def test_netplan_generates_the_link(tmp_path: Path) -> None:
     command = _generator()
     assert command is not None
@@ -211,8 +221,8 @@ def test_netplan_generates_the_link(tmp_path: Path) -> None:
         path = root / "etc/netplan" / DEFAULTS["spark_link_netplan_file"]
         path.write_text(render(host, sparkspec_cluster_node=node))
         path.chmod(0o600)
-        proc = subprocess.run([*command, "--root-dir", str(root)], capture_output=True, text=True, timeout=60,
-                              check=False)
+        proc = subprocess.run([*command, "--root-dir", str(root)], capture_output=True, text=True,
+                              timeout=60, check=False)
         assert proc.returncode == 0, proc.stderr
         network = (root / f"run/systemd/network/10-netplan-{node['interface']}.network").read_text()
         link = (root / f"run/systemd/network/10-netplan-{node['interface']}.link").read_text()
@@ -223,6 +233,6 @@ def test_netplan_generates_the_link(tmp_path: Path) -> None:
     (bad / "etc/netplan").mkdir(parents=True)
     text = render("spark01", sparkspec_cluster_node=HEAD).replace("/24", "/33")
     (bad / "etc/netplan/60-sparkspec-link.yaml").write_text(text)
-    proc = subprocess.run([*command, "--root-dir", str(bad)], capture_output=True, text=True, timeout=60,
-                          check=False)
+    proc = subprocess.run([*command, "--root-dir", str(bad)], capture_output=True, text=True,
+                          timeout=60, check=False)
     assert proc.returncode != 0

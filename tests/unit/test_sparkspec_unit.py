@@ -1,8 +1,8 @@
-"""The deploy's module sparkspec_unit (roles/sparkspec/library), run as Ansible runs a module (a JSON args
-file), on real files under a temporary root, with `systemctl` and `systemd-analyze` stand-ins on PATH that
-record their calls: staging writes only the staged copy, the live step keeps the previous version with its
-owner and mode, installs atomically and restarts only on a change, check mode writes nothing, and a secret
-never leaves."""
+"""The deploy's module sparkspec_unit (roles/sparkspec/library), run as Ansible runs a module (a
+JSON args file), on real files under a temporary root, with `systemctl` and `systemd-analyze`
+stand-ins on PATH that record their calls: staging writes only the staged copy, the live step keeps
+the previous version with its owner and mode, installs atomically and restarts only on a change,
+check mode writes nothing, and a secret never leaves."""
 
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ SECRET = "sk-unit-test-8c1f0d"
 
 @pytest.fixture()
 def host(tmp_path: Path) -> dict[str, Path]:
-    """A fake host: live/staged/previous roots and a bin folder whose systemctl logs each call and answers
-    is-active/is-enabled from files the test writes."""
+    """A fake host: live/staged/previous roots and a bin folder whose systemctl logs each call and
+    answers is-active/is-enabled from files the test writes."""
     bindir = tmp_path / "bin"
     bindir.mkdir()
     calls = tmp_path / "calls"
@@ -53,15 +53,18 @@ def params(host: dict[str, Path], state: str, unit_text: str = "[Service]\nExecS
             "previous_root": str(host["previous"]),
             "files": [{"path": f"{live}/etc/systemd/system/svc.service", "content": unit_text,
                        "mode": "0644"},
-                      {"path": f"{live}/etc/sparkspec/svc.json", "content": '{"method": "ngram"}\n'}],
+                      {"path": f"{live}/etc/sparkspec/svc.json",
+                       "content": '{"method": "ngram"}\n'}],
             "secret_files": [{"path": f"{live}/etc/sparkspec/svc.env", "mode": "0640"}],
-            "secret_contents": [f"# two lines, as the env template writes\nVLLM_API_KEY={SECRET}\n"],
+            "secret_contents": ["# two lines, as the env template writes\n"
+                                f"VLLM_API_KEY={SECRET}\n"],
             **extra}
 
 
-# Runs the module file as Ansible does, with AnsibleModule.log (the journal or syslog line "Invoked with <the
-# arguments>" that every module run writes on the host) printing to stderr instead, so the test sees that
-# line; the role's module_utils join ansible.module_utils, as Ansible's payload of the module carries them.
+# Runs the module file as Ansible does, with AnsibleModule.log (the journal or syslog line "Invoked
+# with <the arguments>" that every module run writes on the host) printing to stderr instead, so the
+# test sees that line; the role's module_utils join ansible.module_utils, as Ansible's payload of
+# the module carries them.
 LOGGING_RUNNER = """
 import runpy, sys
 import ansible.module_utils
@@ -95,15 +98,16 @@ def test_staged_writes_the_staged_copy_only(host: dict[str, Path]) -> None:
     assert result["changed"] and result["differs"] and not result["has_live"]
     unit = host["staged"] / str(host["live"]).lstrip("/") / "etc/systemd/system/svc.service"
     assert unit.read_text().startswith("[Service]")
-    assert not host["live"].exists(), "the live unit must be untouched until the staged one passed its checks"
+    assert not host["live"].exists(), \
+        "the live unit must be untouched until the staged one passed its checks"
     env = unit.parents[2] / "sparkspec/svc.env"
     assert stat.S_IMODE(env.stat().st_mode) == 0o640
     # rated, and verified because it differs
     assert any(c.startswith("systemd-analyze security --offline=true") for c in calls(host))
     assert any(c.startswith("systemd-analyze verify") for c in calls(host))
     assert "1.4" in result["security"]["stdout"]
-    assert SECRET not in out, ("the env file's content must never be in the module's result or its journal "
-                               "line")
+    assert SECRET not in out, ("the env file's content must never be in the module's result "
+                               "or its journal line")
     assert (unit.parents[2] / "sparkspec/svc.env").read_text().endswith(f"VLLM_API_KEY={SECRET}\n")
     # the same again: nothing to write
     again, _ = run(host, params(host, "staged"))
@@ -118,8 +122,8 @@ def test_live_installs_keeps_previous_and_restarts_only_on_change(host: dict[str
     assert unit.read_text() == "[Service]\nExecStart=/bin/true\n"
     assert stat.S_IMODE((host["live"] / "etc/sparkspec/svc.env").stat().st_mode) == 0o640
     assert not host["previous"].exists(), "a first install has no previous version to keep"
-    assert calls(host) == ["systemctl daemon-reload", "systemctl is-enabled svc", "systemctl enable svc",
-                           "systemctl restart svc"]
+    assert calls(host) == ["systemctl daemon-reload", "systemctl is-enabled svc",
+                           "systemctl enable svc", "systemctl restart svc"]
     assert SECRET not in out
 
     host["calls"].unlink()
@@ -127,18 +131,22 @@ def test_live_installs_keeps_previous_and_restarts_only_on_change(host: dict[str
     (host["root"] / "enabled").write_text("enabled\n")
     same, _ = run(host, params(host, "live"))
     assert same["changed"] is False and same["restarted"] is False
-    assert calls(host) == ["systemctl is-enabled svc", "systemctl is-active svc"], "no reload, no restart"
+    assert calls(host) == ["systemctl is-enabled svc", "systemctl is-active svc"], \
+        "no reload, no restart"
 
     host["calls"].unlink()
-    changed, out = run(host, params(host, "live", unit_text="[Service]\nExecStart=/bin/false\n"), diff=True)
+    changed, out = run(host, params(host, "live", unit_text="[Service]\nExecStart=/bin/false\n"),
+                       diff=True)
     assert changed["changed"] and changed["restarted"]
     assert changed["differed"] == [str(unit)]
     previous = host["previous"] / str(unit).lstrip("/")
-    assert previous.read_text() == "[Service]\nExecStart=/bin/true\n", "the live version is kept for rollback"
+    assert previous.read_text() == "[Service]\nExecStart=/bin/true\n", \
+        "the live version is kept for rollback"
     kept_env = host["previous"] / str(host["live"]).lstrip("/") / "etc/sparkspec/svc.env"
     assert stat.S_IMODE(kept_env.stat().st_mode) == 0o640, "the kept env file keeps its mode"
     assert "systemctl restart svc" in calls(host)
-    assert [d["before_header"] for d in changed["diff"]] == [str(unit)], "diff shows the changed unit"
+    assert [d["before_header"] for d in changed["diff"]] == [str(unit)], \
+        "diff shows the changed unit"
     assert SECRET not in out, "diff mode must not show the env file"
 
 
@@ -160,8 +168,8 @@ def test_check_mode_writes_nothing(host: dict[str, Path]) -> None:
     live, _ = run(host, params(host, "live"), check=True)
     assert staged["changed"] and live["changed"] and live["restarted"]
     assert not host["staged"].exists() and not host["live"].exists()
-    assert not any(c.split()[1] in ("daemon-reload", "enable", "restart", "start") for c in calls(host)
-                   if c.startswith("systemctl")), calls(host)
+    assert not any(c.split()[1] in ("daemon-reload", "enable", "restart", "start")
+                   for c in calls(host) if c.startswith("systemctl")), calls(host)
     assert not any(c.startswith("systemd-analyze") for c in calls(host)), "check mode rates nothing"
 
 
@@ -180,7 +188,8 @@ def test_secret_files_and_contents_must_pair(host: dict[str, Path]) -> None:
     args = params(host, "staged")
     args["secret_contents"] = []
     result, out = run(host, args)
-    assert result["failed"] and result["msg"] == "sparkspec_unit: 1 secret_files but 0 secret_contents", out
+    assert result["failed"] and \
+        result["msg"] == "sparkspec_unit: 1 secret_files but 0 secret_contents", out
     assert not host["staged"].exists()
 
 
@@ -192,15 +201,20 @@ def test_unknown_group_fails_in_one_line(host: dict[str, Path]) -> None:
     assert "\n" not in result["msg"] and SECRET not in out
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="running a command as another user needs root, as on the host")
-def test_staged_checks_the_command_line_as_the_user_and_keeps_an_accepted_one(host: dict[str, Path]) -> None:
-    """check_argv runs only when the staged unit differs, as check_user (not root); its "checked KEY" answer
-    is recorded in check_cache_dir by the module, as root; a refusal comes back with its rc and stderr."""
-    shared = Path(tempfile.mkdtemp(prefix="sparkspec-unit-check-"))   # pytest's own folders are root-only
+@pytest.mark.skipif(os.geteuid() != 0,
+                    reason="running a command as another user needs root, as on the host")
+def test_staged_checks_the_command_line_as_the_user_and_keeps_an_accepted_one(
+        host: dict[str, Path]) -> None:
+    """check_argv runs only when the staged unit differs, as check_user (not root); its "checked
+    KEY" answer is recorded in check_cache_dir by the module, as root; a refusal comes back with its
+    rc and stderr."""
+    # pytest's own folders are root-only
+    shared = Path(tempfile.mkdtemp(prefix="sparkspec-unit-check-"))
     shared.chmod(0o755)
     checker = shared / "checker.sh"
     key = "a" * 64
-    checker.write_text('#!/bin/sh\nid -un > "$1"\n[ "$2" = ok ] && { echo "checked ' + key + '"; exit 0; }\n'
+    checker.write_text('#!/bin/sh\nid -un > "$1"\n'
+                       '[ "$2" = ok ] && { echo "checked ' + key + '"; exit 0; }\n'
                        'echo "vllm: error: unrecognized arguments: --bad" >&2; exit 2\n')
     checker.chmod(0o755)
     who = shared / "who"
@@ -209,13 +223,14 @@ def test_staged_checks_the_command_line_as_the_user_and_keeps_an_accepted_one(ho
     cache = host["root"] / "accepted"
     check = {"check_user": "nobody", "check_cache_dir": str(cache)}
     result, out = run(host,
-                      params(host, "staged", analyze=True, check_argv=[str(checker), str(who), "bad"],
-                             **check))
-    assert result["args_check"]["rc"] == 2 and "unrecognized arguments" in result["args_check"]["stderr"], out
+                      params(host, "staged", analyze=True,
+                             check_argv=[str(checker), str(who), "bad"], **check))
+    assert result["args_check"]["rc"] == 2 and \
+        "unrecognized arguments" in result["args_check"]["stderr"], out
     assert who.read_text().strip() == "nobody" and not cache.exists()
     result, out = run(host,
-                      params(host, "staged", analyze=True, check_argv=[str(checker), str(who), "ok"],
-                             **check))
+                      params(host, "staged", analyze=True,
+                             check_argv=[str(checker), str(who), "ok"], **check))
     assert result["args_check"]["rc"] == 0 and (cache / key).is_file(), out
     assert ((cache / key).stat().st_uid, stat.S_IMODE((cache / key).stat().st_mode)) == (0, 0o644)
     live = host["live"]   # the same unit installed: nothing differs, so nothing is checked
@@ -224,7 +239,7 @@ def test_staged_checks_the_command_line_as_the_user_and_keeps_an_accepted_one(ho
         Path(f["path"]).write_text(f["content"])
     (live / "etc/sparkspec/svc.env").write_text(params(host, "staged")["secret_contents"][0])
     result, out = run(host,
-                      params(host, "staged", analyze=True, check_argv=[str(checker), str(who), "bad"],
-                             **check))
+                      params(host, "staged", analyze=True,
+                             check_argv=[str(checker), str(who), "bad"], **check))
     assert not result["differs"] and "args_check" not in result, out
     shutil.rmtree(shared)

@@ -1,9 +1,10 @@
-"""sparkspec.systemd: every quoting function's output, placed where the templates place it, parses back by
-systemd's own rules (tests/support/systemd_rules.py, written apart from the quoting code) to exactly the
-value, or the function refuses in one line naming the variable; table-driven over hostile values, then
-property-based over random text. Last, the real unit template (Ansible's templating with the role's filters,
-in-process: no playbook, no host) for hostile served model names and extra arguments: ExecStart parses back
-to exactly vLLM's argv from sparkspec.registry.vllm_command, and a refused value renders nothing."""
+"""sparkspec.systemd: every quoting function's output, placed where the templates place it, parses
+back by systemd's own rules (tests/support/systemd_rules.py, written apart from the quoting code) to
+exactly the value, or the function refuses in one line naming the variable; table-driven over
+hostile values, then property-based over random text. Last, the real unit template (Ansible's
+templating with the role's filters, in-process: no playbook, no host) for hostile served model names
+and extra arguments: ExecStart parses back to exactly vLLM's argv from
+sparkspec.registry.vllm_command, and a refused value renders nothing."""
 
 from __future__ import annotations
 
@@ -24,11 +25,12 @@ from tests.support import systemd_rules as rules
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATES = ROOT / "roles/deploy/templates"
 VAR = "some_var"
-HOSTILE = ["plain", "", " ", "a b", "a\tb", "two\nlines", "cr\rhere", "nul\x00here", "%n", "%%", "100%", "%",
-           "$HOME", "${X}", "$$", "$", "a$b", "'", '"', "it's \"q\"", "\\", "a\\", "\\n", "\\;", ";", "a;b",
-           "+/bin/sh", "-/bin/sh", "@/bin/sh", "!/bin/sh", ":/bin/sh", "!!x", "grüße ✓", "\u2028", "\x7f",
-           "\x1b[31m", "\ud800", "#x", "[Service]", "/opt/a b/c", "/opt/%i/$x", "/a/../b", "/a//b", "/a/",
-           "rel/x", "/", "x" * 300, 42, True, None]
+HOSTILE = ["plain", "", " ", "a b", "a\tb", "two\nlines", "cr\rhere", "nul\x00here", "%n", "%%",
+           "100%", "%", "$HOME", "${X}", "$$", "$", "a$b", "'", '"', "it's \"q\"", "\\", "a\\",
+           "\\n", "\\;", ";", "a;b", "+/bin/sh", "-/bin/sh", "@/bin/sh", "!/bin/sh", ":/bin/sh",
+           "!!x", "grüße ✓", "\u2028", "\x7f", "\x1b[31m", "\ud800", "#x", "[Service]",
+           "/opt/a b/c", "/opt/%i/$x", "/a/../b", "/a//b", "/a/", "rel/x", "/", "x" * 300, 42,
+           True, None]
 ST_TEXT = st.text(st.sampled_from(list(" \t\n\r\x00\\'\"$%;{}#=+-@!:/.\x7fé✓")) | st.characters(),
                   max_size=24)
 
@@ -50,7 +52,8 @@ CONTEXTS: dict[str, tuple[Callable[..., str], Callable[[str], Any], Callable[[An
              lambda v: ["/usr/bin/prog", str(v), "--end"]),
     "executable": (systemd.executable, lambda q: (lambda c: (c.prefixes, c.path, c.exec_argv()))(
         _exec(f"ExecStart={q} -m x")), lambda v: ("", v, [v, "-m", "x"])),
-    "path_list_item": (systemd.path_list_item, lambda q: rules.path_list(_one(f"ReadOnlyPaths=-{q} {q}")),
+    "path_list_item": (systemd.path_list_item,
+                       lambda q: rules.path_list(_one(f"ReadOnlyPaths=-{q} {q}")),
                        lambda v: ["-" + v, v]),
     "path": (systemd.path, lambda q: rules.raw_path(_one(f"WorkingDirectory={q}")), lambda v: v),
     "text": (systemd.text, lambda q: (rules.specifiers(_one(f"Description=vLLM {q} (m) by x")),
@@ -67,8 +70,8 @@ CONTEXTS: dict[str, tuple[Callable[..., str], Callable[[str], Any], Callable[[An
 
 
 def _check(kind: str, value: Any) -> str:
-    """The value placed by the function for ``kind`` parses back exactly, or is refused in one line: the
-    outcome's name, for the tables' expectations."""
+    """The value placed by the function for ``kind`` parses back exactly, or is refused in one line:
+    the outcome's name, for the tables' expectations."""
     quote, place, expect = CONTEXTS[kind]
     try:
         quoted = quote(value, VAR)
@@ -91,9 +94,10 @@ def test_hostile_values_are_refused_in_one_line_or_read_back_exactly(kind, value
 @pytest.mark.parametrize(
     ("kind", "value", "outcome"),
     [
-        ("word", "", "exact"), ("word", ";", "exact"), ("word", "\\;", "exact"), ("word", "$HOME", "exact"),
-        ("word", "${X}", "exact"), ("word", "%n", "exact"), ("word", "two\nlines", "exact"),
-        ("word", "nul\x00here", "refused"), ("word", "\ud800", "refused"), ("word", True, "refused"),
+        ("word", "", "exact"), ("word", ";", "exact"), ("word", "\\;", "exact"),
+        ("word", "$HOME", "exact"), ("word", "${X}", "exact"), ("word", "%n", "exact"),
+        ("word", "two\nlines", "exact"), ("word", "nul\x00here", "refused"),
+        ("word", "\ud800", "refused"), ("word", True, "refused"),
         ("executable", "+/bin/sh", "refused"), ("executable", "-/bin/sh", "refused"),
         ("executable", "@/bin/sh", "refused"), ("executable", "!/bin/sh", "refused"),
         ("executable", ":/bin/sh", "refused"), ("executable", "/a/../b", "refused"),
@@ -102,10 +106,10 @@ def test_hostile_values_are_refused_in_one_line_or_read_back_exactly(kind, value
         ("path_list_item", "/opt/a b/c", "exact"), ("path_list_item", "/a//b", "refused"),
         ("path_list_item", "/", "exact"), ("path_list_item", "/x/two\nlines", "refused"),
         ("text", "%n", "exact"), ("text", "a\\", "refused"), ("text", " a", "refused"),
-        ("text", "two\nlines", "refused"), ("comment", "a\\", "refused"), ("comment", "%n", "exact"),
-        ("env_value", "$HOME `x` \\ \"", "exact"), ("env_value", "two\nlines", "refused"),
-        ("env_value", "cr\rhere", "refused"), ("env_value", "nul\x00here", "refused"),
-        ("unit_line", "LimitMEMLOCK=infinity", "exact"),
+        ("text", "two\nlines", "refused"), ("comment", "a\\", "refused"),
+        ("comment", "%n", "exact"), ("env_value", "$HOME `x` \\ \"", "exact"),
+        ("env_value", "two\nlines", "refused"), ("env_value", "cr\rhere", "refused"),
+        ("env_value", "nul\x00here", "refused"), ("unit_line", "LimitMEMLOCK=infinity", "exact"),
         ("unit_line", "A=b\nExecStartPre=+/bin/sh", "refused"),
         ("unit_line", "Exec-Start=x", "refused"), ("unit_line", "A=b\\", "refused"),
     ],
@@ -117,9 +121,11 @@ def test_the_rules_that_matter(kind, value, outcome):
 @pytest.mark.parametrize(
     ("quote", "value", "reason"),
     [
-        (systemd.executable, "+/bin/sh", "starts with '+', a prefix systemd strips after unquoting"),
+        (systemd.executable, "+/bin/sh",
+         "starts with '+', a prefix systemd strips after unquoting"),
         (systemd.executable, "/opt/a/../b", "is not a normalised path"),
-        (systemd.executable, "/opt/it's", "which systemd refuses in (or expands into) a command's path"),
+        (systemd.executable, "/opt/it's",
+         "which systemd refuses in (or expands into) a command's path"),
         (systemd.word, "a\x00b", "the argument holds a NUL character"),
         (systemd.path_list_item, "var/lib", "is not an absolute path"),
         (systemd.path, "/etc/x*.env", "holds a glob or escape character"),
@@ -140,15 +146,16 @@ def test_refusals_name_the_variable_and_the_reason(quote, value, reason):
 @pytest.mark.parametrize(
     ("kind", "value", "outcome"),
     [
-        ("device", "char-nvidia* rw", "char-nvidia* rw"), ("device", "/dev/infiniband/rdma_cm rw", None),
-        ("device", "char-x rwx", "refused"), ("device", "/dev/../etc/passwd rw", "refused"),
-        ("device", "char-x\nExecStartPre=+/bin/sh", "refused"), ("address_family", "AF_INET6", None),
-        ("address_family", "AF_INET AF_PACKET", "refused"), ("address_family", "~AF_INET", "refused"),
-        ("timespan", 10, "10"), ("timespan", "90s", None), ("timespan", "1min 30s", None),
+        ("device", "char-nvidia* rw", "char-nvidia* rw"),
+        ("device", "/dev/infiniband/rdma_cm rw", None), ("device", "char-x rwx", "refused"),
+        ("device", "/dev/../etc/passwd rw", "refused"),
+        ("device", "char-x\nExecStartPre=+/bin/sh", "refused"),
+        ("address_family", "AF_INET6", None), ("address_family", "AF_INET AF_PACKET", "refused"),
+        ("address_family", "~AF_INET", "refused"), ("timespan", 10, "10"),
+        ("timespan", "90s", None), ("timespan", "1min 30s", None),
         ("timespan", "10\nExecStartPre=x", "refused"), ("timespan", True, "refused"),
-        ("rlimit", 65536, "65536"),
-        ("rlimit", "1024:infinity", None), ("rlimit", "%n", "refused"), ("user", "sparkspec", None),
-        ("user", "root; rm", "refused"), ("integer", -1, "refused"),
+        ("rlimit", 65536, "65536"), ("rlimit", "1024:infinity", None), ("rlimit", "%n", "refused"),
+        ("user", "sparkspec", None), ("user", "root; rm", "refused"), ("integer", -1, "refused"),
     ],
 )
 def test_single_token_settings_pass_verbatim_or_are_refused(kind, value, outcome):
@@ -163,17 +170,20 @@ def test_single_token_settings_pass_verbatim_or_are_refused(kind, value, outcome
 
 
 @settings(max_examples=150, deadline=None)
-@given(kind=st.sampled_from(sorted(set(CONTEXTS) - {"executable", "path_list_item", "path"})), value=ST_TEXT)
+@given(kind=st.sampled_from(sorted(set(CONTEXTS) - {"executable", "path_list_item", "path"})),
+       value=ST_TEXT)
 def test_random_text_is_refused_or_read_back_exactly(kind, value):
     _check(kind, value)
 
 
-SEGMENT = st.text(st.sampled_from(list("ab %$'\"\\;.é\t")) | st.characters(), min_size=1, max_size=8)
+SEGMENT = st.text(st.sampled_from(list("ab %$'\"\\;.é\t")) | st.characters(), min_size=1,
+                  max_size=8)
 
 
 @settings(max_examples=150, deadline=None)
 @given(kind=st.sampled_from(["executable", "path_list_item", "path"]),
-       value=st.lists(SEGMENT, min_size=1, max_size=4).map(lambda parts: "/" + "/".join(parts)) | ST_TEXT)
+       value=st.lists(SEGMENT, min_size=1, max_size=4).map(lambda parts: "/" + "/".join(parts))
+             | ST_TEXT)
 def test_random_paths_are_refused_or_read_back_exactly(kind, value):
     _check(kind, value)
 
@@ -187,7 +197,7 @@ def test_a_random_command_line_reads_back_as_the_same_argv(words):
     assert _exec(line).exec_argv() == ["/usr/bin/prog", *kept]
 
 
-# ---- the real unit template, in-process (tests/support/systemd_rules.render_unit) ------------------------
+# ---- the real unit template, in-process (tests/support/systemd_rules.render_unit) ----------------
 
 @pytest.mark.parametrize(("served_name", "extra_args"), rules.HOSTILE_RENDERS,
                          ids=[f"render{i}" for i in range(len(rules.HOSTILE_RENDERS))])
@@ -211,13 +221,16 @@ def test_the_unit_template_carries_vllms_argv_exactly(served_name, extra_args):
         ("trailing\\", [], "served_model_name: the text ends in a backslash"),
     ],
 )
-def test_the_unit_template_refuses_in_one_line_and_renders_nothing(tmp_path, served_name, extra_args,
-                                                                    expected):
-    before = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(TEMPLATES.iterdir()))).hexdigest()
+def test_the_unit_template_refuses_in_one_line_and_renders_nothing(tmp_path, served_name,
+                                                                   extra_args, expected):
+    before = hashlib.sha256(
+        b"".join(p.read_bytes() for p in sorted(TEMPLATES.iterdir()))).hexdigest()
     out = tmp_path / "unit"
     with pytest.raises(AnsibleError) as info:
         out.write_text(rules.render_unit(served_name, extra_args)[0])
-    message = str(info.value.__cause__)   # the filter's own error, under Ansible's "filter ... failed"
+    # the filter's own error, under Ansible's "filter ... failed"
+    message = str(info.value.__cause__)
     assert message.startswith(expected) and "\n" not in message, message
     assert not out.exists()
-    assert hashlib.sha256(b"".join(p.read_bytes() for p in sorted(TEMPLATES.iterdir()))).hexdigest() == before
+    assert hashlib.sha256(
+        b"".join(p.read_bytes() for p in sorted(TEMPLATES.iterdir()))).hexdigest() == before

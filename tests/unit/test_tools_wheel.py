@@ -1,6 +1,7 @@
-"""The sparkspec_tools role's controller-side wheel build (roles/sparkspec_tools/files/build_wheel.py) on a
-copy of the project: an unchanged source reuses the wheel without a build; a changed source file, or a wheel
-whose bytes are no longer the recorded ones, builds again; the bytes are reproducible (SOURCE_DATE_EPOCH)."""
+"""The sparkspec_tools role's controller-side wheel build
+(roles/sparkspec_tools/files/build_wheel.py) on a copy of the project: an unchanged source reuses
+the wheel without a build; a changed source file, or a wheel whose bytes are no longer the recorded
+ones, builds again; the bytes are reproducible (SOURCE_DATE_EPOCH)."""
 
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ SCRIPT = ROOT / "roles/sparkspec_tools/files/build_wheel.py"
 
 
 def _build(project: Path, dist: Path) -> dict:
-    proc = subprocess.run([sys.executable, str(SCRIPT), str(project), str(dist)], capture_output=True,
-                          text=True, env={**os.environ, "SOURCE_DATE_EPOCH": "315532800"}, timeout=300,
+    proc = subprocess.run([sys.executable, str(SCRIPT), str(project), str(dist)],
+                          capture_output=True, text=True,
+                          env={**os.environ, "SOURCE_DATE_EPOCH": "315532800"}, timeout=300,
                           check=False)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -28,13 +30,15 @@ def test_reuses_an_unchanged_build_and_rebuilds_a_changed_one(tmp_path: Path) ->
     project.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(ROOT / name, project / name)
-    shutil.copytree(ROOT / "src", project / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    shutil.copytree(ROOT / "src", project / "src",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     first = _build(project, dist)
     assert first["built"] is True and Path(first["wheel"]).name.startswith("sparkspec-")
     again = _build(project, dist)
     assert again == {**first, "built": False}
     (project / "src/sparkspec/__pycache__").mkdir(exist_ok=True)
-    (project / "src/sparkspec/__pycache__/x.cpython-311.pyc").write_bytes(b"cache")   # caches are not source
+    # caches are not source
+    (project / "src/sparkspec/__pycache__/x.cpython-311.pyc").write_bytes(b"cache")
     assert _build(project, dist)["built"] is False
     init = project / "src/sparkspec/__init__.py"
     original = init.read_text()
@@ -43,8 +47,10 @@ def test_reuses_an_unchanged_build_and_rebuilds_a_changed_one(tmp_path: Path) ->
     assert changed["built"] is True and changed["sha256"] != first["sha256"]
     init.write_text(original)
     back = _build(project, dist)
-    assert back["built"] is True and back["sha256"] == first["sha256"], "the bytes are not reproducible"
-    Path(back["wheel"]).write_bytes(b"not the wheel")   # a wheel that lost its recorded bytes is built again
+    assert back["built"] is True and \
+        back["sha256"] == first["sha256"], "the bytes are not reproducible"
+    # a wheel that lost its recorded bytes is built again
+    Path(back["wheel"]).write_bytes(b"not the wheel")
     assert _build(project, dist) == {**first, "built": True}
 
 
@@ -52,4 +58,5 @@ def test_a_folder_without_the_project_is_one_line(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path), str(tmp_path / "dist")],
                           capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
-        f"sparkspec_tools: {tmp_path} holds no pyproject.toml; point sparkspec_tools_source at the project"]
+        f"sparkspec_tools: {tmp_path} holds no pyproject.toml; point sparkspec_tools_source "
+        "at the project"]

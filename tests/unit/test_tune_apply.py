@@ -1,5 +1,5 @@
-"""`invoke tune --apply` (tasks.tune.apply): where the winning k is written in an inventory, that the file's
-comments stay, the diff it returns, and the files it refuses (nothing written then)."""
+"""`invoke tune --apply` (tasks.tune.apply): where the winning k is written in an inventory, that
+the file's comments stay, the diff it returns, and the files it refuses (nothing written then)."""
 
 from __future__ import annotations
 
@@ -40,7 +40,8 @@ INI = "[g]\nh ansible_host=10.0.0.1\nother\n\n[c]\nh\n"
 
 
 def _ini(folder: Path) -> None:
-    """The host listed where apply writes nothing (an INI file), so its own files are what it writes."""
+    """The host listed where apply writes nothing (an INI file), so its own files are what it
+    writes."""
     (folder / "hosts.ini").write_text(INI)
 
 
@@ -122,7 +123,8 @@ def test_an_existing_mapping_keeps_its_other_methods(tmp_path: Path) -> None:
     path = tmp_path / "host_vars" / "h" / "main.yml"   # the folder form
     path.parent.mkdir(parents=True)
     path.write_text(f"a: 1\n{KEY}:\n  mtp: 2   # tuned in May\nb: 2\n")
-    tune_apply.apply(tmp_path, "h", None, "ngram", 4, {"eagle3": 1})   # the file's mapping wins over current
+    # the file's mapping wins over current
+    tune_apply.apply(tmp_path, "h", None, "ngram", 4, {"eagle3": 1})
     text = path.read_text()
     assert yaml.safe_load(text) == {"a": 1, KEY: {"mtp": 2, "ngram": 4}, "b": 2}
     # the same method again: its k replaced, not added
@@ -164,8 +166,9 @@ def test_a_template_value_is_refused_and_nothing_written(tmp_path: Path) -> None
     path.parent.mkdir()
     original = f'# mine\n{KEY}: "{{{{ lookup(\'env\', \'K\') }}}}"\n'
     path.write_text(original)
-    with pytest.raises(UserError, match=rf"h\.yml: {KEY} is (str|\w+) \(a template\?\), not a mapping; set "
-                                        r"ngram: 3 in it by hand"):
+    with pytest.raises(UserError,
+                       match=rf"h\.yml: {KEY} is (str|\w+) \(a template\?\), not a mapping; set "
+                             r"ngram: 3 in it by hand"):
         tune_apply.apply(tmp_path, "h", None, "ngram", 3, {})
     assert path.read_text() == original
     assert sorted(os.listdir(path.parent)) == ["h.yml"]   # no temp file left
@@ -220,7 +223,8 @@ def test_the_file_mode_is_kept(tmp_path: Path) -> None:
     ("- a\n- b\n", r"not a mapping of variables"),
     (f"{KEY}: [3]\n", rf"{KEY} is CommentedSeq"),
 ])
-def test_a_file_that_is_not_a_mapping_of_vars_is_refused(tmp_path: Path, content: str, match: str) -> None:
+def test_a_file_that_is_not_a_mapping_of_vars_is_refused(tmp_path: Path, content: str,
+                                                         match: str) -> None:
     path = tmp_path / "host_vars" / "h.yml"
     path.parent.mkdir()
     path.write_text(content)
@@ -239,20 +243,22 @@ def test_a_file_of_comments_only_keeps_them(tmp_path: Path) -> None:
 
 
 def test_a_key_a_later_entry_sets_is_refused_and_nothing_written(tmp_path: Path) -> None:
-    """h is listed in g and in g2, g2's entry sets the key and is read after g's: writing in g's entry (the
-    first found) would not be what Ansible gives h."""
-    text = ("all:\n  children:\n    g:\n      hosts:\n        h:\n          ansible_host: 10.0.0.1\n"
-            f"    g2:\n      hosts:\n        h:\n          {KEY}: {{mtp: 2}}\n")
+    """h is listed in g and in g2, g2's entry sets the key and is read after g's: writing in g's
+    entry (the first found) would not be what Ansible gives h."""
+    text = ("all:\n  children:\n    g:\n      hosts:\n        h:\n"
+            "          ansible_host: 10.0.0.1\n    g2:\n      hosts:\n        h:\n"
+            f"          {KEY}: {{mtp: 2}}\n")
     (tmp_path / "hosts.yml").write_text(text)
-    with pytest.raises(UserError, match=r"Ansible gives h sparkspec_num_speculative_tokens = \{'mtp': 2\}"):
+    with pytest.raises(UserError,
+                       match=r"Ansible gives h sparkspec_num_speculative_tokens = \{'mtp': 2\}"):
         tune_apply.apply(tmp_path, "h", None, "mtp", 4, {"mtp": 2})
     assert (tmp_path / "hosts.yml").read_text() == text
     assert not (tmp_path / "host_vars").exists()
 
 
 def test_an_anchored_mapping_is_refused(tmp_path: Path) -> None:
-    text = ("all:\n  children:\n    g:\n      hosts:\n        h: &spark\n          ansible_host: 10.0.0.1\n"
-            "        other: *spark\n")
+    text = ("all:\n  children:\n    g:\n      hosts:\n        h: &spark\n"
+            "          ansible_host: 10.0.0.1\n        other: *spark\n")
     (tmp_path / "hosts.yml").write_text(text)
     with pytest.raises(UserError, match=r"is a YAML anchor \(&spark\)"):
         tune_apply.apply(tmp_path, "h", None, "mtp", 4, {})
@@ -272,7 +278,8 @@ def test_a_file_without_a_mapping_gets_one(tmp_path: Path, content: str) -> None
 
 @pytest.mark.parametrize("style", ["  - ", "- "])
 def test_the_files_list_style_is_kept(tmp_path: Path, style: str) -> None:
-    """A block list stays as the owner indented it: the diff shows the key added and nothing else."""
+    """A block list stays as the owner indented it: the diff shows the key added and nothing
+    else."""
     _ini(tmp_path)
     path = tmp_path / "host_vars" / "h.yml"
     path.parent.mkdir()

@@ -1,5 +1,6 @@
-"""`invoke tune`'s plan (tasks.tune.plan): the k and concurrency options, the workload (the owner's prompts
-file read before any play), the method's k bound, the sweep's rows and each row's extra vars."""
+"""`invoke tune`'s plan (tasks.tune.plan): the k and concurrency options, the workload (the owner's
+prompts file read before any play), the method's k bound, the sweep's rows and each row's extra
+vars."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from tasks.tune.plan import Row, Workload
 GOOD = '{"prompt": "Write a haiku about speculative decoding."}\n{"prompt": "List three primes."}\n'
 
 
-# --- -k, --k-max --------------------------------------------------------------------------------------
+# --- -k, --k-max ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("text", "want"), [
     ("1,2,4", [1, 2, 4]),
@@ -67,16 +68,18 @@ def test_k_and_k_max_together_are_refused() -> None:
 def test_k_above_a_dflash_block_names_block_size() -> None:
     # block_size 16: k <= 15
     assert plan.parse_ks("1-15", 0, 15, 15)[-1] == 15
-    with pytest.raises(UserError, match=r"16 is above what this method allows \(15: the DFlash head's "
-                                        r"block_size - 1.*give k <= 15"):
+    with pytest.raises(UserError,
+                       match=r"16 is above what this method allows \(15: the DFlash head's "
+                             r"block_size - 1.*give k <= 15"):
         plan.parse_ks("1-16", 0, 15, 15)
     with pytest.raises(UserError, match=r"block_size - 1"):
         plan.parse_ks("", 16, 15, 15)
-    with pytest.raises(UserError, match=r"block_size - 1"):   # the default k itself above a small block
+    # the default k itself above a small block
+    with pytest.raises(UserError, match=r"block_size - 1"):
         plan.parse_ks("", 0, 15, 7)
 
 
-# --- --concurrency -------------------------------------------------------------------------------------
+# --- --concurrency --------------------------------------------------------------------------------
 
 def test_levels() -> None:
     assert plan.parse_levels("1,4") == [1, 4]
@@ -88,7 +91,7 @@ def test_levels() -> None:
             plan.parse_levels(bad)
 
 
-# --- the workload ----------------------------------------------------------------------------------------
+# --- the workload ---------------------------------------------------------------------------------
 
 def _workload(**kw: Any) -> Workload:
     args: dict[str, Any] = {"suite": "all", "prompts": "", "requests": 0, "temperature": 0.0,
@@ -102,8 +105,8 @@ def test_default_workload_and_its_values() -> None:
         Workload("open", "", 20, 0.6, True, 1024)
 
 
-def test_a_good_prompts_file_is_absolute_and_its_suite_is_prompts(tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_good_prompts_file_is_absolute_and_its_suite_is_prompts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "mine.jsonl").write_text(GOOD)
     monkeypatch.chdir(tmp_path)
     load = _workload(prompts="mine.jsonl")
@@ -136,8 +139,9 @@ def test_a_prompts_file_over_16_mib_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "big.jsonl"
     path.write_text(GOOD)
     subprocess.run(["truncate", "-s", str((16 << 20) + 1), str(path)], check=True)   # sparse: fast
-    with pytest.raises(UserError, match=r"big\.jsonl: the suite file is 16777217 bytes, more than the "
-                                        r"16777216"):
+    with pytest.raises(UserError,
+                       match=r"big\.jsonl: the suite file is 16777217 bytes, more than the "
+                             r"16777216"):
         _workload(prompts=str(path))
 
 
@@ -167,7 +171,8 @@ def test_a_prompts_symlink_is_refused(tmp_path: Path) -> None:
     ({"requests": True}, r"^--requests: 'True' is not a whole number"),
     ({"max_tokens": 262_145}, r"^--max-tokens: '262145' is not a whole number"),
     ({"max_tokens": 1.5}, r"^--max-tokens: '1\.5' is not a whole number"),
-    ({"requests": "abc"}, r"^--requests: 'abc' is not a whole number"),   # as invoke passes an option
+    # as invoke passes an option
+    ({"requests": "abc"}, r"^--requests: 'abc' is not a whole number"),
     ({"max_tokens": "²"}, r"^--max-tokens: '²' is not a whole number"),
     ({"temperature": "warm"}, r"^--temperature: 'warm' is not a number"),
 ])
@@ -176,7 +181,7 @@ def test_bad_workload_options_are_one_line(kw: dict[str, Any], match: str) -> No
         _workload(**kw)
 
 
-# --- the method and its k bound ---------------------------------------------------------------------------
+# --- the method and its k bound -------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def sim01() -> dict[str, Any]:
@@ -190,14 +195,16 @@ def test_a_drafting_method_resolves_with_its_k(sim01: dict[str, Any]) -> None:
     resolved = plan.method_spec(sim01, "ngram", "sim-tiny")
     assert resolved["method"] == "ngram"
     assert resolved["speculative_config"]["num_speculative_tokens"] == 4   # the built-in's
-    tuned = plan.method_spec({**sim01, "sparkspec_num_speculative_tokens": {"ngram": 2}}, "ngram", "sim-tiny")
+    tuned = plan.method_spec({**sim01, "sparkspec_num_speculative_tokens": {"ngram": 2}}, "ngram",
+                             "sim-tiny")
     assert tuned["speculative_config"]["num_speculative_tokens"] == 2
     assert tuned["k_source"] == "sparkspec_num_speculative_tokens"
 
 
 def test_baseline_is_refused_naming_the_methods_that_draft(sim01: dict[str, Any]) -> None:
-    with pytest.raises(UserError, match=r"^--method baseline: drafts nothing .* tune a method that drafts: "
-                                        r"ngram, mtp, eagle3, dflash$"):
+    with pytest.raises(UserError,
+                       match=r"^--method baseline: drafts nothing .* tune a method that drafts: "
+                             r"ngram, mtp, eagle3, dflash$"):
         plan.method_spec(sim01, "baseline", "sim-tiny")
     # a profile without heads cannot serve eagle3 or dflash: they are not offered
     with pytest.raises(UserError, match=r"tune a method that drafts: ngram, mtp$"):
@@ -212,8 +219,9 @@ def test_an_unknown_method_is_the_registrys_line(sim01: dict[str, Any]) -> None:
 def test_the_profile_must_be_staged(sim01: dict[str, Any]) -> None:
     assert plan.staged_profile(sim01, "") == "sim-tiny"            # the inventory's
     assert plan.staged_profile(sim01, "sim-mtp") == "sim-mtp"      # sim01 stages it
-    with pytest.raises(UserError, match=r"^--profile qwen35-122b-hybrid: not staged on this host \(staged: "
-                                        r"sim-tiny, sim-hybrid, sim-mtp\); add it to sparkspec_stage_"):
+    with pytest.raises(UserError,
+                       match=r"^--profile qwen35-122b-hybrid: not staged on this host \(staged: "
+                             r"sim-tiny, sim-hybrid, sim-mtp\); add it to sparkspec_stage_"):
         plan.staged_profile(sim01, "qwen35-122b-hybrid")
     # no stage list: the inventory's profile only
     alone = {"sparkspec_profile": "p1", "sparkspec_stage_profiles": None}
@@ -234,7 +242,7 @@ def test_block_limit() -> None:
             plan.block_limit(bad)
 
 
-# --- rows and their vars ----------------------------------------------------------------------------------
+# --- rows and their vars --------------------------------------------------------------------------
 
 def test_rows_baseline_then_k_max_then_the_rest_at_every_level() -> None:
     rows = plan.rows("ngram", [1, 3, 6], [1, 4])
@@ -249,17 +257,22 @@ def test_rows_baseline_then_k_max_then_the_rest_at_every_level() -> None:
 def test_extra_vars_of_a_drafting_deploy_row() -> None:
     host = {"mtp": 2, "ngram": 5}
     load = Workload("open", "", 30, 0.6, True, 2048)
-    extra = plan.extra_vars(Row("ngram", 3, 1, True), "sim-tiny", host, load, "/r", ("int8_lm_head",))
-    assert extra["sparkspec_num_speculative_tokens"] == {"mtp": 2, "ngram": 3}   # this k over the host's
-    assert host == {"mtp": 2, "ngram": 5}                                         # the host's left as it was
+    extra = plan.extra_vars(Row("ngram", 3, 1, True), "sim-tiny", host, load, "/r",
+                            ("int8_lm_head",))
+    # this k over the host's
+    assert extra["sparkspec_num_speculative_tokens"] == {"mtp": 2, "ngram": 3}
+    # the host's left as it was
+    assert host == {"mtp": 2, "ngram": 5}
     assert extra == {
         "sparkspec_profile": "sim-tiny", "sparkspec_num_speculative_tokens": {"mtp": 2, "ngram": 3},
         # the tuned method's levers, exactly
-        "sparkspec_levers": {"int8_lm_head": {"enabled": True}, "prefix_caching": {"enabled": False}},
-        "verify_report_name": "ngram-k3-c1", "verify_reports_dir": "/r", "verify_enforce_floors": False,
-        "verify_concurrency": 1, "verify_temperature": 0.6, "verify_enable_thinking": True,
-        "verify_prompts_file": "", "verify_suite": "open", "verify_requests": 30,
-        "verify_rerecord_reference": False, "verify_lossless": True, "verify_max_tokens": 2048}
+        "sparkspec_levers": {"int8_lm_head": {"enabled": True},
+                             "prefix_caching": {"enabled": False}},
+        "verify_report_name": "ngram-k3-c1", "verify_reports_dir": "/r",
+        "verify_enforce_floors": False, "verify_concurrency": 1, "verify_temperature": 0.6,
+        "verify_enable_thinking": True, "verify_prompts_file": "", "verify_suite": "open",
+        "verify_requests": 30, "verify_rerecord_reference": False, "verify_lossless": True,
+        "verify_max_tokens": 2048}
 
 
 def test_extra_vars_of_baseline_and_verify_only_rows() -> None:
@@ -279,7 +292,8 @@ def test_extra_vars_of_baseline_and_verify_only_rows() -> None:
     assert (top4["verify_rerecord_reference"], top4["verify_lossless"]) == (False, False)
     assert top4["sparkspec_num_speculative_tokens"] == {"mtp": 2, "ngram": 4}
     assert all(v["verify_enforce_floors"] is False for v in (base, base4, top4))
-    assert (top4["verify_concurrency"], top4["verify_requests"], top4["verify_suite"]) == (4, None, "all")
+    assert (top4["verify_concurrency"], top4["verify_requests"], top4["verify_suite"]) == \
+        (4, None, "all")
 
 
 def test_a_prompts_file_reaches_verify_with_suite_all(tmp_path: Path) -> None:
@@ -290,8 +304,9 @@ def test_a_prompts_file_reaches_verify_with_suite_all(tmp_path: Path) -> None:
     assert extra["verify_suite"] == "all"
 
 
-@pytest.mark.parametrize("name", ["{{ lookup('pipe', 'id') }}.jsonl", "a{%x%}.jsonl", "b{#c#}.jsonl",
-                                  "tab\there.jsonl"])
+@pytest.mark.parametrize("name",
+                         ["{{ lookup('pipe', 'id') }}.jsonl", "a{%x%}.jsonl", "b{#c#}.jsonl",
+                          "tab\there.jsonl"])
 def test_a_prompts_path_ansible_would_template_is_refused(tmp_path: Path, name: str) -> None:
     path = tmp_path / name
     path.write_text('{"prompt": "hi"}\n')
@@ -310,8 +325,10 @@ SERVING = {"method": "ngram", "profile": "sim-tiny", "k": 4, "state": "active", 
     ({"profile": ["sim-tiny"]}, "which the inventory does not define"),
     ({"method": "warp"}, "which the inventory cannot deploy again"),
 ])
-def test_what_served_is_checked_before_the_sweep(sim01: dict[str, Any], change: dict, match: str) -> None:
-    """The host's record is not trusted: what the restore deploys again must resolve from the inventory."""
+def test_what_served_is_checked_before_the_sweep(sim01: dict[str, Any], change: dict,
+                                                 match: str) -> None:
+    """The host's record is not trusted: what the restore deploys again must resolve from the
+    inventory."""
     with pytest.raises(UserError, match=match):
         plan.restore_of(sim01, "sim01", {**SERVING, **change})
 
@@ -319,8 +336,9 @@ def test_what_served_is_checked_before_the_sweep(sim01: dict[str, Any], change: 
 def test_the_restore_puts_back_the_k_that_served(sim01: dict[str, Any]) -> None:
     same = plan.restore_of(sim01, "sim01", SERVING)   # the registry's ngram k is 4
     assert same == plan.Restore("ngram", "sim-tiny", {"sparkspec_profile": "sim-tiny"})
-    other = plan.restore_of(sim01, "sim01", {**SERVING, "k": 2})   # e.g. a sweep left it, or --apply
-    assert other.extra == {"sparkspec_profile": "sim-tiny", "sparkspec_num_speculative_tokens": {"ngram": 2}}
+    other = plan.restore_of(sim01, "sim01", {**SERVING, "k": 2})  # e.g. a sweep left it, or --apply
+    assert other.extra == \
+        {"sparkspec_profile": "sim-tiny", "sparkspec_num_speculative_tokens": {"ngram": 2}}
     base = plan.restore_of(sim01, "sim01", {**SERVING, "method": "baseline", "k": None})
     assert base.extra == {"sparkspec_profile": "sim-tiny"}
 
@@ -331,6 +349,7 @@ def test_the_restore_puts_back_the_k_that_served(sim01: dict[str, Any]) -> None:
     ("ngram", "a/b", None, "host 'a/b': not a plain name"),
     ("ngram", "sim01", "..", "group '..': not a plain name"),
 ])
-def test_names_that_become_paths_are_checked(method: str, head: str, group: str | None, match: str) -> None:
+def test_names_that_become_paths_are_checked(method: str, head: str, group: str | None,
+                                             match: str) -> None:
     with pytest.raises(UserError, match=match):
         plan.check_names(plan.rows(method, [1, 2], [1]), head, group)

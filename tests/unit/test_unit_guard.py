@@ -1,7 +1,8 @@
-"""The memory guard's ExecStartPre, rendered by the real unit template (in-process, Ansible's templating with
-the contract role's filters) and read back by systemd's own rules (tests/support/systemd_rules): every value
-reaches `sparkspec memfit guard` as exactly one word, whatever its characters, and the guard comes after the
-page cache is dropped; the worker of a cluster gets no --measure (it serves no HTTP)."""
+"""The memory guard's ExecStartPre, rendered by the real unit template (in-process, Ansible's
+templating with the contract role's filters) and read back by systemd's own rules
+(tests/support/systemd_rules): every value reaches `sparkspec memfit guard` as exactly one word,
+whatever its characters, and the guard comes after the page cache is dropped; the worker of a
+cluster gets no --measure (it serves no HTTP)."""
 
 from __future__ import annotations
 
@@ -12,13 +13,15 @@ import pytest
 from sparkspec import registry
 from tests.support import systemd_rules as rules
 
-GUARD = {"deploy_memory_guard": True, "deploy_memory_margin_gib": 4, "deploy_memory_floor_gib": None,
-         "_deploy_memfit_dir": "/opt/sparkspec/state/memfit",
+GUARD = {"deploy_memory_guard": True, "deploy_memory_margin_gib": 4,
+         "deploy_memory_floor_gib": None, "_deploy_memfit_dir": "/opt/sparkspec/state/memfit",
          "_deploy_record_file": "/etc/sparkspec/u.json",
-         "_deploy_clustered": False, "_deploy_cluster": None, "_deploy_record": {"url": "http://127.0.0.1:8000"}}
+         "_deploy_clustered": False, "_deploy_cluster": None,
+         "_deploy_record": {"url": "http://127.0.0.1:8000"}}
 
 
-def _pre(extra: dict[str, Any], venv: str = "/opt/venvs/vllm", leads: bool = True) -> list[rules.ExecCommand]:
+def _pre(extra: dict[str, Any], venv: str = "/opt/venvs/vllm",
+         leads: bool = True) -> list[rules.ExecCommand]:
     resolved = registry.resolve(rules.small_contract())
     resolved["venv"], resolved["leads"] = venv, leads
     unit, _ = rules.render_resolved(resolved, extra={**GUARD, **extra})
@@ -29,8 +32,8 @@ def _pre(extra: dict[str, Any], venv: str = "/opt/venvs/vllm", leads: bool = Tru
 def test_the_guard_runs_after_the_page_cache_is_dropped_with_full_privileges() -> None:
     drop, guard = _pre({})
     assert "drop_caches" in " ".join(drop.argv) and guard.prefixes == "+" == drop.prefixes
-    assert guard.argv == ["/opt/venvs/tools/bin/python", "-I", "-m", "sparkspec.cli", "memfit", "guard",
-                          "--unit", "sparkspec-vllm",
+    assert guard.argv == ["/opt/venvs/tools/bin/python", "-I", "-m", "sparkspec.cli", "memfit",
+                          "guard", "--unit", "sparkspec-vllm",
                           "--unit-record", "/etc/sparkspec/u.json", "--venv", "/opt/venvs/vllm",
                           "--record-dir", "/opt/sparkspec/state/memfit", "--margin-gib", "4.0",
                           "--measure", "http://127.0.0.1:8000"]
@@ -47,7 +50,8 @@ def test_a_venv_path_with_a_space_reaches_the_guard_as_one_word() -> None:
     assert guard.argv[guard.argv.index("--venv") + 1] == "/opt/a b/v"
 
 
-@pytest.mark.parametrize("folder", ["/opt/a b/memfit", "/opt/%i/$HOME/x", "/opt/q'\"\\;/m", "/opt/;/m"])
+@pytest.mark.parametrize("folder",
+                         ["/opt/a b/memfit", "/opt/%i/$HOME/x", "/opt/q'\"\\;/m", "/opt/;/m"])
 def test_hostile_record_folders_reach_the_guard_as_one_word(folder: str) -> None:
     guard = _pre({"_deploy_memfit_dir": folder})[-1]
     assert rules.env_expand(guard.argv[guard.argv.index("--record-dir") + 1]) == folder
@@ -77,30 +81,33 @@ def _number_problems() -> Any:
 
 
 def test_the_deploy_checks_every_guard_and_watchdog_number_with_the_commands_bounds() -> None:
-    """validate.yml checks each numeric deploy_memory_*/deploy_watchdog_* default, and a value the deploy lets
-    through is one `sparkspec memfit` and `sparkspec watchdog` accept: their own limits, not a copy."""
+    """validate.yml checks each numeric deploy_memory_*/deploy_watchdog_* default, and a value the
+    deploy lets through is one `sparkspec memfit` and `sparkspec watchdog` accept: their own limits,
+    not a copy."""
     import yaml
 
     from sparkspec.operate import memfit, watchdog
     validate = (rules.ROOT / "roles/deploy/tasks/validate.yml").read_text()
     defaults = yaml.safe_load((rules.ROOT / "roles/deploy/defaults/main.yml").read_text())
-    numeric = [k for k, v in defaults.items() if k.startswith(("deploy_memory_", "deploy_watchdog_"))
-               and not isinstance(v, bool)]
+    numeric = [k for k, v in defaults.items()
+               if k.startswith(("deploy_memory_", "deploy_watchdog_")) and not isinstance(v, bool)]
     assert len(numeric) == 12 and all(f"- [{k}, " in validate for k in numeric)
     problems = _number_problems()
     assert problems([["s", watchdog.MAX_SECONDS, "seconds", False],
                      ["g", memfit.MAX_MARGIN_GIB, "gib", False],
                      ["c", 1, "count", False], ["f", None, "gib", True]]) == []
-    refused = problems([["s", watchdog.MAX_SECONDS * 1.01, "seconds", False], ["s0", 0, "seconds", False],
-                        ["g", memfit.MAX_MARGIN_GIB + 1, "gib", False], ["c", 0, "count", False],
-                        ["b", True, "count", False], ["n", "nan", "gib", False]])
+    refused = problems([["s", watchdog.MAX_SECONDS * 1.01, "seconds", False],
+                        ["s0", 0, "seconds", False], ["g", memfit.MAX_MARGIN_GIB + 1, "gib", False],
+                        ["c", 0, "count", False], ["b", True, "count", False],
+                        ["n", "nan", "gib", False]])
     assert [line.split(":")[0] for line in refused] == ["s", "s0", "g", "c", "b", "n"]
 
 
 @pytest.mark.parametrize("key", ["", "k3y"])
 def test_the_watchdog_unit_runs_the_watchdog_with_exactly_its_arguments(key: str) -> None:
-    """The watchdog's unit, rendered by the real template: one ExecStart of isolated Python, the key's file
-    (never the key) only when a key is set, no environment file (vLLM's environment is not root's)."""
+    """The watchdog's unit, rendered by the real template: one ExecStart of isolated Python, the
+    key's file (never the key) only when a key is set, no environment file (vLLM's environment is
+    not root's)."""
     resolved = registry.resolve(rules.small_contract())
     unit, _ = rules.render_resolved(resolved, template="watchdog.service.j2", extra={
         **GUARD, "sparkspec_api_key": key, "sparkspec_home": "/opt/sparkspec",
@@ -111,23 +118,25 @@ def test_the_watchdog_unit_runs_the_watchdog_with_exactly_its_arguments(key: str
     service = [(k, v) for section, k, v in rules.unit_entries(unit) if section == "Service"]
     starts = [rules.exec_command(v) for k, v in service if k == "ExecStart"]
     assert len(starts) == 1 and not [k for k, _ in service if k == "EnvironmentFile"]
-    assert starts[0].argv == ["/opt/venvs/tools/bin/python", "-I", "-m", "sparkspec.cli", "watchdog",
-                              "--unit", "sparkspec-vllm", "--url", "http://127.0.0.1:8000", "--config",
-                              "/etc/sparkspec/u-watchdog.json",
+    assert starts[0].argv == ["/opt/venvs/tools/bin/python", "-I", "-m", "sparkspec.cli",
+                              "watchdog", "--unit", "sparkspec-vllm", "--url",
+                              "http://127.0.0.1:8000", "--config", "/etc/sparkspec/u-watchdog.json",
                               *(["--api-key-file", "/etc/sparkspec/u-watchdog.key"] if key else [])]
 
 
 @pytest.mark.parametrize(("name", "line"), [
-    ("vllm.service", "sparkspec_unit_name 'vllm.service' ends in a unit type; give the name without it, e.g. "
-                     "'vllm'"),
-    ("vllm.timer", "sparkspec_unit_name 'vllm.timer' ends in a unit type; give the name without it, e.g. "
-                   "'vllm'"),
+    ("vllm.service",
+     "sparkspec_unit_name 'vllm.service' ends in a unit type; "
+     "give the name without it, e.g. 'vllm'"),
+    ("vllm.timer",
+     "sparkspec_unit_name 'vllm.timer' ends in a unit type; give the name without it, e.g. 'vllm'"),
     ("a/b", "sparkspec_unit_name 'a/b' is not a unit name (letters, digits, '_.@-'); fix it"),
 ])
-def test_a_unit_name_the_guard_and_the_watchdog_would_read_as_another_unit_is_refused(name: str,
-                                                                                      line: str) -> None:
-    """The role appends .service, while `sparkspec memfit` and `sparkspec watchdog` take a name as systemctl
-    does (vllm.service is vllm): a name with a unit type would have them act on another unit."""
+def test_a_unit_name_the_guard_and_the_watchdog_would_read_as_another_unit_is_refused(
+        name: str, line: str) -> None:
+    """The role appends .service, while `sparkspec memfit` and `sparkspec watchdog` take a name as
+    systemctl does (vllm.service is vllm): a name with a unit type would have them act on another
+    unit."""
     name_problems = _validate().name_problems
     assert name_problems(name, "vllm") == [line]
     assert name_problems("sparkspec-vllm", "vllm") == [] and name_problems("vllm.v2", "vllm") == []

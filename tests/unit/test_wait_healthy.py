@@ -1,6 +1,6 @@
-"""The deploy role's health waiter: healthy, crashed (restarted, about to restart, failed) and timed out, run
-as the role runs it, against a real local HTTP server and a `systemctl` stand-in on PATH that reports a unit
-state."""
+"""The deploy role's health waiter: healthy, crashed (restarted, about to restart, failed) and timed
+out, run as the role runs it, against a real local HTTP server and a `systemctl` stand-in on PATH
+that reports a unit state."""
 
 from __future__ import annotations
 
@@ -49,8 +49,8 @@ def wait(tmp_path: Path, url: str, states: list[str], timeout: float = 30,
         f'cat {tmp_path}/state$n\n')
     (bindir / "systemctl").chmod(0o755)
     env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}")
-    return subprocess.run([sys.executable, str(SCRIPT), url, "sparkspec-vllm.service", str(timeout), "0.2",
-                           *extra],
+    return subprocess.run([sys.executable, str(SCRIPT), url, "sparkspec-vllm.service", str(timeout),
+                           "0.2", *extra],
                           capture_output=True, text=True, env=env, timeout=120)
 
 
@@ -65,11 +65,12 @@ def test_healthy_unit_passes(tmp_path: Path, server: tuple[str, dict[str, int]])
 
 
 @pytest.mark.parametrize(("state", "words"), [
-    ("ActiveState=active SubState=running Result=success NRestarts=1", "crashed and systemd restarted it (1 "
-                                                                       "time"),
-    ("ActiveState=activating SubState=auto-restart Result=exit-code NRestarts=0", "about to restart it"),
-    ("ActiveState=failed SubState=failed Result=exit-code NRestarts=0", "the unit is failed (result: "
-                                                                        "exit-code)"),
+    ("ActiveState=active SubState=running Result=success NRestarts=1",
+     "crashed and systemd restarted it (1 time"),
+    ("ActiveState=activating SubState=auto-restart Result=exit-code NRestarts=0",
+     "about to restart it"),
+    ("ActiveState=failed SubState=failed Result=exit-code NRestarts=0",
+     "the unit is failed (result: exit-code)"),
 ])
 def test_crash_ends_the_wait_at_once(tmp_path: Path, server: tuple[str, dict[str, int]], state: str,
                                      words: str) -> None:
@@ -82,13 +83,15 @@ def test_crash_ends_the_wait_at_once(tmp_path: Path, server: tuple[str, dict[str
 def test_loading_unit_times_out(tmp_path: Path, server: tuple[str, dict[str, int]]) -> None:
     url, _ = server
     run = wait(tmp_path, url, [RUNNING], timeout=1)
-    assert run.returncode == 1 and "did not answer 200 within 1 s" in run.stdout, run.stdout + run.stderr
+    assert run.returncode == 1 and \
+        "did not answer 200 within 1 s" in run.stdout, run.stdout + run.stderr
 
 
 def test_journal_lines_named_by_a_pattern_are_printed(tmp_path: Path,
                                                       server: tuple[str, dict[str, int]]) -> None:
-    """--journal-fail: after /health answers, this invocation's journal lines that a pattern matches come out
-    as `journal: LINE` (secrets masked), the others not; the waiter still exits 0 (the role decides)."""
+    """--journal-fail: after /health answers, this invocation's journal lines that a pattern matches
+    come out as `journal: LINE` (secrets masked), the others not; the waiter still exits 0 (the role
+    decides)."""
     url, status = server
     status["code"] = 200
     bindir = tmp_path / "bin"
@@ -96,7 +99,8 @@ def test_journal_lines_named_by_a_pattern_are_printed(tmp_path: Path,
     (bindir / "journalctl").write_text(
         "#!/bin/sh\n"
         f'echo "$@" > {tmp_path}/journal-args\n'
-        "printf 'Loading weights\\nlayers.3.weight_scale_inv skipped (api_key=abc123)\\nReady\\n'\n")
+        "printf 'Loading weights\\nlayers.3.weight_scale_inv skipped (api_key=abc123)"
+        "\\nReady\\n'\n")
     (bindir / "journalctl").chmod(0o755)
     run = wait(tmp_path, url, [RUNNING + " InvocationID=9f2c41d0"],
                extra=("--journal-fail", "weight_scale_inv.*skip", "--journal-fail", "^Nope"))

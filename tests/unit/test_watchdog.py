@@ -1,6 +1,6 @@
-"""``sparkspec watchdog``: its config checks, its decisions (fed counters and times, no sleeping), and its
-rounds against a fake vLLM on loopback with a recording systemctl, real lock and state files; the command
-line end to end with a fake systemctl on PATH."""
+"""``sparkspec watchdog``: its config checks, its decisions (fed counters and times, no sleeping),
+and its rounds against a fake vLLM on loopback with a recording systemctl, real lock and state
+files; the command line end to end with a fake systemctl on PATH."""
 
 from __future__ import annotations
 
@@ -21,7 +21,15 @@ import pytest
 
 from sparkspec.errors import UserError
 from sparkspec.operate import memfit, scrape, watchdog
-from sparkspec.operate.watchdog import Config, Counters, Restarts, UnitState, Watch, load_config, parse_show
+from sparkspec.operate.watchdog import (
+    Config,
+    Counters,
+    Restarts,
+    UnitState,
+    Watch,
+    load_config,
+    parse_show,
+)
 from sparkspec.operate.watchrun import Runner
 from tests.bench.fakevllm import FakeVllm, serve
 
@@ -29,8 +37,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 class OpsVllm:
-    """A fake vLLM for the operate commands: /health (``health``), /metrics from its counters and the cache
-    config labels, /v1/completions that answer, fail or hang (``completions``)."""
+    """A fake vLLM for the operate commands: /health (``health``), /metrics from its counters and
+    the cache config labels, /v1/completions that answer, fail or hang (``completions``)."""
 
     def __init__(self) -> None:
         self.health = 200
@@ -73,7 +81,8 @@ class OpsVllm:
                       "# TYPE vllm:spec_decode_num_draft_tokens_total counter",
                       f'vllm:spec_decode_num_draft_tokens_total{{model_name="m"}} {self.draft}',
                       "# TYPE vllm:spec_decode_num_accepted_tokens_total counter",
-                      f'vllm:spec_decode_num_accepted_tokens_total{{model_name="m"}} {self.accepted}']
+                      f'vllm:spec_decode_num_accepted_tokens_total{{model_name="m"}} '
+                      f'{self.accepted}']
         return "\n".join(lines) + "\n"
 
     def handle(self, h: BaseHTTPRequestHandler) -> None:
@@ -123,10 +132,11 @@ def server() -> Iterator[OpsVllm]:
 
 def config_doc(tmp: Path, **changes: Any) -> dict[str, Any]:
     doc: dict[str, Any] = {
-        "model": "m", "grace_s": 100, "interval_s": 1, "stall_window_s": 30, "acceptance_window_s": 60,
-        "acceptance_floor": 20, "min_draft_tokens": 100, "probe_interval_s": 10, "probe_timeout_s": 0.3,
-        "probe_failures": 2, "max_restarts": 2, "restart_window_s": 600,
-        "lock": str(tmp / "lock" / "sparkspec-vllm.lock"), "state": str(tmp / "state" / "vllm.json")}
+        "model": "m", "grace_s": 100, "interval_s": 1, "stall_window_s": 30,
+        "acceptance_window_s": 60, "acceptance_floor": 20, "min_draft_tokens": 100,
+        "probe_interval_s": 10, "probe_timeout_s": 0.3, "probe_failures": 2, "max_restarts": 2,
+        "restart_window_s": 600, "lock": str(tmp / "lock" / "sparkspec-vllm.lock"),
+        "state": str(tmp / "state" / "vllm.json")}
     doc.update(changes)
     return doc
 
@@ -142,14 +152,16 @@ def config(tmp: Path, **changes: Any) -> Config:
 class FakeSystemctl:
     """Answers ``show`` from its fields and records every call."""
 
-    def __init__(self, active: str = "active", entered: float = 0.0, invocation: str = "a1") -> None:
+    def __init__(self, active: str = "active", entered: float = 0.0,
+                 invocation: str = "a1") -> None:
         self.active, self.entered, self.invocation = active, entered, invocation
         self.calls: list[list[str]] = []
 
     def __call__(self, args: Any) -> str:
         self.calls.append(list(args))
         if args[0] == "show":
-            return (f"ActiveState={self.active}\nActiveEnterTimestampMonotonic={int(self.entered * 1e6)}\n"
+            return (f"ActiveState={self.active}\n"
+                    f"ActiveEnterTimestampMonotonic={int(self.entered * 1e6)}\n"
                     f"InvocationID={self.invocation}\n")
         return ""
 
@@ -157,10 +169,11 @@ class FakeSystemctl:
         return sum(1 for c in self.calls if c[:1] == ["restart"])
 
 
-# --- the config ------------------------------------------------------------------------------------------
+# --- the config -----------------------------------------------------------------------------------
 def test_a_good_config_loads_with_its_values(tmp_path: Path) -> None:
     cfg = config(tmp_path, acceptance_floor=None)
-    assert (cfg.grace_s, cfg.max_restarts, cfg.acceptance_floor, cfg.probe_timeout_s) == (100.0, 2, None, 0.3)
+    assert (cfg.grace_s, cfg.max_restarts, cfg.acceptance_floor, cfg.probe_timeout_s) == \
+        (100.0, 2, None, 0.3)
 
 
 def test_bad_config_lines_one_per_field_exit_2(tmp_path: Path) -> None:
@@ -169,13 +182,13 @@ def test_bad_config_lines_one_per_field_exit_2(tmp_path: Path) -> None:
     del bad["model"]
     path = tmp_path / "w.json"
     path.write_text(json.dumps(bad))
-    proc = subprocess.run([sys.executable, "-m", "sparkspec.cli", "watchdog", "--unit", "vllm", "--url",
-                           "http://127.0.0.1:9", "--config", str(path)], capture_output=True, text=True,
-                          cwd=REPO, timeout=60, check=False)
+    proc = subprocess.run([sys.executable, "-m", "sparkspec.cli", "watchdog", "--unit", "vllm",
+                           "--url", "http://127.0.0.1:9", "--config", str(path)],
+                          capture_output=True, text=True, cwd=REPO, timeout=60, check=False)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and proc.stdout == ""
-    named = ["'extra'", "'model'", "'grace_s'", "'interval_s'", "'restart_window_s'", "'max_restarts'",
-             "'acceptance_floor'", "'lock'"]
+    named = ["'extra'", "'model'", "'grace_s'", "'interval_s'", "'restart_window_s'",
+             "'max_restarts'", "'acceptance_floor'", "'lock'"]
     assert len(lines) == len(named), lines
     for name in named:
         assert sum(name in line for line in lines) == 1, (name, lines)
@@ -192,13 +205,14 @@ def test_a_cap_window_not_longer_than_grace_is_refused(tmp_path: Path) -> None:
     assert load_config(str(path))[0] is not None
 
 
-# --- the decisions -----------------------------------------------------------------------------------------
+# --- the decisions --------------------------------------------------------------------------------
 def test_stall_needs_running_requests_and_a_full_window(tmp_path: Path) -> None:
     w = Watch(config(tmp_path, stall_window_s=30))
     assert w.feed_stall(0, Counters(500, 2, 0, 0)) is None
     assert w.feed_stall(29, Counters(500, 2, 0, 0)) is None
     reason = w.feed_stall(30, Counters(500, 2, 0, 0))
-    assert reason is not None and "2 request(s) running" in reason and "stuck at 500 for 30 s" in reason
+    assert reason is not None and "2 request(s) running" in reason and \
+        "stuck at 500 for 30 s" in reason
     idle = Watch(w.cfg)
     for t in range(0, 100, 10):   # nothing running: unchanged tokens are no stall
         assert idle.feed_stall(t, Counters(500, 0, 0, 0)) is None
@@ -254,13 +268,15 @@ def test_prefill_and_kv_cache_usage_are_progress(tmp_path: Path) -> None:
     prefill, filling, stuck = Watch(cfg), Watch(cfg), Watch(cfg)
     for t in range(0, 100, 10):
         assert prefill.feed_stall(t, Counters(500, 1, 0, 0, prompt=1000.0 + t)) is None
-        assert filling.feed_stall(t, Counters(500, 1, 0, 0, prompt=9, kv_usage=0.1 + t / 1000)) is None
+        assert filling.feed_stall(t, Counters(500, 1, 0, 0, prompt=9,
+                                              kv_usage=0.1 + t / 1000)) is None
     assert stuck.feed_stall(0, Counters(500, 1, 0, 0, prompt=9, kv_usage=0.5)) is None
     assert stuck.feed_stall(30, Counters(500, 1, 0, 0, prompt=9, kv_usage=0.5)) is not None
 
 
 def test_the_bounds_are_constants(tmp_path: Path) -> None:
-    assert (watchdog.MAX_SECONDS, watchdog.MAX_COUNT, memfit.MAX_MARGIN_GIB) == (1e7, 1 << 40, 1 << 20)
+    assert (watchdog.MAX_SECONDS, watchdog.MAX_COUNT, memfit.MAX_MARGIN_GIB) == \
+        (1e7, 1 << 40, 1 << 20)
     assert watchdog.problems(config_doc(tmp_path, grace_s=1e7, restart_window_s=1e7 + 1)) == \
         ["'restart_window_s': 10000001.0 is not a finite number of seconds > 0 (at most 1e+07)"]
 
@@ -273,9 +289,10 @@ def test_gate_grace_inactive_and_a_new_invocation_reset(tmp_path: Path) -> None:
     w.feed_stall(150, Counters(5, 1, 0, 0))
     assert w.last_generation == 5
     assert w.gate(160, UnitState("active", 0, "b")) is None
-    assert w.feed_stall(1000, Counters(5, 1, 0, 0)) is None   # the window starts again at the new invocation
-    assert parse_show("ActiveState=active\nActiveEnterTimestampMonotonic=2500000\nInvocationID=x\n") == \
-        UnitState("active", 2.5, "x")
+    # the window starts again at the new invocation
+    assert w.feed_stall(1000, Counters(5, 1, 0, 0)) is None
+    assert parse_show("ActiveState=active\nActiveEnterTimestampMonotonic=2500000\n"
+                      "InvocationID=x\n") == UnitState("active", 2.5, "x")
 
 
 def test_restart_cap_counts_the_window(tmp_path: Path) -> None:
@@ -287,7 +304,7 @@ def test_restart_cap_counts_the_window(tmp_path: Path) -> None:
     assert not r.capped(1601) and r.recent(1601) == [1100]
 
 
-# --- rounds against a fake vLLM -----------------------------------------------------------------------------
+# --- rounds against a fake vLLM -------------------------------------------------------------------
 def test_stalled_engine_is_restarted_and_recorded(tmp_path: Path, server: OpsVllm,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     cfg = config(tmp_path, stall_window_s=30, probe_interval_s=1000)
@@ -299,8 +316,8 @@ def test_stalled_engine_is_restarted_and_recorded(tmp_path: Path, server: OpsVll
     assert runner.step(230, 1e9 + 30) is None
     assert ctl.restarts() == 1
     out = capsys.readouterr().out
-    assert "restarting vllm: engine stalled: 1 request(s) running but generation tokens stuck at 700 for " \
-        "30 s" in out and "(restart 1 of at most 2 in 600 s)" in out
+    assert ("restarting vllm: engine stalled: 1 request(s) running but generation tokens stuck at "
+            "700 for 30 s") in out and "(restart 1 of at most 2 in 600 s)" in out
     assert json.loads(Path(cfg.state).read_text())["restarts"] == [1e9 + 30]
     assert oct(Path(cfg.state).stat().st_mode & 0o777) == "0o644"
     assert runner.step(240, 1e9 + 40) is None   # its own restart starts a grace period
@@ -315,7 +332,8 @@ def test_acceptance_collapse_restarts(tmp_path: Path, server: OpsVllm,
     runner = Runner(cfg, "vllm", server.url, systemctl=ctl)
     server.running = 1
     for i, t in enumerate((200, 230, 260)):
-        server.generation, server.draft, server.accepted = 10.0 * (i + 1), 1000.0 + 500 * i, 100.0 + 10 * i
+        server.generation, server.draft, server.accepted = (10.0 * (i + 1), 1000.0 + 500 * i,
+                                                            100.0 + 10 * i)
         assert runner.step(t, 1e9 + t) is None
     assert ctl.restarts() == 1
     assert "acceptance collapsed: 2.0 % of 1000 draft tokens accepted over the last 60 s" in \
@@ -334,13 +352,13 @@ def test_health_green_but_completions_time_out(tmp_path: Path, server: OpsVllm,
     assert runner.step(205, 1e9) is None and ctl.restarts() == 0
     assert runner.step(210, 1e9) is None and ctl.restarts() == 1
     out = capsys.readouterr().out
-    assert "/health answers 200 but completions time out: 2 probes in a row failed (last: no answer within " \
-           "0.3 s" in out
+    assert ("/health answers 200 but completions time out: 2 probes in a row failed (last: no "
+            "answer within 0.3 s") in out
     assert {auth for path, auth in server.seen if path == "/v1/completions"} == {"Bearer k3y"}
 
 
-def test_a_busy_server_queueing_the_probe_is_not_restarted(tmp_path: Path, server: OpsVllm,
-                                                           capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_busy_server_queueing_the_probe_is_not_restarted(
+        tmp_path: Path, server: OpsVllm, capsys: pytest.CaptureFixture[str]) -> None:
     cfg = config(tmp_path, probe_interval_s=5, probe_timeout_s=0.3, probe_failures=2)
     ctl = FakeSystemctl()
     runner = Runner(cfg, "vllm", server.url, systemctl=ctl)
@@ -381,13 +399,16 @@ def test_the_lock_is_not_held_across_reads_and_the_state_is_read_again(
 
 def test_reads_have_a_wall_clock_deadline_and_metrics_a_size_bound(
         tmp_path: Path, server: OpsVllm, capsys: pytest.CaptureFixture[str]) -> None:
-    server.metrics_mode = "trickle"   # each byte within any read timeout, the whole far past the deadline
+    # each byte within any read timeout, the whole far past the deadline
+    server.metrics_mode = "trickle"
     begin = time.monotonic()
-    with scrape.client(5.0) as http, pytest.raises(UserError, match="/metrics: no answer within 0.5 s"):
+    with scrape.client(5.0) as http, pytest.raises(UserError,
+                                                   match="/metrics: no answer within 0.5 s"):
         scrape.read_metrics(http, server.url, deadline_s=0.5)
     assert time.monotonic() - begin < 2.0
     server.metrics_mode = "huge"
-    runner = Runner(config(tmp_path, probe_interval_s=1000), "vllm", server.url, systemctl=FakeSystemctl())
+    runner = Runner(config(tmp_path, probe_interval_s=1000), "vllm", server.url,
+                    systemctl=FakeSystemctl())
     assert runner.step(200, 1e9) is None
     assert "/metrics: answers more than 8388608 bytes" in capsys.readouterr().out
 
@@ -401,7 +422,8 @@ def test_the_api_key_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
         key.write_text(body)
         with pytest.raises(UserError) as err:
             scrape.read_key(str(key))
-        assert str(key) in str(err.value) and "s3cret" not in str(err.value) and "\n" not in str(err.value)
+        assert str(key) in str(err.value) and "s3cret" not in str(err.value) and \
+            "\n" not in str(err.value)
 
 
 def test_a_probe_answering_404_is_said_and_not_counted(tmp_path: Path, server: OpsVllm,
@@ -434,7 +456,7 @@ def test_a_held_lock_is_a_deploy_in_progress(tmp_path: Path, server: OpsVllm,
     cfg = config(tmp_path, stall_window_s=30, probe_interval_s=1000)
     Path(cfg.lock).parent.mkdir(parents=True)
     Path(cfg.lock).write_text("")
-    Path(cfg.lock).chmod(0o644)        # as an older sparkspec made it: readable, so lockable, by everyone
+    Path(cfg.lock).chmod(0o644)  # as an older sparkspec made it: readable, so lockable, by everyone
     ctl = FakeSystemctl()
     runner = Runner(cfg, "vllm", server.url, systemctl=ctl)
     assert oct(Path(cfg.lock).stat().st_mode & 0o777) == "0o600"
@@ -453,7 +475,8 @@ def test_a_held_lock_is_a_deploy_in_progress(tmp_path: Path, server: OpsVllm,
 
 def test_cap_reached_leaves_the_unit_and_exits_0(tmp_path: Path, server: OpsVllm,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    cfg = config(tmp_path, stall_window_s=30, probe_interval_s=1000, max_restarts=2, restart_window_s=600)
+    cfg = config(tmp_path, stall_window_s=30, probe_interval_s=1000, max_restarts=2,
+                 restart_window_s=600)
     Path(cfg.state).parent.mkdir(parents=True)
     Path(cfg.state).write_text(json.dumps({"restarts": [1e9 - 500, 1e9 - 100]}))
     ctl = FakeSystemctl()
@@ -467,8 +490,9 @@ def test_cap_reached_leaves_the_unit_and_exits_0(tmp_path: Path, server: OpsVllm
     assert "`systemctl restart vllm-watchdog`" in out
 
 
-# --- the command -------------------------------------------------------------------------------------------
-# systemctl is /usr/bin/systemctl (scrape.SYSTEMCTL): the command runs with that constant set to a fake
+# --- the command ----------------------------------------------------------------------------------
+# systemctl is /usr/bin/systemctl (scrape.SYSTEMCTL): the command runs with that constant set to
+# a fake
 WRAP = ("import sys; from sparkspec.operate import scrape; scrape.SYSTEMCTL = sys.argv[1]; "
         "from sparkspec.cli import main; sys.exit(main(sys.argv[2:]))")
 
@@ -485,8 +509,8 @@ def fake_systemctl(tmp: Path, active: str) -> tuple[list[str], dict[str, str]]:
 
 
 def test_command_stops_at_the_cap(tmp_path: Path, server: OpsVllm) -> None:
-    doc = config_doc(tmp_path, grace_s=0.1, interval_s=0.1, stall_window_s=0.3, restart_window_s=600,
-                     probe_interval_s=1000)
+    doc = config_doc(tmp_path, grace_s=0.1, interval_s=0.1, stall_window_s=0.3,
+                     restart_window_s=600, probe_interval_s=1000)
     Path(doc["state"]).parent.mkdir(parents=True)
     Path(doc["state"]).write_text(json.dumps({"restarts": [time.time() - 10, time.time() - 5]}))
     (tmp_path / "w.json").write_text(json.dumps(doc))
@@ -494,7 +518,8 @@ def test_command_stops_at_the_cap(tmp_path: Path, server: OpsVllm) -> None:
     argv, env = fake_systemctl(tmp_path, "active")
     proc = subprocess.run([*argv, "watchdog", "--unit", "vllm", "--url", server.url, "--config",
                            str(tmp_path / "w.json"), "--api-key-file", str(tmp_path / "key")],
-                          capture_output=True, text=True, cwd=REPO, env=env, timeout=60, check=False)
+                          capture_output=True, text=True, cwd=REPO, env=env, timeout=60,
+                          check=False)
     assert proc.returncode == 0, proc.stderr
     assert {auth for path, auth in server.seen if path == "/metrics"} == {"Bearer from-file"}
     assert "cap 2" in proc.stdout.strip().splitlines()[-1]
@@ -506,8 +531,8 @@ def test_command_sigterm_ends_it_with_0(tmp_path: Path, server: OpsVllm) -> None
     (tmp_path / "w.json").write_text(json.dumps(config_doc(tmp_path, interval_s=0.1)))
     argv, env = fake_systemctl(tmp_path, "inactive")
     proc = subprocess.Popen([*argv, "watchdog", "--unit", "vllm", "--url", server.url, "--config",
-                             str(tmp_path / "w.json")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=REPO, env=env)
+                             str(tmp_path / "w.json")], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=REPO, env=env)
     try:
         deadline = time.monotonic() + 30
         while not (tmp_path / "calls").exists() and time.monotonic() < deadline:
@@ -518,4 +543,5 @@ def test_command_sigterm_ends_it_with_0(tmp_path: Path, server: OpsVllm) -> None
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, err
-    assert "vllm not active (inactive): not checking" in out and out.strip().endswith("stopped by SIGTERM")
+    assert "vllm not active (inactive): not checking" in out and \
+        out.strip().endswith("stopped by SIGTERM")

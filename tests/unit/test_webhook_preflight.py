@@ -1,6 +1,7 @@
-"""The monitoring role's webhook preflight (roles/sparkspec/filter_plugins/sparkspec_apt.py): a webhook URL
-(its token) is refused where the Alertmanager apt keeps or would install shows it through its API (before
-0.26.0), read from ``apt-cache policy``'s real text; and a bad URL is refused without being echoed."""
+"""The monitoring role's webhook preflight (roles/sparkspec/filter_plugins/sparkspec_apt.py): a
+webhook URL (its token) is refused where the Alertmanager apt keeps or would install shows it
+through its API (before 0.26.0), read from ``apt-cache policy``'s real text; and a bad URL is
+refused without being echoed."""
 
 from __future__ import annotations
 
@@ -42,16 +43,17 @@ NOBLE = """prometheus-alertmanager:
     (BOOKWORM.replace("Candidate: 0.25.0-1+b4", "Candidate: 1:0.27.0-1"), (0, 27)),   # an epoch
     ("", None), ("prometheus-alertmanager:\n  Installed: (none)\n  Candidate: (none)\n", None),
 ])
-def test_the_version_apt_keeps_or_would_install(policy: str, version: tuple[int, int] | None) -> None:
+def test_the_version_apt_keeps_or_would_install(policy: str,
+                                                version: tuple[int, int] | None) -> None:
     assert alertmanager_version(policy) == version
 
 
 def test_a_webhook_is_refused_before_alertmanager_0_26_and_kept_from_it() -> None:
     assert webhook_problem(BOOKWORM, "spark") == (
-        "spark: monitoring_webhook_url is set, but this host's prometheus-alertmanager is 0.25, which shows "
-        "a webhook's URL (and its token) to every local user through its API before 0.26; leave "
-        "monitoring_webhook_url empty here (alerts stay in Alertmanager's UI), or use a host whose "
-        "Alertmanager is 0.26 or later (Ubuntu 24.04's)")
+        "spark: monitoring_webhook_url is set, but this host's prometheus-alertmanager is "
+        "0.25, which shows a webhook's URL (and its token) to every local user through its API "
+        "before 0.26; leave monitoring_webhook_url empty here (alerts stay in Alertmanager's UI), "
+        "or use a host whose Alertmanager is 0.26 or later (Ubuntu 24.04's)")
     assert webhook_problem(NOBLE, "spark") == ""
     assert "apt knows no prometheus-alertmanager here" in webhook_problem("", "spark")
 
@@ -59,4 +61,5 @@ def test_a_webhook_is_refused_before_alertmanager_0_26_and_kept_from_it() -> Non
 def test_a_bad_webhook_url_is_refused_without_showing_it() -> None:
     secret = "https://hooks.example/T0KEN-123 x"
     line = preflight_line(ROLE, "preflight.yml", monitoring_webhook_url=secret)
-    assert line.startswith("spark: monitoring_webhook_url is not an http(s) URL") and "T0KEN" not in line
+    assert line.startswith("spark: monitoring_webhook_url is not an http(s) URL") and \
+        "T0KEN" not in line

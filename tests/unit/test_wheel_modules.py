@@ -1,8 +1,9 @@
 """The host wheel holds what a host runs: built the way the sparkspec_tools role builds it
-(roles/sparkspec_tools/files/build_wheel.py), every .py module in it is imported by a host command, found by
-the static import closure (every ``import`` anywhere in a module, lazy ones inside handlers included) from
-the wheel's console scripts and ``python -m sparkspec.cli``. A module only a test, the simulation or the
-controller uses belongs in tests/support or on the controller side, not in the wheel."""
+(roles/sparkspec_tools/files/build_wheel.py), every .py module in it is imported by a host command,
+found by the static import closure (every ``import`` anywhere in a module, lazy ones inside handlers
+included) from the wheel's console scripts and ``python -m sparkspec.cli``. A module only a test,
+the simulation or the controller uses belongs in tests/support or on the controller side, not in the
+wheel."""
 
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ ROOT = Path(__file__).resolve().parents[2]
 BUILD = ROOT / "roles/sparkspec_tools/files/build_wheel.py"
 # `python -m sparkspec.cli`, the same command as `sparkspec` (the simulation and tasks run it so)
 MAIN_MODULES = ("sparkspec.cli.__main__",)
-# In the wheel though no host command imports them yet, each with the issue that moves it; an entry that a
-# host command imports, or that left the wheel, fails the test (drop it then).
+# In the wheel though no host command imports them yet, each with the issue that moves it; an entry
+# that a host command imports, or that left the wheel, fails the test (drop it then).
 KNOWN_EXCEPTIONS: set[str] = set()
 
 
@@ -30,9 +31,11 @@ def _wheel(tmp: Path) -> Path:
     project.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(ROOT / name, project / name)
-    shutil.copytree(ROOT / "src", project / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-    proc = subprocess.run([sys.executable, str(BUILD), str(project), str(dist)], capture_output=True,
-                          text=True, env={**os.environ, "SOURCE_DATE_EPOCH": "315532800"}, timeout=300,
+    shutil.copytree(ROOT / "src", project / "src",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    proc = subprocess.run([sys.executable, str(BUILD), str(project), str(dist)],
+                          capture_output=True, text=True,
+                          env={**os.environ, "SOURCE_DATE_EPOCH": "315532800"}, timeout=300,
                           check=False)
     assert proc.returncode == 0, proc.stderr
     return Path(json.loads(proc.stdout.strip().splitlines()[-1])["wheel"])
@@ -59,7 +62,8 @@ def _entry_modules(wheel: zipfile.ZipFile) -> list[str]:
 
 
 def _imports(module: str, source: str, package: bool, known: set[str]) -> set[str]:
-    """The wheel's modules that ``module`` imports, anywhere in its body (with their parent packages)."""
+    """The wheel's modules that ``module`` imports, anywhere in its body (with their parent
+    packages)."""
     base = module if package else module.rpartition(".")[0]
     found: set[str] = set()
     for node in ast.walk(ast.parse(source)):
@@ -72,7 +76,8 @@ def _imports(module: str, source: str, package: bool, known: set[str]) -> set[st
             target = (f"{anchor}.{node.module}" if node.module
                       else anchor) if node.level else node.module or ""
             found.add(target)
-            found.update(f"{target}.{alias.name}" for alias in node.names)  # `from pkg import module`
+            # `from pkg import module`
+            found.update(f"{target}.{alias.name}" for alias in node.names)
     return {parent for name in found for parent in _with_parents(name) if parent in known}
 
 
@@ -99,19 +104,21 @@ def test_every_module_of_the_wheel_is_imported_by_a_host_command(tmp_path: Path)
         modules = _modules(wheel)
         roots = [*_entry_modules(wheel), *MAIN_MODULES]
     assert set(roots) <= set(modules), roots
-    assert "sparkspec.hub.server" in modules and "sparkspec.cli.hub" in modules  # `sparkspec hub serve`
+    # `sparkspec hub serve`
+    assert "sparkspec.hub.server" in modules and "sparkspec.cli.hub" in modules
     reached = _closure(modules, roots)
     unused = sorted(set(modules) - reached - KNOWN_EXCEPTIONS)
-    assert not unused, (f"in the host wheel but imported by no host command: {', '.join(unused)}; move them "
-                        "to tests/support (test and simulation tooling) or tasks/ (controller side)")
+    assert not unused, (f"in the host wheel but imported by no host command: {', '.join(unused)}; "
+                        "move them to tests/support (test and simulation tooling) or tasks/ "
+                        "(controller side)")
     stale = sorted(KNOWN_EXCEPTIONS & (reached | (KNOWN_EXCEPTIONS - set(modules))))
-    assert not stale, f"imported by a host command now, or gone from the wheel: {stale}; drop them from " \
-                      "KNOWN_EXCEPTIONS"
+    assert not stale, (f"imported by a host command now, or gone from the wheel: {stale}; "
+                       "drop them from KNOWN_EXCEPTIONS")
 
 
 def test_the_closure_sees_lazy_relative_and_from_imports() -> None:
-    """The closure is not vacuous: a root's packages, an import inside a function, a relative one and
-    ``from pkg import mod`` each reach their module; a module nothing imports is not reached."""
+    """The closure is not vacuous: a root's packages, an import inside a function, a relative one
+    and ``from pkg import mod`` each reach their module; a module nothing imports is not reached."""
     modules = {
         "pkg": ("", True),
         "pkg.cli": ("def handler():\n    from .sub import lazy\n    from . import rel\n", False),
@@ -122,5 +129,5 @@ def test_the_closure_sees_lazy_relative_and_from_imports() -> None:
         "pkg.deep": ("", False),
         "pkg.orphan": ("import os\n", False),
     }
-    assert _closure(modules, ["pkg.cli"]) == {"pkg", "pkg.cli", "pkg.sub", "pkg.sub.lazy", "pkg.rel",
-                                              "pkg.deep"}
+    assert _closure(modules, ["pkg.cli"]) == {"pkg", "pkg.cli", "pkg.sub", "pkg.sub.lazy",
+                                              "pkg.rel", "pkg.deep"}

@@ -1,5 +1,6 @@
-"""The SPARKSPEC_WHEELS knob (where torch's CPU build comes from): the first README command stops at once,
-with one line naming the knob, when the knob points at nothing usable, and changes nothing before it does."""
+"""The SPARKSPEC_WHEELS knob (where torch's CPU build comes from): the first README command stops at
+once, with one line naming the knob, when the knob points at nothing usable, and changes nothing
+before it does."""
 
 from __future__ import annotations
 
@@ -16,12 +17,13 @@ ROOT = Path(__file__).resolve().parents[2]
 def _quickstart(wheels: str) -> tuple[subprocess.CompletedProcess[str], float]:
     env = {**os.environ, "SPARKSPEC_WHEELS": wheels}
     start = time.monotonic()
-    proc = subprocess.run([str(ROOT / "scripts" / "quickstart")], env=env, capture_output=True, text=True,
-                          timeout=120, check=False, cwd=ROOT)
+    proc = subprocess.run([str(ROOT / "scripts" / "quickstart")], env=env, capture_output=True,
+                          text=True, timeout=120, check=False, cwd=ROOT)
     return proc, time.monotonic() - start
 
 
-@pytest.mark.parametrize("kind", ["empty folder", "missing folder", "folder of other wheels", "dead index"])
+@pytest.mark.parametrize("kind",
+                         ["empty folder", "missing folder", "folder of other wheels", "dead index"])
 def test_quickstart_stops_within_a_minute_naming_the_knob(tmp_path, kind):
     if kind == "empty folder":
         wheels = str(tmp_path)
@@ -30,7 +32,8 @@ def test_quickstart_stops_within_a_minute_naming_the_knob(tmp_path, kind):
     # a wheel of another package, and a file named like torch's that is none
     elif kind == "folder of other wheels":
         (tmp_path / "six-1.0-py3-none-any.whl").write_bytes(b"PK\x05\x06" + bytes(18))
-        (tmp_path / "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl").write_bytes(b"not a wheel")
+        (tmp_path / "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl").write_bytes(
+            b"not a wheel")
         wheels = str(tmp_path)
     else:
         wheels = "http://127.0.0.1:9/simple"

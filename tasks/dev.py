@@ -19,7 +19,7 @@ from sparkspec.errors import UserError
 from tasks.lib.common import ROOT, fail, inventory_of
 from tasks.lib.remote import connect
 
-# the development entry point: tests/unit/test_import_graph.py allows it, and it alone
+# the development entry point: tests/unit/project/test_import_graph.py allows it, and it alone
 DEV_ENTRY = "tests.support.dev"
 
 

@@ -141,8 +141,8 @@ def host_vars(inventory: Path, **extra) -> None:
     ({"deploy_watchdog_grace_s": 900},
      "deploy_watchdog_restart_window_s (900 s) is not longer than deploy_watchdog_grace_s (900 s)"),
     # the compile caches' folder inside what the unit may write (the path and count checks are the
-    # generic ones every unit value and number goes through: tests/unit/test_systemd_quote.py,
-    # test_unit_guard.py)
+    # generic ones every unit value and number goes through: tests/unit/core/test_systemd.py,
+    # tests/unit/roles/test_unit_guard.py)
     ({"deploy_compile_cache_dir": "/srv/cc"},
      "deploy_compile_cache_dir /srv/cc is not an absolute, normalised folder inside "
      "deploy_read_write_paths (/var/lib/sparkspec)"),

@@ -116,7 +116,7 @@ def _unit_state(provisioned) -> str:
 def test_a_lever_that_cannot_apply_changes_nothing(provisioned, tmp_path, levers, package,
                                                    expected):
     """A lever named with a line of the unit in it (the contract; an unknown one is refused there
-    too: tests/unit/test_registry_levers.py), one the vLLM release (right after preflight) or the
+    too: tests/unit/registry/test_levers.py), one the vLLM release (right after preflight) or the
     model's head (the deploy's validation, from the checkpoint's config.json) cannot take: one line,
     exit 2, the unit as it was."""
     def mutate(_host, group_vars):

@@ -268,7 +268,7 @@ def test_int8_lm_head_on_and_off(rendered, tmp_path):
 
 def test_int8_lm_head_against_the_models_head(tmp_path):
     """The lever is checked against the checkpoint's config.json before any file is written (every
-    head it refuses: tests/unit/test_registry_levers.py; on the sim's own checkpoint:
+    head it refuses: tests/unit/registry/test_levers.py; on the sim's own checkpoint:
     test_provision_errors.py)."""
     config = tmp_path / "config.json"
     config.write_text(json.dumps(QWEN35_122B_CONFIG))

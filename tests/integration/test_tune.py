@@ -1,7 +1,7 @@
-"""`invoke tune` on the simulated Spark: n-gram tuned on the owner's prompts through the normal deploy
-and verify path, its prediction and survival rates checked against the server's own counters
-(tests/counters.py), what served before put back (also after a Ctrl-C), bad input refused in one line
-before any play."""
+"""`invoke tune` on the simulated Spark: n-gram tuned on the owner's prompts through the normal
+deploy and verify path, its prediction and survival rates checked against the server's own counters
+(tests/counters.py), what served before put back (also after a Ctrl-C), bad input refused in one
+line before any play."""
 
 from __future__ import annotations
 
@@ -31,7 +31,8 @@ def _status() -> dict:
 
 
 def _record(provisioned) -> dict:
-    return json.loads(run_cli(*provisioned.ssh_argv("cat /etc/sparkspec/sparkspec-vllm.json")).stdout)
+    return json.loads(
+        run_cli(*provisioned.ssh_argv("cat /etc/sparkspec/sparkspec-vllm.json")).stdout)
 
 
 def _deltas(name: str) -> dict[str, float]:
@@ -43,7 +44,8 @@ def _deltas(name: str) -> dict[str, float]:
 
 @pytest.fixture
 def inventory_copy():
-    """The sim inventory copied at its depth (its paths are relative to its folder), for --apply to edit."""
+    """The sim inventory copied at its depth (its paths are relative to its folder), for --apply to
+    edit."""
     copy = ROOT / ".cache" / f"tune-apply-{os.getpid()}"   # two levels down, as inventories/sim
     shutil.copytree(ROOT / "inventories" / "sim", copy)
     try:
@@ -57,12 +59,13 @@ def inventory_copy():
 def test_tune_ngram_predicts_from_one_run(provisioned, inventory_copy):
     before = _record(provisioned)
     hosts = (inventory_copy / "hosts.yml").read_text()
-    result = run_cli(f"{BIN}/invoke", "tune", "--host", SIM, "--method", "ngram", "-k", "1,3", *WORKLOAD,
-                     "--apply", "--inventory", str(inventory_copy), timeout=1800)
+    result = run_cli(f"{BIN}/invoke", "tune", "--host", SIM, "--method", "ngram", "-k", "1,3",
+                     *WORKLOAD, "--apply", "--inventory", str(inventory_copy), timeout=1800)
     # --apply writes the best k only where the measurements back it (exit 1 and one line otherwise)
     applied = result.returncode == 0
-    assert applied or (result.returncode == 1 and "--apply: " in result.stderr
-                       and "nothing written" in result.stderr), result.stdout[-6000:] + result.stderr
+    assert applied or (
+        result.returncode == 1 and "--apply: " in result.stderr
+        and "nothing written" in result.stderr), result.stdout[-6000:] + result.stderr
     doc = json.loads((ROOT / "reports" / SIM / "tune" / "ngram.json").read_text())
     assert doc["format"] == "sparkspec-tune/1" and doc["method"] == "ngram"
     whole = next(c for c in doc["cases"] if c["suite"] == "all prompts" and c["concurrency"] == 1)
@@ -74,8 +77,10 @@ def test_tune_ngram_predicts_from_one_run(provisioned, inventory_copy):
     drafts = d["vllm:spec_decode_num_drafts_total"]
     assert drafts > 0 and tuning["survival"]["num_drafts"] == drafts
     rates = [r["estimate"] for r in tuning["survival"]["rates"]]
-    assert rates == pytest.approx([d.get(f"{PER_POS}{i}", 0.0) / drafts for i in range(3)], abs=1e-9)
-    generated, accepted = d["vllm:generation_tokens_total"], d["vllm:spec_decode_num_accepted_tokens_total"]
+    assert rates == pytest.approx([d.get(f"{PER_POS}{i}", 0.0) / drafts for i in range(3)],
+                                  abs=1e-9)
+    generated, accepted = (d["vllm:generation_tokens_total"],
+                           d["vllm:spec_decode_num_accepted_tokens_total"])
     assert tuning["survival"]["steps"] == generated - accepted
     assert rates[0] > 0.05, f"n-gram accepted almost nothing on repetitive prompts: {rates}"
     # every k up to k_max is predicted, and the measured k = 1 is set against its prediction
@@ -85,7 +90,8 @@ def test_tune_ngram_predicts_from_one_run(provisioned, inventory_copy):
     md = (ROOT / "reports" / SIM / "tune-ngram.md").read_text()
     assert md.startswith("# sparkspec tune: ngram on sim01") and whole["verdict"] in md
     assert (ROOT / "reports" / SIM / "tune-ngram.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    # nothing beside the host's bench results, which the verify role reads as one (reports/<host>/*.json)
+    # nothing beside the host's bench results, which the verify role reads as one
+    # (reports/<host>/*.json)
     assert not list((ROOT / "reports" / SIM).glob("tune*.json"))
     print(f"tune ngram on sim01: {whole['verdict']}; errors "
           + ", ".join(f"k{e['k']} {e['error_pct']:+.1f} %" for e in tuning["errors"])
@@ -95,14 +101,16 @@ def test_tune_ngram_predicts_from_one_run(provisioned, inventory_copy):
     assert (after["method"], after["profile"]) == (before["method"], before["profile"])
     assert after.get("num_speculative_tokens") == before.get("num_speculative_tokens")
     assert _status()["health"] == 200
-    # the key lands where Ansible reads it for sim01 (its entry in hosts.yml), the file's comments kept
-    from tasks import inventory
+    # the key lands where Ansible reads it for sim01 (its hosts.yml entry), the file's comments kept
+    from tasks.lib import inventory
 
     now = (inventory_copy / "hosts.yml").read_text()
     if applied:
-        got = inventory.load(inventory_copy).host_vars(SIM, ("sparkspec_num_speculative_tokens",))
+        got = inventory.load(inventory_copy).host_vars(SIM,
+                                                       ("sparkspec_num_speculative_tokens",))
         assert got["sparkspec_num_speculative_tokens"] == {"ngram": tuning["best_k"]}
-        assert [ln for ln in hosts.splitlines() if "#" in ln] == [ln for ln in now.splitlines() if "#" in ln]
+        assert ([ln for ln in hosts.splitlines() if "#" in ln]
+                == [ln for ln in now.splitlines() if "#" in ln])
         assert "+          sparkspec_num_speculative_tokens:" in result.stdout
     else:
         assert now == hosts
@@ -111,14 +119,16 @@ def test_tune_ngram_predicts_from_one_run(provisioned, inventory_copy):
 @pytest.mark.sim
 @pytest.mark.slow
 def test_interrupted_tune_restores_what_served(provisioned):
-    """Ctrl-C while a k is being deployed (the unit loading, the deploy's lock held): the sweep stops, the
-    restore releases the lock the interrupted play left (the same command's) and the method that served before
-    comes back; no lock holder is left on the host."""
+    """Ctrl-C while a k is being deployed (the unit loading, the deploy's lock held): the sweep
+    stops, the restore releases the lock the interrupted play left (the same command's) and the
+    method that served before comes back; no lock holder is left on the host."""
     before = _record(provisioned)
-    proc = subprocess.Popen([f"{BIN}/invoke", "tune", "--host", SIM, "--method", "ngram", "--k-max", "2",
-                             *WORKLOAD, "--requests", "1"], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            env={**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"})
+    proc = subprocess.Popen([f"{BIN}/invoke", "tune", "--host", SIM, "--method", "ngram",
+                             "--k-max", "2", *WORKLOAD, "--requests", "1"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True,
+                            env={**os.environ,
+                                 "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"})
     seen: list[str] = []
     assert proc.stdout is not None
     deadline = time.monotonic() + 900
@@ -126,8 +136,10 @@ def test_interrupted_tune_restores_what_served(provisioned):
     for line in proc.stdout:
         seen.append(line)
         switching = switching or "tune: ngram k=2" in line
-        if switching and "TASK [deploy : Wait for /health" in line:   # under the lock, the new unit loading
-            os.killpg(proc.pid, signal.SIGINT)   # a terminal's Ctrl-C reaches the whole foreground group
+        # under the lock, the new unit loading
+        if switching and "TASK [deploy : Wait for /health" in line:
+            # a terminal's Ctrl-C reaches the whole foreground group
+            os.killpg(proc.pid, signal.SIGINT)
             break
         assert time.monotonic() < deadline, "".join(seen[-50:])
     try:
@@ -135,28 +147,32 @@ def test_interrupted_tune_restores_what_served(provisioned):
     except subprocess.TimeoutExpired as exc:   # leave no tune behind for the tests after this one
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
-        tail = (exc.output or b"").decode(errors="replace")[-4000:] if isinstance(exc.output, bytes) \
-            else (exc.output or "")[-4000:]
+        tail = ((exc.output or b"").decode(errors="replace")[-4000:]
+                if isinstance(exc.output, bytes) else (exc.output or "")[-4000:])
         pytest.fail(f"tune still running 900 s after Ctrl-C; its last output:\n{tail}")
     text = "".join(seen) + out
     assert proc.returncode != 0, text[-4000:]
     assert f"tune: restoring {before['method']}" in text, text[-4000:]
-    # Where Ansible stopped at once, the lock was left held and the restore releases it ("changed"); where the
-    # SIGINT failed the running task first, the play's own `always` released it ("skipping"). Both were seen.
-    released = text.split("TASK [deploy : Release the deploy lock this command's interrupted play left]")
+    # Where Ansible stopped at once, the lock was left held and the restore releases it
+    # ("changed"); where the SIGINT failed the running task first, the play's own `always`
+    # released it ("skipping"). Both were seen.
+    released = text.split("TASK [deploy : Release the deploy lock "
+                          "this command's interrupted play left]")
     after = released[-1].split("\n", 1)[-1].split()[:2]
-    assert len(released) >= 2 and after in (["changed:", "[sim01]"], ["skipping:", "[sim01]"]), text[-4000:]
+    assert len(released) >= 2 and after in (["changed:", "[sim01]"],
+                                            ["skipping:", "[sim01]"]), text[-4000:]
     assert "could not take the deploy lock" not in text, text[-4000:]
-    held = run_cli(*provisioned.ssh_argv("systemctl is-active sparkspec-deploy-lock-sparkspec-vllm")).stdout
+    held = run_cli(*provisioned.ssh_argv(
+        "systemctl is-active sparkspec-deploy-lock-sparkspec-vllm")).stdout
     assert held.strip() in ("inactive", "unknown"), held
-    # The tune deletes its rows' files first, so a k=2 file is this run's. Ansible may finish the task the
-    # SIGINT reached and then the row; the tune then reports the rows that ran (baseline and k_max) and stops.
-    # Either way the files and what the tune said agree.
+    # The tune deletes its rows' files first, so a k=2 file is this run's. Ansible may finish the
+    # task the SIGINT reached and then the row; the tune then reports the rows that ran (baseline
+    # and k_max) and stops. Either way the files and what the tune said agree.
     k2_ran = (ROOT / "reports" / "tune" / SIM / "ngram-k2-c1.json").exists()
     assert k2_ran == ("tune report (the rows that ran)" in text), text[-4000:]
     status = _status()
-    assert (status["method"], status["profile"], status["health"]) == (before["method"], before["profile"],
-                                                                       200), status
+    assert (status["method"], status["profile"],
+            status["health"]) == (before["method"], before["profile"], 200), status
     assert status["k"] == before.get("num_speculative_tokens")
 
 
@@ -212,7 +228,8 @@ def test_huge_prompts_file_is_refused(tmp_path: Path):
 
 @pytest.mark.sim
 def test_dflash_k_above_its_block_is_refused(provisioned):
-    """DFlash drafts one block: k above the head's block_size - 1 (read from its config.json on the host)."""
+    """DFlash drafts one block: k above the head's block_size - 1 (read from its config.json on the
+    host)."""
     head = json.loads(run_cli(*provisioned.ssh_argv(
         "cat /opt/sparkspec/models/heads/sparkspec--sim-tiny-DFlash/config.json")).stdout)
     block = head["dflash_config"]["block_size"]

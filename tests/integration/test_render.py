@@ -157,9 +157,10 @@ def test_bad_method_config_is_refused(tmp_path, method, spec, expected):
     assert not any(tmp_path.rglob("*.service"))
 
 
-@pytest.mark.parametrize(("k", "ok"), [(1, True), (2, True), (3, False), (4, True), (5, False)])
+@pytest.mark.parametrize(("k", "ok"), [(2, True), (3, False), (4, True)])
 def test_mtp_k_against_two_mtp_layers(tmp_path, k, ok):
-    """On a config with two MTP layers, k above two must be a multiple of two."""
+    """On a config with two MTP layers, k above two must be a multiple of two (each case renders
+    once: k = 1 and 5 take the same branches as 2 and 3)."""
     config = tmp_path / "config.json"
     # the 122B's head fields too: the example's profile serves the INT8 LM head, which reads them
     config.write_text(json.dumps({**QWEN35_122B_CONFIG, "text_config": {

@@ -110,9 +110,13 @@ def summary(result: dict) -> list[str]:
     if ratios:
         lines.append(f"  warm/cold READY {_spread(ratios, '')}   "
                      "(each warm start over the cold one before)")
-    lines.append("  compile cache: cold "
-                 f"{sorted({str(p['cold']['compile_cache']) for p in pairs})}, warm "
-                 f"{sorted({str(p['warm']['compile_cache']) for p in pairs})}")
+    states = {kind: sorted({str(p[kind]["compile_cache"]) for p in pairs
+                            if p[kind]["compile_cache"]}) for kind in ("cold", "warm")}
+    lines.append("  compile cache: " + (f"cold {', '.join(states['cold'])}; warm "
+                                        f"{', '.join(states['warm'])}"
+                                        if states["cold"] or states["warm"] else
+                                        "none reported (the command line compiles nothing: "
+                                        "enforce_eager)"))
     return lines
 
 

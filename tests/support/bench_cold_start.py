@@ -1,14 +1,6 @@
-"""`invoke bench.cold-start`: a start of the served command line with its compile-cache folder
-emptied (cold) against a restart that finds it filled (warm), several times, with the spread, on a
-host of an inventory.
-
-Each start is timed as the deploy times it: the unit restarted, the deploy's own wait_healthy.py on
-the host (/health, then this start's journal), sparkspec.operate.startup's report (READY after the
-unit's activation, and the compile phase by vLLM's lines). A cold start empties the folder the
-unit's record names, so the host recompiles once; with --compile the bench first serves the host's
-method without --enforce-eager (the simulated Spark serves eager) and puts the inventory's settings
-back at the end.
-"""
+"""`invoke bench.cold-start`: cold starts (compile-cache folder emptied) against warm restarts of
+a host's served command line, timed as the deploy times them, with the spread
+(docs/operate.md#cold-start)."""
 
 from __future__ import annotations
 

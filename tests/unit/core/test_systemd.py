@@ -1,10 +1,6 @@
-"""sparkspec.systemd: every quoting function's output, placed where the templates place it, parses
-back by systemd's own rules (tests/support/systemd_rules.py, written apart from the quoting code) to
-exactly the value, or the function refuses in one line naming the variable; table-driven over
-hostile values, then property-based over random text. Last, the real unit template (Ansible's
-templating with the role's filters, in-process: no playbook, no host) for hostile served model names
-and extra arguments: ExecStart parses back to exactly vLLM's argv from
-sparkspec.registry.vllm_command, and a refused value renders nothing."""
+"""sparkspec.systemd: each quoting function's output parses back by systemd's own rules
+(tests/support/systemd_rules.py) to exactly the value, or is refused in one line; then the real unit
+template, rendered in-process, carries exactly vLLM's argv."""
 
 from __future__ import annotations
 

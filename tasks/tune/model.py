@@ -173,7 +173,7 @@ def wilson(successes: float, trials: float, z: float = Z95) -> Interval:
     centre = (p + zz / (2 * n)) / (1 + zz / n)
     half = z / (1 + zz / n) * math.sqrt(p * (1 - p) / n + zz / (4 * n * n))
     # the interval holds p (at p = 0 or 1 its bound is p itself): min/max undo float rounding only,
-    # which left 1 - 1e-16 above p = 1 and broke the plot's error bars
+    # which left the high bound 1e-16 below p = 1 and broke the plot's error bars
     return Interval(p, min(p, max(0.0, centre - half)), max(p, min(1.0, centre + half)))
 
 

@@ -21,6 +21,10 @@ from sparkspec_host import atomic_write, vllm_identity  # noqa: E402
 RECORD = "sparkspec-cache.json"
 KEY = re.compile(r"[0-9a-f]{16}\Z")
 STALE = ".stale-"
+# vLLM's model-info files, under VLLM_CACHE_ROOT (the folder's "vllm", registry COMPILE_CACHE_ENV):
+# a start without them inspects each model class in a subprocess (docs/spark-facts.md, model_info)
+MODEL_INFO = ("vllm", "modelinfos")
+MODEL_INFO_MAX = 1 << 16
 
 
 class Refused(Exception):
@@ -101,6 +105,56 @@ def prune(root, key, keep):
     return removed
 
 
+def model_info_files(folder):
+    """name -> bytes of a key folder's model-info JSON files; none through a link or a foreign
+    folder."""
+    path = folder
+    try:
+        for part in MODEL_INFO:
+            path = os.path.join(path, part)
+            owned_folder(path, "", create=False)
+        entries = list(os.scandir(path))
+    except (Refused, OSError):
+        return {}
+    out = {}
+    for entry in entries:
+        if entry.name.endswith(".json") and entry.is_file(follow_symlinks=False):
+            try:
+                fd = os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW)
+                with os.fdopen(fd, "rb") as f:
+                    data = f.read(MODEL_INFO_MAX + 1)
+            except OSError:
+                continue
+            if len(data) <= MODEL_INFO_MAX:
+                out[entry.name] = data
+    return out
+
+
+def seed_model_info(root, key, digest):
+    """Copies into a cold key folder the model-info files of the other folders this vLLM build
+    filled (the newest started first); returns how many. vLLM checks each file's module hash."""
+    found = {}
+    folders = []
+    for entry in os.scandir(root):
+        if KEY.match(entry.name) and entry.name != key and entry.is_dir(follow_symlinks=False):
+            record = read_record(entry.path) or {}
+            started = record.get("started")
+            if record.get("vllm_sha256") == digest and isinstance(started, (int, float)):
+                folders.append((started, entry.path))
+    for _, folder in sorted(folders, reverse=True):
+        for name, data in model_info_files(folder).items():
+            found.setdefault(name, data)
+    if not found:
+        return 0
+    path = os.path.join(root, key)
+    for part in MODEL_INFO:
+        path = os.path.join(path, part)
+        owned_folder(path, "the compile-cache folder", create=True)
+    for name, data in found.items():
+        atomic_write(os.path.join(path, name), data, mode=0o600, durable=False)
+    return len(found)
+
+
 def prepare(root, key, keep):
     owned_folder(root, "the compile-cache folder", create=True)
     folder = os.path.join(root, key)
@@ -119,6 +173,9 @@ def prepare(root, key, keep):
         state = f"cold (filled by {before}, this is {build}: emptied)"
     else:
         state = f"cold (new; {build})"
+    if state.startswith("cold"):
+        seeded = seed_model_info(root, key, digest)
+        state += f"; model info of {seeded} class(es) from earlier folders" if seeded else ""
     now = time.time()
     created = record.get("created", now) if record is not None and state.startswith("warm") else now
     atomic_write(os.path.join(folder, RECORD), json.dumps(

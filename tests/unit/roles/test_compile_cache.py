@@ -161,3 +161,57 @@ def test_the_deploy_checks_the_folder_and_the_count_before_anything_changes() ->
         [["single_path", "deploy_compile_cache_dir?", "/var/s/../x"]])
     assert line.startswith("deploy_compile_cache_dir: the path '/var/s/../x' "
                            "is not a normalised path")
+
+
+def _model_info(root: Path, key: str, files: dict[str, bytes]) -> Path:
+    folder = root / key / "vllm" / "modelinfos"
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+    return folder
+
+
+def test_a_new_folder_gets_the_model_info_of_this_builds_folders(tmp_path: Path) -> None:
+    """A first start of a command line skips vLLM's model-class inspection (a subprocess that
+    imports vLLM) for the classes an earlier command line of the same build inspected."""
+    root, outside = tmp_path / "cc", tmp_path / "outside"
+    for key in ("1" * 16, "2" * 16, "4" * 16):   # started in this order
+        assert keep(root, key, keep_n=10)[0] == 0
+    _model_info(root, "1" * 16, {"a.json": b'{"old": 1}', "b.json": b"{}"})
+    _model_info(root, "2" * 16, {"a.json": b'{"new": 2}', "big.json": b" " * ((1 << 16) + 1),
+                                 "note.txt": b"x"})
+    # another build's folder, and a folder whose vllm subfolder is a link: neither is read
+    (root / ("3" * 16)).mkdir()
+    (root / ("3" * 16) / "sparkspec-cache.json").write_text(
+        json.dumps({"vllm_sha256": "another", "started": 9e9}))
+    _model_info(root, "3" * 16, {"c.json": b"{}"})
+    outside.mkdir()
+    _model_info(outside, "x", {"d.json": b"{}"})
+    (root / ("4" * 16) / "vllm").symlink_to(outside / "x" / "vllm")
+    rc, out, _ = keep(root, keep_n=10)
+    assert (rc, out) == (0, f"sparkspec compile cache {KEY}: cold (new; no vllm distribution); "
+                            "model info of 2 class(es) from earlier folders"), out
+    seeded = root / KEY / "vllm" / "modelinfos"
+    assert {p.name: p.read_bytes() for p in seeded.iterdir()} == \
+        {"a.json": b'{"new": 2}', "b.json": b"{}"}
+    assert {oct(p.stat().st_mode & 0o777) for p in [seeded, seeded.parent, *seeded.iterdir()]} \
+        == {"0o700", "0o600"}
+    # a warm folder is left as its command line left it
+    (seeded / "b.json").unlink()
+    (root / KEY / "vllm" / "kernel.so").write_bytes(b"x")
+    rc, out, _ = keep(root, keep_n=10)
+    assert rc == 0 and out.startswith(f"sparkspec compile cache {KEY}: warm (2 files"), out
+    assert sorted(p.name for p in seeded.iterdir()) == ["a.json"]
+
+
+def test_the_first_folder_gets_no_model_info(tmp_path: Path) -> None:
+    root = tmp_path / "cc"
+    assert keep(root)[1] == f"sparkspec compile cache {KEY}: cold (new; no vllm distribution)"
+    assert not (root / KEY / "vllm").exists()
+
+
+def test_the_model_info_folder_is_under_the_units_vllm_cache_root() -> None:
+    sys.path.insert(0, str(KEEPER.parent))
+    import compile_cache
+
+    assert compile_cache.MODEL_INFO == (COMPILE_CACHE_ENV["VLLM_CACHE_ROOT"], "modelinfos")

@@ -88,7 +88,7 @@ def size(folder):
 def prune(root, key, keep):
     """Removes all but the KEEP most recently started key folders (this one always kept), and what
     an interrupted removal left; never a link or anything not named like a key."""
-    folders = []
+    folders: list[tuple[float, str]] = []
     for entry in os.scandir(root):
         if entry.name.startswith(STALE) and entry.is_dir(follow_symlinks=False):
             shutil.rmtree(entry.path, ignore_errors=True)
@@ -133,8 +133,8 @@ def model_info_files(folder):
 def seed_model_info(root, key, digest):
     """Copies into a cold key folder the model-info files of the other folders this vLLM build
     filled (the newest started first); returns how many. vLLM checks each file's module hash."""
-    found = {}
-    folders = []
+    found: dict[str, bytes] = {}
+    folders: list[tuple[float, str]] = []
     for entry in os.scandir(root):
         if KEY.match(entry.name) and entry.name != key and entry.is_dir(follow_symlinks=False):
             record = read_record(entry.path) or {}

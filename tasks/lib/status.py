@@ -40,6 +40,8 @@ class HostStatus:
     # where k came from: sparkspec_num_speculative_tokens, a method entry
     k_source: str | None = None
     levers: list[str] = field(default_factory=list)  # the levers served, from the unit's record
+    vllm_release: str | None = None    # the vLLM release served, from the unit's record
+    previous_release: str | None = None  # the one `invoke rollback` returns to (its record)
     desired_method: str | None = None  # recorded by a deploy that switched the method
     desired_time: str | None = None
     inventory_method: str | None = None
@@ -116,6 +118,13 @@ def _status(name: str, unit: str, data: dict[str, Any]) -> HostStatus:
     status.k_source = str(record["k_source"]) if isinstance(record.get("k_source"), str) else None
     levers = record.get("levers")
     status.levers = sorted(str(x) for x in levers)[:16] if isinstance(levers, dict) else []
+    if isinstance(record.get("vllm_release"), str):
+        status.vllm_release = record["vllm_release"]
+    release = data.get("release")
+    if isinstance(release, dict) and release.get("error"):
+        status.notes.append(str(release["error"]))
+    elif isinstance(release, dict) and isinstance(release.get("previous"), str):
+        status.previous_release = release["previous"] or None
     desired = data.get("desired")
     if isinstance(desired, dict) and not desired.get("error"):
         status.desired_method, status.desired_time = desired.get("method"), desired.get("time")
@@ -167,7 +176,8 @@ def table(statuses: list[HostStatus]) -> Any:
     from rich.text import Text
 
     grid = Table(title=f"sparkspec status ({', '.join(sorted({s.unit for s in statuses}))})")
-    columns = ("host", "unit", "method", "k (from)", "levers", "profile", "model", "/health",
+    columns = ("host", "unit", "vLLM (previous)", "method", "k (from)", "levers", "profile",
+               "model", "/health",
                "memory", "available",
                "start needs", "watchdog", "headless")
     for column in columns:
@@ -177,7 +187,9 @@ def table(statuses: list[HostStatus]) -> Any:
         state = s.state if s.sub_state in ("running", "dead", "") else f"{s.state}/{s.sub_state}"
         health = str(s.health) if s.health is not None else (s.health_error or "-")
         k = "-" if s.k is None else f"{s.k} ({s.k_source or 'unknown'})"
-        grid.add_row(s.host, state, s.method or "none", k, ", ".join(s.levers) or "-",
+        release = (s.vllm_release or "-") + (f" ({s.previous_release})" if s.previous_release
+                                              else "")
+        grid.add_row(s.host, state, release, s.method or "none", k, ", ".join(s.levers) or "-",
                      s.profile or "-", s.model or "-", health,
                      _gib(s.memory_current), _gib(s.mem_available), _need(s.memfit),
                      s.watchdog or "off", _headless(s.headless))

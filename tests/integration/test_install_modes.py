@@ -1,13 +1,7 @@
 """Each install mode with spark01's settings (the example inventory, the roles' real defaults): the
-vLLM fit (roles/vllm_install/tasks/fit.yml) either passes or refuses in one line naming the knob,
-and it runs in the provision and deploy plays right after preflight, before any download.
-
-The play runs the fit on this machine over Ansible's local connection, every folder under a
-temporary root. What cannot exist here is a CUDA toolkit and a CUDA vLLM: source mode's guards read
-a stand-in toolkit (bin/nvcc that answers --version, as test_vllm_build_badinput does), existing
-mode a venv whose vllm and torch are stand-ins with the distribution metadata and torch/version.py
-the probe reads (it never imports them).
-"""
+vLLM fit (roles/vllm_install/tasks/fit.yml) passes, or refuses in one line naming the knob, before
+any download. It runs here over Ansible's local connection, with a stand-in CUDA toolkit and
+stand-in venvs (docs/design.md "Module notes")."""
 
 from __future__ import annotations
 
@@ -150,24 +144,42 @@ def test_existing_mode_on_a_built_venv_fits_a_plain_profile(tmp_path: Path) -> N
 # --- bad input ------------------------------------------------------------------------------------
 def test_a_hybrid_profile_on_a_vllm_the_inc_patch_does_not_fit(tmp_path: Path) -> None:
     line = refused(fit(tmp_path, vllm_install_mode="wheel", vllm_install_package="vllm==0.20.1"))
-    assert line.endswith("the INC patch vllm-0.32.0-inc-mixed-fp8.patch fits vLLM 0.32.0, "
-                         "not vLLM 0.20.1 (vllm_install_mode wheel), and the profile(s) "
-                         "qwen35-122b-hybrid need it (FP8 layers, vLLM #46311); set "
+    assert line.endswith("the INC patch vllm-0.32.0-inc-mixed-fp8.patch fits vLLM 0.31.0, "
+                         "0.32.0, 0.33.0, 0.34.0, not vLLM 0.20.1 (vllm_install_mode wheel), and "
+                         "the profile(s) qwen35-122b-hybrid need it (FP8 layers, vLLM #46311); set "
                          "vllm_install_package to vllm==0.32.0, or set "
                          "vllm_install_inc_patch: false if that vLLM has its own fix")
 
 
 def test_a_plain_profile_does_not_need_the_inc_patch(tmp_path: Path) -> None:
-    passed(fit(tmp_path, like="spark02", vllm_install_mode="wheel",
-               vllm_install_package="vllm==0.20.1"))
+    """The served release's INC patch stood in for by one that fits another release only."""
+    fits = {"_vllm_install_inc_patch_fits": ["0.31.0"]}
+    passed(fit(tmp_path, like="spark02", vllm_install_mode="wheel", **fits))
+    assert "fits vLLM 0.31.0, not vLLM 0.32.0" in refused(
+        fit(tmp_path, vllm_install_mode="wheel", **fits))
 
 
-def test_a_source_build_of_another_release(tmp_path: Path) -> None:
+def test_a_pin_of_another_release_than_the_served_one(tmp_path: Path) -> None:
     url = "https://files.pythonhosted.org/packages/x/vllm-0.31.0.tar.gz"
     line = refused(fit(tmp_path, **source_knobs(tmp_path), vllm_build_tarball_url=url))
-    assert ("not vLLM 0.31.0 (vllm_install_mode source), and the profile(s) qwen35-122b-hybrid "
-            "need it") in line
-    assert "; build vLLM 0.32.0 (the vllm_build role" in line
+    assert line.endswith("vLLM 0.31.0 (vllm_install_mode source) is not the release this host "
+                         "serves, 0.32.0 (sparkspec_vllm_release, or an upgrade recorded on the "
+                         "host); serve it with: invoke upgrade --vllm 0.31.0, or drop the pin (the "
+                         "default follows the release)")
+    line = refused(fit(tmp_path, like="spark02", vllm_install_mode="wheel",
+                       vllm_install_package="vllm==0.33.0"))
+    assert "vLLM 0.33.0 (vllm_install_mode wheel) is not the release this host serves" in line
+
+
+def test_a_release_the_index_lacks_a_pin_of(tmp_path: Path) -> None:
+    """vLLM 0.34.0's wheel pins flashinfer-python 0.7.3, which the index does not serve."""
+    line = refused(fit(tmp_path, like="spark02", vllm_install_mode="wheel",
+                       sparkspec_vllm_release="0.34.0"))
+    assert line.startswith("vLLM 0.34.0 needs flashinfer-python==0.7.3, which the package index "
+                           "does not serve")
+    passed(fit(tmp_path, like="spark02", vllm_install_mode="wheel",
+               sparkspec_vllm_release="0.34.0",
+               sparkspec_pip_env={"PIP_EXTRA_INDEX_URL": "https://flashinfer.ai/whl/cu130/"}))
 
 
 def test_the_build_and_the_models_on_one_disk(tmp_path: Path) -> None:

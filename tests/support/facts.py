@@ -1,13 +1,11 @@
 """The facts of the real Spark path (docs/spark-facts.md): every YAML block of that page, merged
-into one map of ``name -> {value, source}``. Tests compare the roles' defaults with these values.
-
-A fact whose home is the registry (sparkspec.registry.data) holds no value of its own: it names the
-registry's key (``registry: SERVE_DEFAULTS.max_model_len``, ``*`` for every built-in method) and
-cites the source; its value is read from the registry (:func:`registry_value`), so the page cites
-and never copies."""
+into one map of ``name -> {value, source}``. A fact whose home is the registry names the
+registry's key (``registry: SERVE_DEFAULTS.max_model_len``) and takes its value from there
+(:func:`registry_value`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -39,17 +37,21 @@ def load(path: Path = FACTS_FILE) -> dict[str, dict[str, Any]]:
 
 
 def registry_value(key: str) -> Any:
-    """The registry data at a dotted key (TABLE.name.field...); ``*`` maps every entry that has the
-    rest (a missing key is a KeyError: a citation of nothing)."""
-    from sparkspec.registry import data
+    """The registry data at a dotted key (TABLE.name.field...; a name with dots in brackets:
+    RELEASES[0.32.0].torch), in sparkspec.registry.data or .releases; ``*`` maps every entry that
+    has the rest (a missing key is a KeyError: a citation of nothing)."""
+    from sparkspec.registry import data, releases
 
-    head, *rest = key.split(".")
-    return _walk(getattr(data, head), rest, key)
+    head, *rest = [a or b for a, b in re.findall(r"\[([^\]]+)\]|([^.\[\]]+)", key)]
+    return _walk(getattr(data, head) if hasattr(data, head) else getattr(releases, head), rest,
+                 key)
 
 
 def _walk(node: Any, parts: list[str], key: str) -> Any:
     if not parts:
         return node
+    if dataclasses.is_dataclass(node) and not isinstance(node, type):
+        node = {f.name: getattr(node, f.name) for f in dataclasses.fields(node)}
     part, *rest = parts
     if part == "*":
         out = {}

@@ -23,27 +23,32 @@ from sparkspec.registry.resolve import handoff_items
 from sparkspec.registry.resolve import handoffs as _handoffs
 
 
-def _record(slurped: Any) -> Mapping[str, Any] | None:
-    """The switch record from a slurp result (None when the file is absent)."""
+def _record(slurped: Any, field: str = "method",
+            shape: str = "{method, inventory_method, time}") -> Mapping[str, Any] | None:
+    """A switch record from a slurp result (None when the file is absent)."""
     if not isinstance(slurped, Mapping) or "content" not in slurped:
         return None
     try:
         record = json.loads(base64.b64decode(slurped["content"]))
     except (binascii.Error, ValueError):
         record = None
-    if not isinstance(record, Mapping) or not isinstance(record.get("method"), str):
+    if not isinstance(record, Mapping) or not isinstance(record.get(field), str):
         raise registry.RegistryError(f"{slurped.get('source', 'the switch record')}: not a switch "
-                                     "record ({method, inventory_method, time}); remove the file")
+                                     f"record ({shape}); remove the file")
     return record
 
 
 def resolve(contract: Mapping[str, Any], slurped: Any = None, now: str = "",
             set_names: Sequence[str] = (),
-            cluster: Mapping[str, Any] | None = None) -> dict[str, Any]:
+            cluster: Mapping[str, Any] | None = None,
+            release_slurped: Any = None) -> dict[str, Any]:
     """registry.resolve for one host, with ``problems`` (empty, or the one line to stop the play
-    with). ``cluster``: {me, members, accelerator} where sparkspec_cluster is set."""
+    with). ``cluster``: {me, members, accelerator} where sparkspec_cluster is set;
+    ``release_slurped``: the release switch's record."""
     try:
-        return {**registry.resolve(contract, _record(slurped), now, set_names, cluster),
+        release = _record(release_slurped, "release",
+                          "{release, previous, inventory_release, time}")
+        return {**registry.resolve(contract, _record(slurped), now, set_names, cluster, release),
                 "problems": []}
     except UserError as exc:
         return {"problems": [str(exc)]}

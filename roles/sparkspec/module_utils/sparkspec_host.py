@@ -265,7 +265,8 @@ def probe_status(args):
     desired = read_json(f"/etc/sparkspec/{unit}.desired.json", report=True)
     state = args[2] if len(args) > 2 else ""
     watchdog = systemd_show(unit + "-watchdog.service", ["ActiveState", "LoadState"])
-    return {"show": show, "record": record, "desired": desired,
+    release = read_json(f"/etc/sparkspec/{unit}.release.json", report=True)
+    return {"show": show, "record": record, "desired": desired, "release": release,
             "health": health, "health_error": health_error, "mem_available": mem_available(),
             "rss": _unit_rss(group) if group else None,
             "memfit": _memfit(os.path.join(state, "memfit"), record) if state else None,

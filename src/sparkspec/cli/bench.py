@@ -148,7 +148,8 @@ def _bench(args: argparse.Namespace) -> int:
         requests=args.requests, max_tokens=args.max_tokens, temperature=args.temperature,
         api_key=api_key(args.api_key_file), method=args.method, unit=args.unit,
         enable_thinking=args.enable_thinking, ignore_eos=args.ignore_eos, timeout=args.timeout,
-        extra={"profile": args.profile} if args.profile else {})
+        extra={**({"profile": args.profile} if args.profile else {}),
+               **({"vllm_release": args.vllm_release} if args.vllm_release else {})})
     result = bench_mod.run_bench(cfg)
     write_outputs([(out, json_bytes(result))])
     rate = result["spec_decode_acceptance_rate"]
@@ -271,6 +272,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     bench.add_argument("--output", required=True, help="result JSON file")
     bench.add_argument("--profile", type=arg_type(check_label, "--profile"),
                        help="profile serving now (recorded)")
+    bench.add_argument("--vllm-release", type=arg_type(check_label, "--vllm-release"),
+                       help="vLLM release serving now (recorded; invoke upgrade compares by it)")
     bench.set_defaults(func=_bench)
 
     check = sub.add_parser("check-output",

@@ -78,6 +78,8 @@ def vllm_command(resolved: Mapping[str, Any], service: Mapping[str, Any],
     record = {"unit": service["unit"], "method": resolved["method"], "profile": profile["name"],
               "served_model_name": profile["served_model_name"], "venv": resolved["venv"],
               "url": f"http://{f'[{local}]' if ':' in local else local}:{checked_port}"}
+    if resolved.get("release"):   # the release served, for `invoke status` and the bench's result
+        record["vllm_release"] = resolved["release"]["version"]
     spec = resolved["speculative_config"]
     if spec is not None:   # k and where it came from, for `invoke status`
         record.update(num_speculative_tokens=spec.get("num_speculative_tokens"),

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import sparkspec.registry.releases as releases
 from sparkspec.errors import UserError
 from sparkspec.registry.cluster import resolve_cluster
 from sparkspec.registry.data import (
@@ -114,13 +115,15 @@ def choose_method(inventory: str, switch: str | None, record: Mapping[str, Any] 
 
 def resolve(contract: Mapping[str, Any], record: Mapping[str, Any] | None = None,
             now: str = "", set_names: Iterable[str] = (),
-            cluster: Mapping[str, Any] | None = None) -> dict[str, Any]:
+            cluster: Mapping[str, Any] | None = None,
+            release_record: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Everything the roles need for one host, from the contract's variables (sparkspec_<key>
     without the prefix, for each key of sparkspec.registry.data.CONTRACT_KEYS), the switch recorded
     on the host (None: none) and the names of the variables the inventory sets (``set_names``: a
     renamed one is refused in one line). ``cluster``: where sparkspec_cluster is set, {me, members,
     accelerator} for :func:`sparkspec.registry.cluster.resolve_cluster` (members: the group's hosts
-    to their sparkspec_cluster_node)."""
+    to their sparkspec_cluster_node); ``release_record``: the release switch recorded on the host
+    (:func:`sparkspec.registry.releases.choose_release`)."""
     check_renamed(set_names)
     dirs = check_contract(contract)
     methods = defined_methods(contract.get("methods"))
@@ -149,11 +152,20 @@ def resolve(contract: Mapping[str, Any], record: Mapping[str, Any] | None = None
         f"registry ({name})")
     if name in tuned:
         spec = {**spec, "num_speculative_tokens": tuned[name]}
-    venv = method["vllm_venv"] or profile["vllm_venv"] or contract["vllm_venv"]
+    served = releases.choose_release(contract.get("vllm_release") or releases.DEFAULT,
+                                     contract.get("vllm_release_switch") or None, release_record,
+                                     now)
+    active = releases.RELEASES[served["version"]]
+    releases.check_spec(spec, active, f"sparkspec_methods.{key(name)}.speculative_config")
+    install_mode = str((cluster or {}).get("install_mode") or "existing")
+    # wheel and source modes keep one venv per release beside each other; an existing venv is the
+    # owner's own, at the contract's path
+    own = (contract["vllm_venv"] if install_mode == "existing"
+           else f"{contract['vllm_venv']}-{active.version}")
+    venv = method["vllm_venv"] or profile["vllm_venv"] or own
     if spec is not None and spec["method"] == "dflash":
         # the install mode built only the contract's venv: another is a vLLM sparkspec did not make
-        mode = (str((cluster or {}).get("install_mode") or "existing")
-                if venv == contract["vllm_venv"] else "existing")
+        mode = install_mode if venv == own else "existing"
         spec, k_source = _dflash(spec, k_source, profile["heads"].get(method["head"] or ""), mode)
     if method["head"] is not None:
         if method["head"] not in profile["heads"]:
@@ -202,6 +214,10 @@ def resolve(contract: Mapping[str, Any], record: Mapping[str, Any] | None = None
                           else None),
             "verify": floors[name], "floors": floors,
             "venv": venv,
+            "release": {**releases.facts(active), "previous": served["previous"],
+                        "note": served["note"], "record": served["record"],
+                        "prior_record": (dict(release_record)
+                                         if isinstance(release_record, Mapping) else None)},
             "profile": profile, "staged": staged, "disk_gb": sum(p["disk_gb"] for p in staged),
             # one Spark, or a cluster's head (rank 0):
             # the node that serves HTTP, verifies and reports

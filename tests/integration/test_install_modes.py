@@ -162,13 +162,18 @@ def test_a_plain_profile_does_not_need_the_inc_patch(tmp_path: Path) -> None:
 def test_a_pin_of_another_release_than_the_served_one(tmp_path: Path) -> None:
     url = "https://files.pythonhosted.org/packages/x/vllm-0.31.0.tar.gz"
     line = refused(fit(tmp_path, **source_knobs(tmp_path), vllm_build_tarball_url=url))
-    assert line.endswith("vLLM 0.31.0 (vllm_install_mode source) is not the release this host "
-                         "serves, 0.32.0 (sparkspec_vllm_release, or an upgrade recorded on the "
-                         "host); serve it with: invoke upgrade --vllm 0.31.0, or drop the pin (the "
-                         "default follows the release)")
+    assert line.endswith("vLLM 0.31.0 (vllm_install_mode source: the source tarball or git ref) "
+                         "is not the release this host serves, 0.32.0 (sparkspec_vllm_release, or "
+                         "a switch recorded on the host); drop the pin (the default follows the "
+                         "release) or pin 0.32.0")
     line = refused(fit(tmp_path, like="spark02", vllm_install_mode="wheel",
                        vllm_install_package="vllm==0.33.0"))
-    assert "vLLM 0.33.0 (vllm_install_mode wheel) is not the release this host serves" in line
+    assert "vLLM 0.33.0 (vllm_install_mode wheel: vllm_install_package) is not the release" in line
+    fake_venv(tmp_path, vllm="0.31.0")
+    line = refused(fit(tmp_path, like="spark02", vllm_install_mode="existing"))
+    assert line.endswith("is not the release this host serves, 0.32.0 (sparkspec_vllm_release, or "
+                         "a switch recorded on the host); set sparkspec_vllm_release: 0.31.0 if "
+                         "sparkspec knows that release, or install 0.32.0 there")
 
 
 def test_a_release_the_index_lacks_a_pin_of(tmp_path: Path) -> None:

@@ -119,12 +119,29 @@ def test_a_release_whose_inc_patch_does_not_fit_a_staged_hybrid_changes_nothing(
     assert _ssh(sim, STATE) == before
 
 
+def test_a_mode_other_than_the_inventorys_changes_nothing(on_031: Any) -> None:
+    before = _ssh(on_031["sim"], STATE)
+    result = _invoke("upgrade", "--vllm", "0.32.0", "--mode", "source", inventory=on_031["inv"])
+    assert result.returncode == 2, result.stdout[-2000:]
+    assert _error_line(result.stderr) == (
+        "sparkspec: error: the inventory's vllm_install_mode is wheel; set vllm_install_mode: "
+        "source there, so later runs and rollbacks install releases the same way, then run "
+        "invoke upgrade again")
+    assert _ssh(on_031["sim"], STATE) == before
+
+
 def test_upgrade_is_kept_when_it_passes(on_031: Any) -> None:
     sim = on_031["sim"]
+    # an older release venv to prune, and a folder of a release sparkspec has no record of to keep
+    _ssh(sim, f"mkdir -p {VENVS}/vllm-0.33.0 {VENVS}/vllm-0.20.1 && "
+              f"touch -d 2026-01-01 {VENVS}/vllm-0.33.0")
     result = _invoke("upgrade", "--vllm", "0.32.0", inventory=on_031["inv"])
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr
     assert "sparkspec: upgrade kept: sim01 serves vLLM 0.32.0; " in result.stdout
     assert _serving(sim) == ("0.32.0", "0.32.0")
+    assert _ssh(sim, f"ls {VENVS}").split() == ["tools", "vllm-0.20.1", "vllm-0.31.0",
+                                                "vllm-0.32.0"]
+    _ssh(sim, f"rmdir {VENVS}/vllm-0.20.1")
     assert _fingerprint(sim, "0.31.0") == on_031["v031"]
     assert _fingerprint(sim, "0.32.0") == on_031["v032"]
     kept = ROOT / "reports/sim01/upgrade"

@@ -108,7 +108,7 @@ CONTRACT_KEYS: tuple[str, ...] = ("method", "method_switch", "methods", "profile
                                   "models_dir", "sources_dir", "heads_dir", "vllm_venv", "serve",
                                   "verify", "port", "bind_address", "cluster",
                                   "num_speculative_tokens", "levers", "require_pinned_revisions",
-                                  "vllm_release", "vllm_release_switch")
+                                  "vllm_release", "vllm_release_switch", "vllm_release_restore")
 # The contract's folders: absolute, normalised paths (sparkspec.validate.absolute_path).
 CONTRACT_FOLDERS: tuple[str, ...] = CONTRACT_KEYS[6:10]
 

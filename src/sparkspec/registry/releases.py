@@ -174,17 +174,20 @@ def check_spec(spec: Mapping[str, Any] | None, active: Release, where: str) -> N
 
 
 def choose_release(inventory: Any, switch: Any, record: Mapping[str, Any] | None,
-                   now: str) -> dict[str, Any]:
+                   now: str, restore: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Which release a host serves: a switch (an upgrade's X, or ``previous``: a rollback), else
     the one recorded on the host while the inventory still says what it said then, else the
     inventory's. Returns the release, the one it replaces (for a later rollback), a note, and the
     record to write after a healthy swap (None: leave the file as it is; a host without a record
-    gets one at its first swap)."""
+    gets one at its first swap). ``restore``: the record to put back instead when the switch
+    returns to its release (an upgrade undoing itself keeps the host's earlier previous)."""
     base = release(inventory).version
     record = dict(record) if isinstance(record, Mapping) and record.get("release") else None
+    where = "the release record on the host (/etc/sparkspec/<unit>.release.json; remove it)"
     # what the host serves: the record is written at each healthy swap onto another release
-    current = str(record["release"]) if record is not None else base
-    previous = str(record.get("previous") or "") if record is not None else ""
+    current = release(record["release"], where).version if record is not None else base
+    previous = (release(record["previous"], where).version
+                if record is not None and record.get("previous") else "")
     if switch == "previous":
         if not previous:
             raise fail("rollback", f"no earlier vLLM release is recorded on the host (it serves "
@@ -204,9 +207,13 @@ def choose_release(inventory: Any, switch: Any, record: Mapping[str, Any] | None
                 "note": (f"serving vLLM {current} (an upgrade recorded on the host wins while "
                          f"the inventory says {base}); go back with: invoke rollback"
                          if current != base and not switch else "")}
-    return {"version": chosen, "previous": current, "note": "",
-            "record": {"release": chosen, "previous": current, "inventory_release": base,
-                       "time": now}}
+    new = {"release": chosen, "previous": current, "inventory_release": base, "time": now}
+    if isinstance(restore, Mapping) and restore.get("release") == chosen:
+        earlier = restore.get("previous") or ""
+        new = {**new, "previous": release(earlier, "sparkspec_vllm_release_restore").version
+               if earlier else "", "inventory_release": restore.get("inventory_release") or base,
+               "time": str(restore.get("time") or now)}
+    return {"version": chosen, "previous": new["previous"], "note": "", "record": new}
 
 
 def facts(active: Release) -> dict[str, Any]:
@@ -217,6 +224,7 @@ def facts(active: Release) -> dict[str, Any]:
             "fa_commit": active.fa_commit, "inc_patch": active.inc_patch,
             "arch_patch": active.arch_patch, "v1_runner": active.v1_runner,
             "cpu_wheel": active.cpu_wheel, "index_gaps": list(active.index_gaps),
+            "known": list(RELEASES),
             "inc_patch_fits": having(lambda r: r.inc_patch == active.inc_patch
                                      and r.inc_patch is not None)}
 

@@ -154,7 +154,7 @@ def resolve(contract: Mapping[str, Any], record: Mapping[str, Any] | None = None
         spec = {**spec, "num_speculative_tokens": tuned[name]}
     served = releases.choose_release(contract.get("vllm_release") or releases.DEFAULT,
                                      contract.get("vllm_release_switch") or None, release_record,
-                                     now)
+                                     now, contract.get("vllm_release_restore") or None)
     active = releases.RELEASES[served["version"]]
     releases.check_spec(spec, active, f"sparkspec_methods.{key(name)}.speculative_config")
     install_mode = str((cluster or {}).get("install_mode") or "existing")

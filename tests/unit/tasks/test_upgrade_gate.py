@@ -52,3 +52,20 @@ def test_results_of_different_workloads_are_not_compared() -> None:
     assert mismatch(_result(10.0, 1.0), _result(11.0, 1.0, release="0.32.0")) == ""
     assert mismatch(_result(10.0, 1.0), _result(11.0, 1.0, max_concurrency=1)) == \
         "max_concurrency 2 then 1"
+
+
+@pytest.mark.parametrize("value", ["1", "1.5", "-0.1", "fast", "nan"])
+def test_a_max_slowdown_that_is_not_a_fraction_is_one_line(value: str) -> None:
+    from invoke import Exit
+
+    from tasks.upgrade import _slowdown
+
+    with pytest.raises(Exit) as err:
+        _slowdown(value)
+    assert err.value.code == 2 and "is not a fraction from 0 to below 1" in str(err.value.message)
+
+
+def test_a_max_slowdown_fraction_or_auto() -> None:
+    from tasks.upgrade import _slowdown
+
+    assert _slowdown("0.05") == 0.05 and _slowdown("auto") is None and _slowdown(None) is None

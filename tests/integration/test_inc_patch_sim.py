@@ -12,13 +12,14 @@ import json
 
 import pytest
 
+from sparkspec.registry import releases
 from tasks.lib.play import PlayResult, run_playbook
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.sim
 
 PATCH = ROOT / "roles/vllm_install/files/patches/vllm-0.32.0-inc-mixed-fp8.patch"
-VENV = "/opt/sparkspec/venvs/vllm"
+VENV = f"/opt/sparkspec/venvs/vllm-{releases.DEFAULT}"   # wheel mode: a venv per release
 INC = "vllm/model_executor/layers/quantization/inc/inc.py"
 RECORD = f"{VENV}/sparkspec-patches.json"
 

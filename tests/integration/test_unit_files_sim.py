@@ -10,6 +10,7 @@ import urllib.request
 
 import pytest
 
+from sparkspec.registry import releases
 from tests.integration.test_unit_files import (
     ENV,
     MAX_EXPOSURE,
@@ -71,7 +72,8 @@ def test_live_unit_is_confined_and_serves(provisioned, api_key):
     # it)
     mountinfo = _ssh(provisioned, f"setpriv --reuid=sparkspec --regid=sparkspec --clear-groups "
                                   f"cat /proc/{pid}/mountinfo")
-    for path in ("/opt/sparkspec/models/sim-tiny", "/opt/sparkspec/venvs/vllm", "/etc/sparkspec",
+    for path in ("/opt/sparkspec/models/sim-tiny", f"/opt/sparkspec/venvs/vllm-{releases.DEFAULT}",
+                 "/etc/sparkspec",
                  "/usr"):
         assert "ro" in _mount_of(mountinfo, path)[0], f"{path} is writable to the service"
     assert "rw" in _mount_of(mountinfo, "/var/lib/sparkspec/.cache")[0]

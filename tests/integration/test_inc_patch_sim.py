@@ -83,18 +83,20 @@ def test_inc_patch_applied_recorded_removable_and_refused(provisioned) -> None:
                    for m in _messages(refused)), _messages(refused)
         # a hybrid profile on an unpatched existing venv: fails naming the fix; the venv is not
         # touched
-        existing = _role(vllm_install_mode="existing", sparkspec_profile="sim-hybrid")
+        existing = _role(vllm_install_mode="existing", sparkspec_vllm_venv=VENV,
+                         sparkspec_profile="sim-hybrid")
         assert existing.rc != 0 and _inc_digest(sim) == wheel
         assert any("lacks the INC patch" in m and "vllm_install_patch_existing: true" in m
                    for m in _messages(existing)), _messages(existing)
         # a hybrid without FP8 layers (sim-mtp: the INT4 source and its MTP head) needs no patch:
         # the same venv passes
-        no_fp8 = _role(vllm_install_mode="existing", sparkspec_profile="sim-mtp")
+        no_fp8 = _role(vllm_install_mode="existing", sparkspec_vllm_venv=VENV,
+                       sparkspec_profile="sim-mtp")
         assert no_fp8.rc == 0 and _inc_digest(sim) == wheel, no_fp8.failures
         # allowed to patch the existing venv: patched, with the original file kept in the backup
         # folder
-        allowed = _role(vllm_install_mode="existing", sparkspec_profile="sim-hybrid",
-                        vllm_install_patch_existing=True)
+        allowed = _role(vllm_install_mode="existing", sparkspec_vllm_venv=VENV,
+                        sparkspec_profile="sim-hybrid", vllm_install_patch_existing=True)
         assert allowed.rc == 0 and allowed.total_changed > 0, allowed.failures
         assert _inc_digest(sim) != wheel
         backup = _sh(sim, f"sha256sum {VENV}/sparkspec-patches-backup/{INC}")

@@ -58,7 +58,10 @@ def on_031(provisioned: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
     inv = sim_inventory_copy(tmp_path_factory.mktemp("upgrade"),
                              lambda _host, group: group.update(sparkspec_vllm_release="0.31.0"))
     before = _fingerprint(provisioned, "0.32.0")
-    result = _invoke("deploy", "--method", "baseline", inventory=inv)
+    # no verify, and no bench left from an earlier run: the upgrade records the old release's
+    # bench itself before it switches
+    (ROOT / "reports/sim01/baseline.json").unlink(missing_ok=True)
+    result = _invoke("deploy", "--method", "baseline", "--skip-tags", "verify", inventory=inv)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr
     yield {"sim": provisioned, "inv": inv, "v032": before}
     back = _invoke("deploy", "--method", "baseline", "--skip-tags", "verify")
@@ -137,6 +140,9 @@ def test_upgrade_is_kept_when_it_passes(on_031: Any) -> None:
               f"touch -d 2026-01-01 {VENVS}/vllm-0.33.0")
     result = _invoke("upgrade", "--vllm", "0.32.0", inventory=on_031["inv"])
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+    # the fixture left no bench of 0.31.0: the upgrade verified the old release first
+    old = json.loads((ROOT / "reports/sim01/upgrade/baseline@vllm-0.31.0.json").read_text())
+    assert old["vllm_release"] == "0.31.0" and old["completed"] == old["num_prompts"]
     assert "sparkspec: upgrade kept: sim01 serves vLLM 0.32.0; " in result.stdout
     assert _serving(sim) == ("0.32.0", "0.32.0")
     assert _ssh(sim, f"ls {VENVS}").split() == ["tools", "vllm-0.20.1", "vllm-0.31.0",

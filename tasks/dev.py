@@ -156,7 +156,7 @@ def bench_client(c):
             "repeats": "interleaved pairs",
             "max-tokens": "tokens per request (both tools ignore EOS)",
             "concurrency": "requests in flight",
-            "suite": "structured|open|all",
+            "suite": "structured|open|all (prompts only: vllm bench serve has no conversations)",
             "vllm-python": "a python with vLLM (its bench serve module)",
             "output": "the JSON result"})
 def bench_vs_vllm(c, url="http://127.0.0.1:8000", model="sim-tiny", repeats=20, max_tokens=256,

@@ -36,6 +36,7 @@ COLUMNS = ("Method", "Model", "Avg tok/s", "Peak tok/s", "Drafts", "Draft tokens
            "Acceptance Rate", "Acceptance per position", "Mean acceptance length", "Lossless",
            "Notes")
 HEADER = "| " + " | ".join(COLUMNS) + " |"
+SUITE_COLUMNS = ("Method", "Model", "Suite", "Avg tok/s", "Acceptance", "Tool-call turns")
 COUNT = (int, type(None))
 MARKDOWN: Marker = starts_with(HEADER)  # a table is ours to replace when it starts with this header
 
@@ -76,6 +77,8 @@ class Row:
     per_position: tuple[float, ...] | None = None  # fractions of drafts, position 0 first
     length: float | None = None  # mean acceptance length, 1 + accepted / drafts
     lossless: str = "n/a"
+    # per suite: (suite, avg tok/s, acceptance %, share of scripted tool-call turns)
+    by_suite: tuple[tuple[str, float | None, float | None, float | None], ...] = ()
 
 
 def _number(value: Any, where: str, key: str, fix: str, high: float = math.inf) -> float | None:
@@ -108,9 +111,10 @@ def load_result(path: str | Path) -> dict[str, Any]:
     served = doc.get("served_model") or {}
     expect(served, "id", TEXT, f"{where}: served_model", fix, required=False)
     for name, suite in (doc.get("suites") or {}).items():
-        mean = expect(suite, "per_request_tok_s_mean", NUMBER, f"{where}: suites.{name}", fix,
-                      required=False)
-        _number(mean, where, f"suites.{name}.per_request_tok_s_mean", fix)
+        for key, high in (("per_request_tok_s_mean", math.inf),
+                          ("spec_decode_acceptance_rate", 100.0), ("tool_turn_share", 1.0)):
+            value = expect(suite, key, NUMBER, f"{where}: suites.{name}", fix, required=False)
+            _number(value, where, f"suites.{name}.{key}", fix, high)
     return doc
 
 
@@ -146,7 +150,10 @@ def row_for(result: dict[str, Any], path: str = "", lossless: dict[str, Any] | N
                result.get("spec_decode_num_drafts"), result.get("spec_decode_draft_tokens"),
                result.get("spec_decode_accepted_tokens"),
                None if per_pos is None else tuple(per_pos),
-               result.get("spec_decode_acceptance_length"), verdict)
+               result.get("spec_decode_acceptance_length"), verdict,
+               tuple((str(name), sub.get("per_request_tok_s_mean"),
+                      sub.get("spec_decode_acceptance_rate"), sub.get("tool_turn_share"))
+                     for name, sub in (result.get("suites") or {}).items()))
 
 
 def lossless_cells(report: dict[str, Any]) -> tuple[str, str]:
@@ -183,6 +190,14 @@ def markdown(rows: list[Row]) -> str:
         cells = (r.method, r.model, _fmt(r.avg), _fmt(r.peak), *counts,
                  _fmt(r.acceptance, suffix="%"), per_pos, _fmt(r.length, 2), r.lossless, r.notes)
         lines.append("| " + " | ".join(map(cell, cells)) + " |")
+    if any(r.by_suite for r in rows):   # which method wins on which workload (agent turns apart)
+        lines += ["", "| " + " | ".join(SUITE_COLUMNS) + " |",
+                  "|" + "|".join(["---"] * len(SUITE_COLUMNS)) + "|"]
+        lines += ["| " + " | ".join(map(cell, (r.method, r.model, name, _fmt(avg),
+                                               _fmt(rate, suffix="%"),
+                                               _fmt(None if tools is None else 100 * tools,
+                                                    0, "%")))) + " |"
+                  for r in rows for name, avg, rate, tools in r.by_suite]
     return "\n".join(lines) + "\n"
 
 

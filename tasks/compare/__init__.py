@@ -10,6 +10,7 @@ from pathlib import Path
 
 from invoke import Exit, task
 
+from sparkspec.bench import suites
 from sparkspec.errors import UserError
 from tasks.compare.plan import CONTRACT, Row, check, parse, plays, results
 from tasks.compare.plan import plan as plan_rows  # the package's `plan` stays the submodule
@@ -26,14 +27,19 @@ from tasks.report import write as write_report
                "levers named, on a profile the host stages (default the inventory's), e.g. "
                "baseline,mtp,mtp+int8_lm_head,mtp@sim-mtp; each profile and lever set gets a "
                "baseline row (its lossless reference)",
+    "suite": "the workload of every row: structured, open, agent or all (default: the "
+             "inventory's verify_suite, all); the report has a row per suite",
     "inventory": "inventory folder (default from invoke.yaml)"})
-def compare(c, host=None, methods="baseline,ngram", inventory=None):
+def compare(c, host=None, methods="baseline,ngram", suite="", inventory=None):
     """Deploy each row (a method with its levers, on a profile) in turn: lossless check, bench.
 
     The lossless check is against baseline on the same profile with the same levers. Then restore
     what ran and write one table and plot (reports/<host>/compare.{md,png}) with the /metrics
     figures. A cluster runs each play on every node and is measured through its head
     (reports/<head>/)."""
+    if suite and suite not in (*suites.BUILTIN, "all"):
+        raise Exit(f"sparkspec: error: --suite {suite[:40]!r} is not one of "
+                   f"{', '.join((*suites.BUILTIN, 'all'))}", code=2)
     inv = require_host(c, host, inventory, many=True)
     assert host is not None
     names = tuple(f"sparkspec_{key}" for key in CONTRACT)
@@ -73,7 +79,7 @@ def compare(c, host=None, methods="baseline,ngram", inventory=None):
                   + (" (the profile's lossless reference)" if row.added else "")
                   + (" (serving: verify only)" if play.verify_only else ""))
             run_play(c, "verify.yml" if play.verify_only else playbook, play.hosts, inventory,
-                     {**extra, **play.extra})
+                     {**extra, **play.extra, **({"verify_suite": suite} if suite else {})})
     except Exit:  # the table of the rows that ran, then the row's own error
         ran = [r for r in rows if results(target, reports, r)[0].is_file()]
         _compare_table(target, reports, ran, after_error=True)

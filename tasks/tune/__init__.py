@@ -40,7 +40,7 @@ REPORTS = ROOT / "reports" / "tune"
          "comes from)",
     "k-max": "measure baseline and this k only, and predict every k up to it (default: the "
              "method's k)",
-    "suite": "structured, open or all (default all)",
+    "suite": "structured, open, agent or all (default all)",
     "prompts": "your own prompts instead of a suite (JSON lines, the bench suites' format)",
     "requests": "requests per suite (default: each prompt once)",
     "concurrency": "comma-separated levels, e.g. 1,4 (the best k per level, and vLLM's batch-size "

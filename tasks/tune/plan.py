@@ -22,7 +22,7 @@ from sparkspec.registry.levers import exact_block
 MAX_CONCURRENCY = 256   # the bench's own bound (sparkspec.cli.bench): vLLM's default max_num_seqs
 MAX_REQUESTS = 100_000  # per suite, the bench's bound
 MAX_TOKENS = 262_144    # Qwen3.5's context, the bench's bound
-SUITES = ("structured", "open", "all")
+SUITES = (*suites.BUILTIN, "all")
 
 
 @dataclass(frozen=True)

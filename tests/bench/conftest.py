@@ -82,7 +82,7 @@ class Server:
         port = free_port()
         args = [VLLM_PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model",
                 str(model_dir),
-                "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "1024", *extra]
+                "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "4096", *extra]
         env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1")
         # through the environment, as the unit does: never on a command line (`ps` shows those)
         if api_key:
@@ -143,7 +143,9 @@ def vllm_servers(tiny_model: Path,
             if url:
                 servers[name] = Server(url.rstrip("/"), api_key=key)
             else:
-                extra = ["--speculative-config", NGRAM] if name == "ngram" else []
+                # as the sim's unit serves: agent suites offer tools (tool_choice auto)
+                extra = ["--enable-auto-tool-choice", "--tool-call-parser", "pythonic",
+                         *(["--speculative-config", NGRAM] if name == "ngram" else [])]
                 servers[name] = Server.start(tiny_model, logs / f"{name}.log", *extra)
         for server in servers.values():
             server.wait_healthy()

@@ -87,6 +87,10 @@ class FakeVllm:
         self.seen: list[tuple[str, str | None]] = []  # (path, Authorization header)
         self.generated = 0
         self.prompted = 0
+        # answers by content: answer(request, requests in flight) -> the text; its prompt tokens
+        # are the messages' characters / 4
+        self.answer: Any = None
+        self.inflight = 0
         self.lock = threading.Lock()
         self.httpd = serve(self.handle)
 
@@ -96,6 +100,7 @@ class FakeVllm:
 
     def reset(self) -> None:
         self.chat = self.models = self.metrics = self.tool = "ok"
+        self.answer = None
         self.prefix = "grow"
         self.prefix_scrapes = None
         self.key = None
@@ -118,7 +123,7 @@ class FakeVllm:
             with self.lock:
                 self.bodies.append(body)
             req = json.loads(body)
-            if "tools" in req:
+            if "tools" in req and req.get("tool_choice") != "auto":   # verify's forced call
                 return self.tool_call(h, req)
             if not req.get("stream"):
                 return self.complete(h, req)
@@ -261,8 +266,19 @@ class FakeVllm:
             h.send_header("Content-Length", "1000000")
         h.end_headers()
         pieces = [event(text_chunk(" tok")) for _ in range(n)]
+        prompt = 5
+        if self.answer is not None:
+            with self.lock:
+                self.inflight += 1
+            time.sleep(0.05)   # concurrent requests overlap
+            with self.lock:
+                words = self.answer(req, self.inflight).split(" ")
+                self.inflight -= 1
+            pieces = [event(text_chunk(w if i == 0 else " " + w)) for i, w in enumerate(words)]
+            n = len(pieces)
+            prompt = sum(len(str(m.get("content") or "")) for m in req["messages"]) // 4
         pieces.append(event(text_chunk("", "length")))
-        tail = [usage(n), b"data: [DONE]\n\n"]
+        tail = [usage(n, prompt), b"data: [DONE]\n\n"]
         broken = {
             "not_json": [b"data: {not json\n\n"],
             "array": [b"data: [1, 2]\n\n"],

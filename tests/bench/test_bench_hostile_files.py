@@ -135,7 +135,11 @@ def test_report_takes_two_distinct_results(fake: FakeVllm, work: Path) -> None:
     out = run(*argv("report", fake, work, **{"--inputs": None, "--plot": None}), "--inputs",
               str(work / "result.json"), str(work / "other.json"))
     assert out.rc == 0, out.stderr
-    assert (work / "out.md").read_text().count("\n| ") == 2  # two rows after the header
+    main, per_suite = (work / "out.md").read_text().split("\n\n")
+    assert main.count("\n| ") == 2  # two rows after the header
+    suites = len(bench_result()["suites"])
+    assert per_suite.startswith("| Method | Model | Suite | Avg tok/s | Acceptance | Tool-call")
+    assert per_suite.count("\n| ") == 2 * suites   # a row per method and suite
 
 
 @pytest.mark.parametrize("kind", ["fifo", "dir", "missing"])
@@ -157,10 +161,14 @@ def test_report_rows_stay_rows_whatever_the_strings(fake: FakeVllm, work: Path) 
         served_model={"id": "a|b\x1b[2J"}, suites={"o\npen": {"per_request_tok_s_mean": 1.0}})))
     out = run(*argv("report", fake, work))
     assert out.rc == 0, out.stderr
-    lines = (work / "out.md").read_text().splitlines()
+    main, per_suite = (work / "out.md").read_text().split("\n\n")
+    lines = main.splitlines()
     assert len(lines) == 3 and lines[2].startswith("| evil")
     # 12 columns: no cell split or added
     assert "\x1b" not in lines[2] and lines[2].count(" | ") == 11
+    suite_lines = per_suite.splitlines()
+    assert len(suite_lines) == 3 and suite_lines[2].startswith("| evil")
+    assert "| o pen |" in suite_lines[2] and suite_lines[2].count(" | ") == 5
 
 
 def test_report_replaces_its_own_plot_but_no_other_png(fake: FakeVllm, work: Path) -> None:

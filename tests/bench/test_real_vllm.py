@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from sparkspec.bench.suites import suites_for
 from tests.counters import assert_result_equals_counter_deltas, raw_counters
 
 from .conftest import VLLM_PYTHON, Cli, Server, vllm_available
@@ -42,10 +43,12 @@ def test_baseline_tokens_equal_server_counter_and_spec_figures_are_null(
     assert (result["method"], result["unit"], result["served_model"]["id"]) == (
         "baseline", "sparkspec-vllm.service", baseline.model)
     suites = result["suites"]
-    assert set(suites) == {"structured", "open"}
+    assert set(suites) == {"structured", "open", "agent"}
     assert (sum(s["total_output_tokens"] for s in suites.values())
             == result["total_output_tokens"])
-    assert sum(s["completed"] for s in suites.values()) == result["completed"] == 15
+    # every prompt once, each agent conversation's scripted assistant turns one request each
+    assert sum(s["completed"] for s in suites.values()) == result["completed"] == 15 + 17
+    assert suites["agent"]["agent_turns"] == 17 and "agent_turns" not in suites["open"]
     assert result["failed"] == 0 and result["partial"] is False
     assert result["per_request_tok_s_max"] >= result["per_request_tok_s_mean"] > 0
 
@@ -70,8 +73,11 @@ def test_lossless_passes_for_ngram_and_fails_when_an_output_differs(
                "--method", "ngram", "--output", str(tmp_path / "same.json"), "--json")
     assert same.returncode == 0, same.stderr
     report = json.loads((tmp_path / "same.json").read_text())
-    assert report["share"] == 1.0 and report["identical"] == report["total"] == 15
-    assert report["json_expected"] == 4  # the tiny random model writes no JSON: counted, not failed
+    # the three built-in suites, each agent turn replayed with its history and tools
+    total = sum(len(ps) for _, ps in suites_for("all"))
+    assert report["share"] == 1.0 and report["identical"] == report["total"] == total == 32
+    # the tiny random model writes no JSON: counted, not failed (4 prompts, 3 agent turns)
+    assert report["json_expected"] == 7
 
     doc = json.loads(ref.read_text())
     victim = doc["outputs"][3]
@@ -85,7 +91,7 @@ def test_lossless_passes_for_ngram_and_fails_when_an_output_differs(
                  "--reference", str(ref), "--output", str(tmp_path / "differ.json"))
     assert differ.returncode == 1
     report = json.loads((tmp_path / "differ.json").read_text())
-    assert report["identical"] == 14 and report["passed"] is False
+    assert report["identical"] == total - 1 and report["passed"] is False
     assert [(m["id"], m["offset"]) for m in report["mismatches"]] == [(victim["id"], 10)]
     mismatch = report["mismatches"][0]
     assert (mismatch["token_index"], mismatch["expected_token"], mismatch["actual_token"]) == (

@@ -1,9 +1,7 @@
-"""`invoke compare` on the simulated Spark: one run serves every method (MTP on its own profile,
-n-gram with the INT8 LM head) through the real unit, each speculative row checked lossless
-against baseline on the same profile with the same levers; the table's figures equal the server's
-counter deltas over each bench, read here from the /metrics text the verify role kept around it
-with this file's own parser (tests/counters.py), not from the report's numbers. Bad rows are
-refused before any play."""
+"""`invoke compare` on the simulated Spark: one run serves every method through the real unit, each
+speculative row lossless against baseline; the table's figures equal the server's counter deltas
+read here with this file's own parser, every row runs the agent suite too, and bad rows are
+refused before any play (docs/design.md, "Module notes")."""
 
 from __future__ import annotations
 
@@ -12,6 +10,7 @@ import re
 
 import pytest
 
+from sparkspec.bench import suites
 from tasks.lib import inventory
 from tests.conftest import BIN, ROOT, run_cli
 from tests.counters import counters_from_text
@@ -56,7 +55,7 @@ def table_rows(markdown: str) -> dict[str, dict[str, str]]:
     lines = markdown.splitlines()
     assert lines[0] == "| " + " | ".join(COLUMNS) + " |", lines[0]
     out = {}
-    for line in lines[2:]:
+    for line in lines[2:lines.index("")] if "" in lines else lines[2:]:
         cells = dict(zip(COLUMNS, (c.strip() for c in line.strip().strip("|").split(" | ")),
                          strict=False))
         profile = re.search(r"\(profile ([^)]+)\)", cells["Model"])
@@ -131,6 +130,9 @@ def test_compare_serves_every_method(provisioned):
     for name, cells in table.items():
         bench = json.loads((ROOT / "reports/compare" / SIM / f"{name}.json").read_text())
         assert cells["Model"] == f"{bench['served_model']['id']} (profile {name.split('@')[1]})"
+        # every row ran the agent suite beside the others (verify_suite all): a row per suite
+        assert bench["suites"]["agent"]["agent_turns"] == len(suites.load("agent")), name
+        assert "agent" in cells["Notes"], cells["Notes"]
         accepted[name.split("@")[0]] = check_row(name, cells, bench)
         if name.split("@")[0].split("+")[0] != "baseline":
             assert f"{name.split('@')[0]} is lossless against baseline" in result.stdout
@@ -168,6 +170,14 @@ def test_bad_rows_are_refused_before_any_play(methods, message):
     assert message in lines[0]
     assert "PLAY" not in result.stdout
     assert before == {p: p.stat().st_mtime for p in (ROOT / "reports").rglob("*") if p.is_file()}
+
+
+def test_an_unknown_suite_is_refused_before_any_play():
+    result = run_cli(f"{BIN}/invoke", "compare", "--host", SIM, "--methods", "baseline",
+                     "--suite", "chat", timeout=120)
+    assert result.returncode == 2 and "PLAY" not in result.stdout
+    assert result.stderr.strip() == ("sparkspec: error: --suite 'chat' is not one of structured, "
+                                     "open, agent, all")
 
 
 def test_rows_are_planned_per_profile():

@@ -59,8 +59,10 @@ def inventory_copy():
 def test_tune_ngram_predicts_from_one_run(provisioned, inventory_copy):
     before = _record(provisioned)
     hosts = (inventory_copy / "hosts.yml").read_text()
+    # the built-in suites, the agent suite among them: a verdict per suite
     result = run_cli(f"{BIN}/invoke", "tune", "--host", SIM, "--method", "ngram", "-k", "1,3",
-                     *WORKLOAD, "--apply", "--inventory", str(inventory_copy), timeout=1800)
+                     "--suite", "all", "--max-tokens", "48", "--apply", "--inventory",
+                     str(inventory_copy), timeout=1800)
     # --apply writes the best k only where the measurements back it (exit 1 and one line otherwise)
     applied = result.returncode == 0
     assert applied or (
@@ -70,6 +72,8 @@ def test_tune_ngram_predicts_from_one_run(provisioned, inventory_copy):
     assert doc["format"] == "sparkspec-tune/1" and doc["method"] == "ngram"
     whole = next(c for c in doc["cases"] if c["suite"] == "all prompts" and c["concurrency"] == 1)
     assert sorted(whole["measured"]) == ["1", "3"] and whole["k_max"] == 3
+    agent = next(c for c in doc["cases"] if c["suite"] == "agent" and c["concurrency"] == 1)
+    assert sorted(agent["measured"]) == ["1", "3"] and agent["verdict"]
     tuning = whole["tuning"]
     assert tuning is not None, whole["verdict"]
     # the survival rates come from the server's own counters over the k = 3 bench
@@ -210,7 +214,15 @@ def test_bad_input_is_refused_before_any_play(args, message):
     (b"", "suite has no prompts"),
     (b'{"prompt": "a"}\nnot json\n', ":2: not JSON"),
     (b'{"text": "no prompt key"}\n', '"prompt"'),
-], ids=["empty", "not-jsonl", "no-prompt"])
+    # an agent conversation whose second turn is a string, not a chat message
+    (b'{"id": "c", "turns": [{"role": "user", "content": "hi"}, "the answer"]}\n',
+     "mine.jsonl:1: turns[1] is str"),
+    # a tool whose parameters are not JSON Schema ("type" names no JSON type)
+    (b'{"id": "c", "tools": [{"type": "function", "function": {"name": "f", "parameters": '
+     b'{"type": "objekt"}}}], "turns": [{"role": "user", "content": "hi"}, '
+     b'{"role": "assistant", "content": "ok"}]}\n',
+     "mine.jsonl:1: tools[0].function.parameters is not valid JSON Schema"),
+], ids=["empty", "not-jsonl", "no-prompt", "turn-not-an-object", "tool-not-json-schema"])
 def test_bad_prompts_file_is_refused(tmp_path: Path, content: bytes, message: str):
     path = tmp_path / "mine.jsonl"
     path.write_bytes(content)

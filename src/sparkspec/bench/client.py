@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx2 as httpx
 
-from sparkspec.bench import metrics
+from sparkspec.bench import metrics, suites
 from sparkspec.bench.metrics import clean
 from sparkspec.bench.suites import Prompt, suites_for
 from sparkspec.errors import RunFailure, UserError
@@ -21,8 +21,6 @@ from sparkspec.jsonfile import loads_bounded
 RESULT_FORMAT = "sparkspec-bench-result/1"
 MAX_TOKENS = 262_144  # Qwen3.5's context length
 MAX_LINE = 1 << 20  # bytes of one SSE line; vLLM's are a few hundred
-
-
 
 
 class StreamError(Exception):
@@ -49,6 +47,7 @@ class RequestResult:
     text: str = ""
     finish_reason: str | None = None
     token_ids: list[int] | None = None  # with return_token_ids, where the server sent them
+    tool_calls: int = 0  # the answer's tool calls (streamed tool_call deltas, by index)
 
 
 def chat_url(base_url: str) -> str:
@@ -58,13 +57,15 @@ def chat_url(base_url: str) -> str:
 def request_body(prompt: Prompt, opts: RequestOptions) -> dict[str, Any]:
     body: dict[str, Any] = {
         "model": opts.model,
-        "messages": [{"role": "user", "content": prompt.prompt}],
+        "messages": list(prompt.messages) or [{"role": "user", "content": prompt.prompt}],
         "max_tokens": opts.max_tokens,
         "temperature": opts.temperature,
         "stream": True,
         "stream_options": {"include_usage": True},
         "chat_template_kwargs": {"enable_thinking": opts.enable_thinking},
     }
+    if prompt.tools:
+        body["tools"], body["tool_choice"] = list(prompt.tools), "auto"
     if opts.ignore_eos:
         body["ignore_eos"] = True
     if opts.return_token_ids:
@@ -147,6 +148,13 @@ class ChunkParser:
                     or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
                 raise _shape("token_ids", ids)
             self.result.token_ids = (self.result.token_ids or []) + ids
+        calls = delta.get("tool_calls")
+        if calls is not None:
+            if not isinstance(calls, list) or not all(
+                    isinstance(c, dict) and isinstance(c.get("index", 0), int) for c in calls):
+                raise _shape("delta.tool_calls", calls)
+            top = max((int(c.get("index", 0)) + 1 for c in calls), default=0)
+            self.result.tool_calls = max(self.result.tool_calls, min(top, 1 << 16))
         if finish:
             self.result.finish_reason = clean(finish)
 
@@ -218,26 +226,29 @@ async def _bounded(client: httpx.AsyncClient, base_url: str, prompt: Prompt, opt
 async def run_requests(client: httpx.AsyncClient, base_url: str, prompts: list[Prompt],
                        opts: RequestOptions, concurrency: int, api_key: str | None = None,
                        timeout: float | None = None) -> tuple[list[RequestResult], float]:
-    """Send ``prompts`` with at most ``concurrency`` in flight, each within ``timeout`` seconds
-    (first byte to last). The first failed request cancels the others and raises RunFailure naming
-    the URL."""
-    queue = list(reversed(prompts))
+    """Send ``prompts`` with at most ``concurrency`` in flight (a conversation's turns one after
+    another), each within ``timeout`` seconds (first byte to last). The first failed request
+    cancels the others and raises RunFailure naming the URL."""
+    queue = list(reversed(suites.units(prompts)))
     results: list[RequestResult] = []
 
     async def worker() -> None:
         while queue:
-            results.append(await _bounded(client, base_url, queue.pop(), opts, api_key, timeout))
+            for prompt in queue.pop():
+                results.append(await _bounded(client, base_url, prompt, opts, api_key, timeout))
 
     start = time.perf_counter()
-    tasks = [asyncio.create_task(worker()) for _ in range(max(1, min(concurrency, len(prompts))))]
+    tasks = [asyncio.create_task(worker()) for _ in range(max(1, min(concurrency, len(queue))))]
     try:
         await asyncio.gather(*tasks)
     except StreamError as exc:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        raise RunFailure(f"{chat_url(base_url)}: {exc}; nothing written, check the server's health "
-                         "and log") from None
+        hint = ("; serve with a tool-call parser (serve knob tool_call_parser) for agent suites"
+                if "tool-call-parser" in str(exc) else "")
+        raise RunFailure(f"{chat_url(base_url)}: {exc}{hint}; nothing written, check the server's "
+                         "health and log") from None
     return results, time.perf_counter() - start
 
 
@@ -316,6 +327,11 @@ def _cycle(prompts: list[Prompt], n: int | None) -> list[Prompt]:
 def _figures(results: list[RequestResult], duration: float, before: metrics.Snapshot | None,
              after: metrics.Snapshot | None) -> dict[str, Any]:
     figures = metrics.summarize(results, duration)
+    turns = [r for r in results if r.prompt.conversation is not None]
+    if turns:   # an agent suite: how much of it is tool calls, scripted and answered
+        figures["agent_turns"] = len(turns)
+        figures["tool_turn_share"] = sum(r.prompt.tool_turn for r in turns) / len(turns)
+        figures["tool_call_answers"] = sum(1 for r in turns if r.tool_calls)
     if before is not None and after is not None:
         d = metrics.delta(before, after)
         figures |= metrics.spec_decode_figures(d)

@@ -18,7 +18,7 @@ from sparkspec.bench.client import (
     sync_client,
 )
 from sparkspec.bench.metrics import clean
-from sparkspec.bench.suites import MAX_ID, Prompt, suites_for
+from sparkspec.bench.suites import MAX_ID, Prompt, conversation, suites_for
 from sparkspec.errors import UserError
 from sparkspec.jsonfile import expect, read_json
 
@@ -90,6 +90,9 @@ def generate(url: str, model: str, prompts: list[Prompt], max_tokens: int,
 
     by_id = {r.prompt.id: r for r in asyncio.run(go())}
     return [{"id": p.id, "suite": p.suite, "prompt": p.prompt, "expect_json": p.expect_json,
+             # an agent turn is its history and tools: compared, it is sent as recorded
+             **({"conversation": p.conversation, "messages": list(p.messages),
+                 "tools": list(p.tools)} if p.messages else {}),
              "text": by_id[p.id].text, "output_tokens": by_id[p.id].output_tokens,
              "finish_reason": by_id[p.id].finish_reason, "token_ids": by_id[p.id].token_ids}
             for p in prompts]
@@ -145,6 +148,9 @@ def load_reference(path: str | Path, model: str) -> dict[str, Any]:
                 or not out["prompt"].strip()):
             raise UserError(f"{where}: needs a printable id of 1 to {MAX_ID} characters and a "
                             f"prompt; {fix}")
+        if "messages" in out:
+            expect(out, "conversation", str, where, fix)
+            conversation.history(out["messages"], out.get("tools", []), where)
     ids = [o["id"] for o in outputs]
     if len(set(ids)) != len(ids):
         raise UserError(f"{path}: output ids repeat; {fix}")
@@ -152,8 +158,14 @@ def load_reference(path: str | Path, model: str) -> dict[str, Any]:
 
 
 def reference_prompts(reference: dict[str, Any]) -> list[Prompt]:
-    return [Prompt(o["id"], o.get("suite", ""), "", o["prompt"], bool(o.get("expect_json")))
-            for o in reference["outputs"]]
+    """The reference's prompts as recorded: an agent turn with its history and tools."""
+    out = []
+    for o in reference["outputs"]:
+        messages, tools = (conversation.history(o["messages"], o.get("tools", []), o["id"])
+                           if "messages" in o else ((), ()))
+        out.append(Prompt(o["id"], o.get("suite", ""), "", o["prompt"], bool(o.get("expect_json")),
+                          messages, tools, o.get("conversation")))
+    return out
 
 
 def compare(reference: dict[str, Any], outputs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
+import sparkspec.cli.answers as answers_cli
 from sparkspec.argtypes import number, share, temperature
 from sparkspec.bench.client import MAX_TOKENS, RESULT_FORMAT
 from sparkspec.bench.suites import file_of
@@ -207,22 +208,27 @@ def _check_compare(args: argparse.Namespace) -> int:
 def _check_run(args: argparse.Namespace) -> int:
     from sparkspec.bench import checks
 
-    fmt = checks.PREFIX_FORMAT if args.check_command == "prefix-cache" else checks.TOOL_FORMAT
-    out = None if args.output is None else Output(args.output, "--output", json_format(fmt),
-                                                  (("--api-key-file", args.api_key_file),))
+    command = args.check_command
+    fmt = (checks.PREFIX_FORMAT if command == "prefix-cache" else checks.TOOL_FORMAT
+           if command == "tool-call" else answers_cli.report_format(command))
+    reads = (("--api-key-file", args.api_key_file),) + (
+        answers_cli.inputs(args) if command in answers_cli.CHECKS else ())
+    out = None if args.output is None else Output(args.output, "--output", json_format(fmt), reads)
     check_outputs([out])
     key = api_key(args.api_key_file)
-    if args.check_command == "prefix-cache":
+    if command == "prefix-cache":
         report = checks.prefix_cache(args.url, args.model, args.expect == "on", key, args.method,
                                      args.prompt_tokens, args.timeout)
         ok, summary = checks.verdict_prefix(report)
         figures = {"repeat_hits": report["repeat_hits"], "repeat_queries": report["repeat_queries"],
                    "expected": report["expected"]}
-    else:
+    elif command == "tool-call":
         report = checks.tool_call(args.url, args.model, key, args.method, args.parser,
                                   args.max_tokens, args.timeout)
         ok, summary = checks.verdict_tool(report)
         figures = {"parser": report["parser"]}
+    else:
+        report, ok, summary, figures = answers_cli.run(args, key)
     report |= {"passed": ok, "summary": summary}
     if out is not None:
         write_outputs([(out, json_bytes(report))])
@@ -258,7 +264,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                            help="benchmark a served model (streamed chat completions + /metrics)")
     _add_server_args(bench)
     bench.add_argument("--suite", default="all",
-                       help="structured | open | all | PATH.jsonl (default all)")
+                       help="structured | open | agent | all | PATH.jsonl (default all)")
     bench.add_argument("--requests", type=number(int, 1, MAX_REQUESTS),
                        help="requests per suite (default: each prompt once)")
     bench.add_argument("--max-tokens", type=tokens, default=256,
@@ -282,7 +288,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     rec = check_sub.add_parser("record", help="record baseline's greedy outputs as the reference")
     _add_server_args(rec)
     rec.add_argument("--suite", default="all",
-                     help="structured | open | all | PATH.jsonl (default all)")
+                     help="structured | open | agent | all | PATH.jsonl (default all)")
     rec.add_argument("--max-tokens", type=tokens, default=128,
                      help="max output tokens per prompt (default 128)")
     rec.add_argument("--output", required=True, help="reference JSON to write")
@@ -302,7 +308,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     cmp_.set_defaults(func=_check_compare)
 
     checks = sub.add_parser("check", help="checks of silent regressions: prefix-cache hits, a "
-                            "tool-call round trip")
+                            "tool-call round trip, answers under concurrency, a needle per "
+                            "context tier")
     checks_sub = checks.add_subparsers(dest="check_command", metavar="CHECK", required=True)
     pc = checks_sub.add_parser("prefix-cache", help="a long prompt sent twice: the repeat must hit "
                                "the prefix cache where caching is expected on "
@@ -325,3 +332,4 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                     help="max output tokens per request (default 256)")
     tc.add_argument("--output", help="report JSON to write")
     tc.set_defaults(func=_check_run)
+    answers_cli.register(checks_sub, _add_server_args, _check_run)

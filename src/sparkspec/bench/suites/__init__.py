@@ -1,6 +1,6 @@
-"""Prompt suites: the built-in ones (``structured``, ``open``) and JSON-lines files a user gives,
-checked as untrusted input.
-"""
+"""Prompt suites: the built-in ones (``structured``, ``open``, ``agent``) and JSON-lines files a
+user gives, checked as untrusted input. A line is one prompt, or one agent conversation
+(:mod:`sparkspec.bench.suites.conversation`)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,14 @@ import os
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
+from sparkspec.bench.suites import conversation
 from sparkspec.errors import UserError
 from sparkspec.jsonfile import expect, loads_bounded
 from sparkspec.validate import read_regular
 
-BUILTIN = ("structured", "open")
+BUILTIN = ("structured", "open", "agent")
 MAX_SUITE_BYTES = 16 << 20
 MAX_ID = 128
 
@@ -25,6 +27,12 @@ class Prompt:
     category: str
     prompt: str
     expect_json: bool = False
+    # an agent conversation's turn: the history sent (chat messages), the tools offered, the
+    # conversation it belongs to (its turns run in order) and whether the scripted answer calls one
+    messages: tuple[dict[str, Any], ...] = ()
+    tools: tuple[dict[str, Any], ...] = ()
+    conversation: str | None = None
+    tool_turn: bool = False
 
 
 def _text_field(row: object, key: str, where: str, default: str, limit: int) -> str:
@@ -37,10 +45,26 @@ def _text_field(row: object, key: str, where: str, default: str, limit: int) -> 
     return str(value)
 
 
+def _conversation(row: dict[str, Any], where: str, cid: str, category: str,
+                  suite: str) -> list[Prompt]:
+    """One request per scripted assistant turn, over the turns before it."""
+    tools = conversation.tools_of(row, where)
+    turns = conversation.turns_of(row, where, tools)
+    out: list[Prompt] = []
+    for i, turn in enumerate(turns):
+        if turn["role"] == "assistant":
+            shown = str(turns[i - 1].get("content") or "")
+            out.append(Prompt(f"{cid}#{len(out) + 1}", suite, category, shown or "(tool calls)",
+                              conversation.is_json_answer(turn), tuple(turns[:i]),
+                              tuple(tools.values()), cid, "tool_calls" in turn))
+    return out
+
+
 def parse(text: str, source: str, suite: str) -> list[Prompt]:
     """The prompts of a JSON-lines suite: ``{"prompt": str, "id": str, "category": str,
-    "expect_json": bool}``, only ``prompt`` required; blank lines are skipped."""
-    prompts = []
+    "expect_json": bool}``, only ``prompt`` required, or an agent conversation ``{"id", "category",
+    "tools": [...], "turns": [...]}``; blank lines are skipped."""
+    prompts: list[Prompt] = []
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
@@ -49,7 +73,17 @@ def parse(text: str, source: str, suite: str) -> list[Prompt]:
             row = loads_bounded(line)
         except ValueError as exc:
             raise UserError(f"{where}: not JSON ({exc}); fix that line") from None
-        prompt = expect(row, "prompt", str, where, 'give each line a "prompt" string')
+        if isinstance(row, dict) and "turns" in row:
+            unknown = sorted(set(row) - {"id", "category", "tools", "turns"})
+            if unknown:
+                raise UserError(f"{where}: unknown key {unknown[0][:40]!r} beside \"turns\"; a "
+                                "conversation has id, category, tools and turns; fix that line")
+            prompts += _conversation(row, where, _text_field(row, "id", where, f"{suite}-{n}",
+                                                             MAX_ID - 8),
+                                     _text_field(row, "category", where, suite, MAX_ID), suite)
+            continue
+        prompt = expect(row, "prompt", str, where, 'give each line a "prompt" string (or '
+                        '"turns", a conversation)')
         if not prompt.strip():
             raise UserError(f'{where}: "prompt" is empty; give each line a prompt to send')
         expect_json = expect(row, "expect_json", bool, where, "use true or false", required=False)
@@ -60,6 +94,18 @@ def parse(text: str, source: str, suite: str) -> list[Prompt]:
         raise UserError(f'{source}: suite has no prompts; add JSON lines with a "prompt" or pick '
                         f"--suite {'|'.join(BUILTIN)}|all")
     return prompts
+
+
+def units(prompts: list[Prompt]) -> list[list[Prompt]]:
+    """The work items: a conversation's consecutive turns together (sent in order, each after the
+    answer before it), every other prompt alone."""
+    out: list[list[Prompt]] = []
+    for p in prompts:
+        if out and p.conversation is not None and out[-1][-1].conversation == p.conversation:
+            out[-1].append(p)
+        else:
+            out.append([p])
+    return out
 
 
 def load(name: str) -> list[Prompt]:

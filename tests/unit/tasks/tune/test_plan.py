@@ -160,7 +160,7 @@ def test_a_prompts_symlink_is_refused(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("kw", "match"), [
-    ({"suite": "bogus"}, r"^--suite: 'bogus' is not one of structured, open, all"),
+    ({"suite": "bogus"}, r"^--suite: 'bogus' is not one of structured, open, agent, all"),
     ({"suite": "open", "prompts": "x.jsonl"}, r"^--prompts and --suite both given"),
     ({"temperature": "hot"}, r"^--temperature: 'hot' is not a number"),
     ({"temperature": 2.5}, r"^--temperature: 2\.5 is outside 0\.\.2"),

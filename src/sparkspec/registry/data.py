@@ -91,8 +91,14 @@ KNOBS: tuple[str, ...] = tuple(SERVE)
 # The verify floors and their contract defaults (none): the same order as serve.
 # prefix_cache: whether verify's repeated-prompt check expects prefix-cache hits to grow (true),
 # says it is off (false), or follows the unit (null: on where the unit serves with prefix caching).
+# needle_tiers: the context lengths (tokens, ascending) of verify's needle check; null: no check.
 VERIFY_DEFAULTS: MappingProxyType[str, Any] = MappingProxyType(
-    {"min_tok_s": None, "min_acceptance_rate": None, "prefix_cache": None})
+    {"min_tok_s": None, "min_acceptance_rate": None, "prefix_cache": None, "needle_tiers": None})
+# The needle check's bounds (sparkspec.bench.needle): the shortest tier, at most this many tiers,
+# and the answer's tokens, which a tier leaves free of the served max_model_len.
+NEEDLE_MIN_TIER = 128
+NEEDLE_MAX_TIERS = 16
+NEEDLE_ANSWER_TOKENS = 32
 VERIFY_KEYS: tuple[str, ...] = tuple(VERIFY_DEFAULTS)
 
 # The speculative methods whose drafts come from a head checkpoint (a

@@ -16,6 +16,7 @@ from sparkspec.registry.data import (
     DFLASH_BACKENDS,
     DFLASH_REVISIONS,
     HEAD_KINDS,
+    NEEDLE_ANSWER_TOKENS,
     RENAMED,
     SERVE_DEFAULTS,
     VERIFY_DEFAULTS,
@@ -203,6 +204,7 @@ def resolve(contract: Mapping[str, Any], record: Mapping[str, Any] | None = None
                     "levers off (sparkspec_levers: {LEVER: false})")
     floors = {m: _merge(VERIFY_DEFAULTS, profile["verify"], c["verify"],
                         host_verify) for m, c in checked.items()}
+    _needle_fits(floors[name]["needle_tiers"], serve.get("max_model_len"), name)
     return {"method": name, "method_source": chosen["source"], "method_note": chosen["note"],
             "inventory_method": inventory,
             "desired": {"action": chosen["action"], "record": chosen["record"],
@@ -222,6 +224,15 @@ def resolve(contract: Mapping[str, Any], record: Mapping[str, Any] | None = None
             # one Spark, or a cluster's head (rank 0):
             # the node that serves HTTP, verifies and reports
             "cluster": placed, "leads": placed is None or placed["rank"] == 0}
+
+
+def _needle_fits(tiers: list[int] | None, max_model_len: Any, method: str) -> None:
+    """The needle check's longest tier leaves its answer room in the served context."""
+    if tiers and isinstance(max_model_len, int) \
+            and tiers[-1] > max_model_len - NEEDLE_ANSWER_TOKENS:
+        raise _fail("verify.needle_tiers", f"{tiers[-1]} tokens is above what {method} serves: "
+                    f"max_model_len {max_model_len} less the answer's {NEEDLE_ANSWER_TOKENS} "
+                    "tokens; lower the tier or raise max_model_len")
 
 
 def _dflash(spec: dict[str, Any], k_source: str | None, head: Mapping[str, Any] | None,

@@ -18,6 +18,8 @@ from sparkspec.registry.data import (
     CONTRACT_FOLDERS,
     CONTRACT_KEYS,
     KNOBS,
+    NEEDLE_MAX_TIERS,
+    NEEDLE_MIN_TIER,
     SERVE_KINDS,
     VERIFY_KEYS,
 )
@@ -96,6 +98,9 @@ def check_verify(verify: Any, where: str) -> dict[str, Any]:
                      "give {min_tok_s: N, min_acceptance_rate: N}")
     _unknown_keys(block, VERIFY_KEYS, where)
     for field, value in block.items():
+        if field == "needle_tiers":
+            _tiers(value, f"{where}.{field}")
+            continue
         if field == "prefix_cache":
             if value is not None and not isinstance(value, bool):
                 raise _fail(f"{where}.{field}",
@@ -110,6 +115,18 @@ def check_verify(verify: Any, where: str) -> dict[str, Any]:
             raise _fail(f"{where}.{field}",
                         f"{show(value)} is not a number >= 0{bound} or null (no floor); fix it")
     return dict(block)
+
+
+def _tiers(value: Any, where: str) -> None:
+    """needle_tiers: null, or 1 to NEEDLE_MAX_TIERS token counts, ascending, each >= the minimum."""
+    ok = value is None or (
+        isinstance(value, list) and 1 <= len(value) <= NEEDLE_MAX_TIERS
+        and all(isinstance(t, int) and not isinstance(t, bool) and t >= NEEDLE_MIN_TIER
+                for t in value) and value == sorted(set(value)))
+    if not ok:
+        raise _fail(where, f"{show(value)} is not a list of 1 to {NEEDLE_MAX_TIERS} context "
+                    f"lengths in tokens, ascending, each >= {NEEDLE_MIN_TIER}, or null (no needle "
+                    "check); e.g. [8192, 32768]")
 
 
 def repo_folder(repo: Any, where: str) -> str:

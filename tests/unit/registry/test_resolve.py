@@ -506,6 +506,7 @@ def test_rules_live_only_in_the_registry():
 def test_serve_merges_registry_defaults_then_profile_then_method_then_host():
     """One order, each layer overriding the one below it by knob name; the rest comes from below."""
     v = _vars("spark01", sparkspec_method_switch="m")
+    v["sparkspec_profiles"]["qwen35-122b-hybrid"]["verify"] = {}   # no needle tier to fit
     v["sparkspec_profiles"]["qwen35-122b-hybrid"]["serve"] = {"max_model_len": 1000,
                                                               "reasoning_parser": "p1",
                                                               "max_num_batched_tokens": 10}
@@ -543,15 +544,32 @@ def test_floors_merge_in_the_same_order_and_per_method():
     v["sparkspec_verify"] = {"min_acceptance_rate": 60}
     floors = registry.resolve(_contract(v), None, NOW)["floors"]
     # no floor of its own: the profile's
-    assert floors["eagle3"] == {"min_tok_s": 5, "min_acceptance_rate": 60, "prefix_cache": None}
+    assert floors["eagle3"] == {"min_tok_s": 5, "min_acceptance_rate": 60, "prefix_cache": None,
+                                "needle_tiers": None}
     assert floors["mtp"] == {"min_tok_s": registry.BUILTIN_METHODS["mtp"]["verify"]["min_tok_s"],
                              # the method's over the profile's
-                             "min_acceptance_rate": 60, "prefix_cache": None}
+                             "min_acceptance_rate": 60, "prefix_cache": None, "needle_tiers": None}
     with pytest.raises(UserError,
                        match=r"^sparkspec_verify.min_acceptance_rate: 120 is not a number >= 0 "
                                         r"and <= 100"):
         registry.resolve(_contract({**v, "sparkspec_verify": {"min_acceptance_rate": 120}}),
                          None, NOW)
+
+
+@pytest.mark.parametrize(("tiers", "expected"), [
+    ([8192, 262144], r"^verify.needle_tiers: 262144 tokens is above what mtp serves: "
+                     r"max_model_len 262144 less the answer's 32 tokens; lower the tier"),
+    ([32768, 8192], r"needle_tiers: \[32768, 8192\] is not a list of 1 to 16 context lengths"),
+    ([64], r"each >= 128"),
+    ("8192", r"is not a list of 1 to 16"),
+], ids=["above-max-model-len", "descending", "too-short", "a-string"])
+def test_a_needle_tier_the_profile_cannot_serve_is_refused(tiers: Any, expected: str) -> None:
+    v = _vars("spark01")
+    v["sparkspec_profiles"]["qwen35-122b-hybrid"]["verify"] = {"needle_tiers": tiers}
+    with pytest.raises(UserError, match=expected):
+        registry.resolve(_contract(v), None, NOW)
+    v["sparkspec_profiles"]["qwen35-122b-hybrid"]["verify"] = {"needle_tiers": [8192, 262112]}
+    assert registry.resolve(_contract(v), None, NOW)["verify"]["needle_tiers"] == [8192, 262112]
 
 
 def test_compare_row_on_another_profile_serves_that_profiles_settings():

@@ -1,27 +1,7 @@
-"""Operating the simulated Spark unattended (issue 26), in one sequence that shares its deploys:
-
-1. bad input (a floor that is not a number, a restart window no longer than the grace period) is
-   refused by `invoke render` in one line, before any file is written; a Prometheus port another
-   process holds, and a webhook Debian 12's Alertmanager would show through its API, are refused by
-   the monitoring role in one line before it writes anything;
-2. monitoring installed (Prometheus, the node exporter, Alertmanager: Debian's packages) and n-gram
-   deployed with the watchdog on (short windows) and the memory guard: the first start is measured
-   into a record (MemAvailable's low water, the KV cache vLLM reports) that `invoke status` shows;
-3. the real Prometheus scrapes the sim's vLLM; every recording rule and every dashboard panel
-   vLLM-CPU can feed returns data through Prometheus's HTTP API; headless Chromium renders the
-   per-position acceptance graph (the screenshot is kept as
-   build/test-artifacts/prometheus-per-position.png); Debian's own textfile folder, under the
-   prometheus user's /var/lib/prometheus, is refused;
-4. a deploy with a floor above what is free is refused by the guard in one journal line and rolled
-   back, and the rollback's start (guarded, under the record) is allowed;
-5. the watchdog restarts a unit whose engine is frozen (SIGSTOP) within its window, and after its
-   cap stops and says why;
-6. the inventory's own deploy (baseline, no watchdog) is back at the end, and the monitoring
-   services stopped, also when a step failed.
-
-The steps run in file order on sim01 (the sim lane is serial); each checks what it needs of the one
-before.
-"""
+"""Operating the simulated Spark unattended, in one sequence that shares its deploys: bad input
+refused, monitoring with the watchdog and the memory guard, Prometheus's rules and panels, the
+guard's refusal, the watchdog at a frozen engine and at a changed canary answer, then the
+inventory's own deploy back (docs/design.md, "Module notes")."""
 
 from __future__ import annotations
 
@@ -146,12 +126,22 @@ def host_vars(inventory: Path, **extra) -> None:
     ({"deploy_compile_cache_dir": "/srv/cc"},
      "deploy_compile_cache_dir /srv/cc is not an absolute, normalised folder inside "
      "deploy_read_write_paths (/var/lib/sparkspec)"),
+    # the canary asks no more often than the watchdog checks (its interval is 1 s here)
+    ({"deploy_watchdog_canary_interval_s": 0.5},
+     "deploy_watchdog_canary_interval_s 0.5 s is below deploy_watchdog_interval_s 1 s"),
+    # a needle tier the served context cannot hold with its answer
+    ({"sparkspec_verify": {"needle_tiers": [1024, 8000]}},
+     "verify.needle_tiers: 8000 tokens is above what ngram serves: max_model_len 4096 less the "
+     "answer's 32 tokens"),
 ])
 def test_bad_input_is_refused_before_anything_is_written(inventory, tmp_path, extra, line):
     host_vars(inventory, **extra)
     dest = tmp_path / "render"
-    result = invoke("render", "--host", SIM, "--method", "ngram", "--dest", str(dest),
-                    "--inventory", str(inventory), timeout=300)
+    try:
+        result = invoke("render", "--host", SIM, "--method", "ngram", "--dest", str(dest),
+                        "--inventory", str(inventory), timeout=300)
+    finally:
+        host_vars(inventory)   # the next steps' plays resolve this inventory
     assert result.returncode != 0
     assert line in result.stdout + result.stderr, result.stdout[-3000:] + result.stderr
     assert not dest.exists()
@@ -324,3 +314,45 @@ def test_watchdog_restarts_a_frozen_engine_then_stops_at_its_cap(provisioned):
     assert f"leaving {UNIT} as it is" in lines, lines[-3000:]
     assert show(provisioned, "MainPID")["MainPID"] == new_pid    # it did not restart the unit again
     ssh(provisioned, "pkill -CONT -f VLLM::EngineCore")
+
+
+@pytest.mark.sim
+@pytest.mark.slow
+def test_canary_notices_generation_settings_changed_behind_the_unit(provisioned, inventory):
+    """The canary records the tiny model's answer at its first idle check; a repetition penalty
+    written into the served generation_config.json and a restart by hand (same command line)
+    change the answer: two in a row raise SparkspecCanaryChanged through the real Prometheus and
+    the watchdog restarts the unit (restart on)."""
+    watchdog, gen = f"{UNIT}-watchdog", "/opt/sparkspec/models/sim-tiny/generation_config.json"
+    ssh(provisioned, "rm -rf /opt/sparkspec/state/watchdog/*")   # the cap counts from none
+    host_vars(inventory, deploy_watchdog_canary_interval_s=2, deploy_watchdog_canary_streak=2,
+              deploy_watchdog_canary_restart=True, deploy_watchdog_probe_interval_s=1000)
+    mark = cursor(provisioned)
+    result = invoke("deploy", "--host", SIM, "--method", "ngram", "--inventory", str(inventory),
+                    "--skip-tags", "verify")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+    wait_for("the canary's record",
+             lambda: journal_with(provisioned, watchdog, mark, "canary: recorded the answer"), 120)
+    textfile = f"/var/lib/sparkspec-monitoring/textfile/sparkspec-canary-{UNIT}.prom"
+    saved = ssh(provisioned, f"cat {gen}").stdout
+    try:
+        edited = json.loads(saved) | {"repetition_penalty": 1.8}
+        assert ssh(provisioned, f"echo '{json.dumps(edited)}' > {gen} && "
+                                f"systemctl restart {UNIT}").returncode == 0
+        mark = cursor(provisioned)
+        lines = wait_for("the canary's restart",
+                         lambda: journal_with(provisioned, watchdog, mark, "restarting"), 180)
+        assert f"restarting {UNIT}: canary answer changed: 2 answers in a row differ" in lines, \
+            lines[-3000:]
+        # the restarted engine answers the same changed way: at the cap (1) the watchdog stops,
+        # its last figures left for the alert
+        wait_for("the watchdog to stop at its cap",
+                 lambda: ssh(provisioned,
+                             f"systemctl is-active {watchdog}").stdout.strip() == "inactive", 120)
+        assert f'sparkspec_canary_mismatch_streak{{unit="{UNIT}"}} 2' in \
+            ssh(provisioned, f"cat {textfile}").stdout
+        firing = wait_for("the alert", lambda: monitoring.query(
+            'ALERTS{alertname="SparkspecCanaryChanged",alertstate="firing"}'), 90, every=3)
+        assert firing[0]["metric"]["unit"] == UNIT
+    finally:
+        ssh(provisioned, f"cat > {gen} <<'JSON'\n{saved}JSON")

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sparkspec.jsonfile import read_json
+from sparkspec.operate import canary
+from sparkspec.operate.canary import CanaryConfig
 
 # The bounds of the config (the role mirrors them): seconds in (0, MAX_SECONDS], counts in
 # [1, MAX_COUNT], the acceptance floor in [0, MAX_FLOOR_PCT] or null.
@@ -22,6 +24,7 @@ SECONDS = ("grace_s", "interval_s", "stall_window_s", "acceptance_window_s", "pr
 COUNTS = ("min_draft_tokens", "probe_failures", "max_restarts")
 PATHS = ("lock", "state")
 KEYS = frozenset({"model", "acceptance_floor", *SECONDS, *COUNTS, *PATHS})
+OPTIONAL = frozenset({"canary"})   # absent: as null (a config from before the canary)
 
 
 @dataclass(frozen=True)
@@ -40,13 +43,15 @@ class Config:
     restart_window_s: float
     lock: str
     state: str
+    canary: CanaryConfig | None = None
 
 
 def problems(doc: Any) -> list[str]:
     """One line per bad or missing field of a watchdog config (empty when it is fine)."""
     if not isinstance(doc, dict):
         return ["is not a JSON object; the role writes {\"model\": ..., \"grace_s\": ..., ...}"]
-    out = [f"{k!r}: unknown key (a typo?); remove it" for k in sorted(set(doc) - KEYS)]
+    out = [f"{k!r}: unknown key (a typo?); remove it"
+           for k in sorted(set(doc) - KEYS - OPTIONAL)]
     out += [f"{k!r}: missing; give it" for k in sorted(KEYS - set(doc))]
 
     def number(k: str) -> bool:
@@ -73,6 +78,8 @@ def problems(doc: Any) -> list[str]:
         if k in doc and (not isinstance(v, str) or not os.path.isabs(v) or "\0" in v
                          or not v.isprintable()):
             out.append(f"{k!r}: {v!r:.80} is not an absolute path")
+    out += canary.problems(doc.get("canary"), doc.get("interval_s") if number("interval_s")
+                           else None)
     if number("grace_s") and number("restart_window_s") \
             and doc["restart_window_s"] <= doc["grace_s"]:
         out.append(f"'restart_window_s': {doc['restart_window_s']:g} must be > 'grace_s' "
@@ -94,7 +101,8 @@ def load_config(path: str) -> tuple[Config | None, list[str]]:
                   lock=doc["lock"], state=doc["state"],
                   min_draft_tokens=int(doc["min_draft_tokens"]),
                   probe_failures=int(doc["probe_failures"]),
-                  max_restarts=int(doc["max_restarts"]), **seconds), []
+                  max_restarts=int(doc["max_restarts"]),
+                  canary=canary.config(doc.get("canary")), **seconds), []
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from pathlib import Path
 from sparkspec import outputs
 from sparkspec.errors import UserError
 from sparkspec.jsonfile import loads_bounded
-from sparkspec.operate import scrape
+from sparkspec.operate import canary, memfit, scrape
 from sparkspec.operate.watchdog import Config, Counters, Restarts, UnitState, Watch, parse_show
 from sparkspec.validate import read_regular
 
@@ -45,6 +45,8 @@ class Runner:
         self.deadline = min(max(cfg.probe_timeout_s, 5.0), scrape.DEADLINE_S)
         self.http = scrape.client(self.deadline)
         self.note_last: str | None = None
+        self.streak = canary.Streak(cfg.canary.streak) if cfg.canary else None
+        self.canary_due = 0.0
         # a lock that cannot be made is one line now, not at the first restart
         self._open_lock().close()
 
@@ -112,7 +114,7 @@ class Runner:
         if skip is not None:
             self.note(f"{self.unit} {skip}: not checking")
             return None
-        reason = self._check(now)
+        reason = self._check(now) or self._canary(now, wall)
         if reason is None:
             return None
         return self._restart(reason, unit, now, wall)
@@ -150,6 +152,64 @@ class Runner:
                 self.note(f"a probe failed ({error}) but {self.unit} is busy "
                           f"({self.watch.excused}): not counted")
         return reason
+
+    def _canary(self, now: float, wall: float) -> str | None:
+        """Ask the canary when it is due and the server idle; record the first clean answer per
+        start key, compare later ones; the reason to restart at the streak (where enabled)."""
+        cfg = self.cfg.canary
+        if cfg is None or self.streak is None or now < self.canary_due:
+            return None
+        before = self._counters()
+        if before is None or before.running > 0 or before.waiting > 0:
+            self.note(f"canary: {self.unit} is busy or unread: asking at the next round")
+            return None
+        self.canary_due = now + cfg.interval_s
+        try:
+            key, digest = canary.key_of(cfg)
+            status, body = scrape.fetch(self.http, "POST", self.url + "/v1/chat/completions",
+                                        self.api_key, scrape.SMALL_BODY,
+                                        max(self.cfg.probe_timeout_s, 60.0),
+                                        canary.request(self.cfg.model, cfg))
+            if status != 200:
+                raise UserError(f"HTTP {status}")
+            answer = canary.answer_of(body)
+        except UserError as exc:
+            self.note(f"canary: not asked or not answered ({exc}); asking again in "
+                      f"{cfg.interval_s:g} s")
+            return None
+        after = self._counters()
+        if after is None or after.generation - before.generation > cfg.max_tokens \
+                or after.waiting > 0:
+            self.note("canary: other requests ran beside it; not counted")
+            return None
+        record = canary.load_record(cfg, digest)
+        if record is None:
+            canary.save_record(cfg, digest, key, answer)
+            say(f"canary: recorded the answer of {memfit.describe(key)}: {answer[:60]!r}")
+        elif self.streak.feed(answer, record["answer"]):
+            self._export(cfg, wall, True)
+            why = (f"canary answer changed: {self.streak.count} answers in a row differ from the "
+                   f"one recorded {record.get('recorded', '')} ({answer[:60]!r}, recorded "
+                   f"{record['answer'][:60]!r})")
+            if not cfg.restart:
+                say(f"{why}; alerting only (restart off)")
+            return why if cfg.restart else None
+        elif self.streak.count:
+            say(f"canary: answer {self.streak.count} of {self.streak.limit} in a row differs "
+                f"from the recorded one: {answer[:60]!r}")
+        self._export(cfg, wall, True)
+        return None
+
+    def _export(self, cfg: canary.CanaryConfig, wall: float, recorded: bool) -> None:
+        if cfg.textfile_dir is None or self.streak is None:
+            return
+        try:
+            outputs.write_atomic(f"{cfg.textfile_dir}/sparkspec-canary-{self.unit}.prom",
+                                 canary.textfile(self.unit, self.streak, wall, recorded),
+                                 mode=0o644, flag="'canary.textfile_dir' in the config")
+        except (OSError, UserError) as exc:
+            self.note(f"canary: cannot write its figures to {cfg.textfile_dir} ({exc}); the "
+                      "alert needs the monitoring role's textfile folder")
 
     def probe(self) -> str | None:
         """A one-token completion within ``probe_timeout_s`` overall: None when it answered, else
@@ -203,6 +263,8 @@ class Runner:
             say(f"restarting {self.unit} failed: {exc}")
         self.watch.reset()
         self.watch.restarted_at = now
+        if self.streak is not None:   # a fresh engine gets a fresh streak
+            self.streak.count = 0
         self.note_last = None
         return None
 

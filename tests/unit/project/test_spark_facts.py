@@ -129,6 +129,20 @@ def test_deploy_defaults(facts: dict[str, Any]) -> None:
     assert any(d["deploy_compile_cache_dir"].startswith(rw + "/")
                for rw in d["deploy_read_write_paths"])
     assert d["deploy_compile_cache_keep"] == facts["compile_cache_keep"]
+    # the canary: its schedule and streak, and the folder the monitoring role's node exporter reads
+    assert d["deploy_watchdog_canary_interval_s"] == facts["canary_interval_s"] >= \
+        d["deploy_watchdog_interval_s"]
+    assert d["deploy_watchdog_canary_streak"] == facts["canary_streak"]
+    assert d["deploy_watchdog_textfile_dir"] == facts["textfile_dir"] == \
+        _yaml("roles/monitoring/defaults/main.yml")["monitoring_textfile_dir"]
+
+
+def test_verify_answers_concurrency_falls_back_to_the_fact(facts: dict[str, Any]) -> None:
+    """The verify role's fallback N (no knob, no --max-num-seqs on the unit) is PR #281's 8."""
+    text = (ROOT / "roles/verify/tasks/main.yml").read_text()
+    fallback = re.search(r"if '--max-num-seqs' in \(_rec\.args \| default\(\[\]\)\)\[:-1\] "
+                         r"else (\d+)\) \}\}", text)
+    assert fallback and int(fallback.group(1)) == facts["answers_concurrency"]
 
 
 def test_registry_values_are_cited_not_copied() -> None:

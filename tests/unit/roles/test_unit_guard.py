@@ -1,8 +1,6 @@
-"""The memory guard's ExecStartPre, rendered by the real unit template (in-process, Ansible's
-templating with the contract role's filters) and read back by systemd's own rules
-(tests/support/systemd_rules): every value reaches `sparkspec memfit guard` as exactly one word,
-whatever its characters, and the guard comes after the page cache is dropped; the worker of a
-cluster gets no --measure (it serves no HTTP)."""
+"""The memory guard's ExecStartPre and the watchdog's unit, rendered by the real templates and read
+back by systemd's own rules: every value reaches its command as exactly one word, the guard comes
+after the page cache is dropped, and a cluster's worker gets no --measure."""
 
 from __future__ import annotations
 
@@ -90,8 +88,9 @@ def test_the_deploy_checks_every_guard_and_watchdog_number_with_the_commands_bou
     validate = (rules.ROOT / "roles/deploy/tasks/validate.yml").read_text()
     defaults = yaml.safe_load((rules.ROOT / "roles/deploy/defaults/main.yml").read_text())
     numeric = [k for k, v in defaults.items()
-               if k.startswith(("deploy_memory_", "deploy_watchdog_")) and not isinstance(v, bool)]
-    assert len(numeric) == 12 and all(f"- [{k}, " in validate for k in numeric)
+               if k.startswith(("deploy_memory_", "deploy_watchdog_"))
+               and not isinstance(v, bool | str)]
+    assert len(numeric) == 15 and all(f"- [{k}, " in validate for k in numeric)
     problems = _number_problems()
     assert problems([["s", watchdog.MAX_SECONDS, "seconds", False],
                      ["g", memfit.MAX_MARGIN_GIB, "gib", False],
@@ -114,10 +113,14 @@ def test_the_watchdog_unit_runs_the_watchdog_with_exactly_its_arguments(key: str
         "_deploy_lock": "/run/sparkspec/sparkspec-vllm.lock",
         "_deploy_watchdog_unit": "sparkspec-vllm-watchdog",
         "_deploy_watchdog_config": "/etc/sparkspec/u-watchdog.json",
-        "_deploy_watchdog_key": "/etc/sparkspec/u-watchdog.key"})
+        "_deploy_watchdog_key": "/etc/sparkspec/u-watchdog.key",
+        "deploy_watchdog_textfile_dir": "/var/lib/sparkspec-monitoring/textfile"})
     service = [(k, v) for section, k, v in rules.unit_entries(unit) if section == "Service"]
     starts = [rules.exec_command(v) for k, v in service if k == "ExecStart"]
     assert len(starts) == 1 and not [k for k, _ in service if k == "EnvironmentFile"]
+    # the canary's figures go to the node exporter's textfile folder, its one other writable place
+    assert [v for k, v in service if k == "ReadWritePaths"] == [
+        "-/opt/sparkspec/state", "-/var/lib/sparkspec-monitoring/textfile"]
     assert starts[0].argv == ["/opt/venvs/tools/bin/python", "-I", "-m", "sparkspec.cli",
                               "watchdog", "--unit", "sparkspec-vllm", "--url",
                               "http://127.0.0.1:8000", "--config", "/etc/sparkspec/u-watchdog.json",

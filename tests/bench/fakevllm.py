@@ -90,6 +90,9 @@ class FakeVllm:
         # answers by content: answer(request, requests in flight) -> the text; its prompt tokens
         # are the messages' characters / 4
         self.answer: Any = None
+        # with tools offered (tool_choice auto): a read_file call with these arguments, streamed in
+        # pieces of this many characters
+        self.auto_call: tuple[str, int] | None = None
         self.inflight = 0
         self.lock = threading.Lock()
         self.httpd = serve(self.handle)
@@ -100,7 +103,7 @@ class FakeVllm:
 
     def reset(self) -> None:
         self.chat = self.models = self.metrics = self.tool = "ok"
-        self.answer = None
+        self.answer = self.auto_call = None
         self.prefix = "grow"
         self.prefix_scrapes = None
         self.key = None
@@ -277,6 +280,16 @@ class FakeVllm:
             pieces = [event(text_chunk(w if i == 0 else " " + w)) for i, w in enumerate(words)]
             n = len(pieces)
             prompt = sum(len(str(m.get("content") or "")) for m in req["messages"]) // 4
+        if self.auto_call is not None and req.get("tools"):
+            args, step = self.auto_call
+            deltas = [{"tool_calls": [{"index": 0, "id": "t", "type": "function",
+                                       "function": {"name": "read_file"}}]}]
+            deltas += [{"tool_calls": [{"index": 0, "function": {"arguments": args[i:i + step]}}]}
+                       for i in range(0, len(args), step)]
+            pieces = [event({"id": "c", "object": "chat.completion.chunk", "model": MODEL,
+                             "choices": [{"index": 0, "delta": d, "finish_reason": None}]})
+                      for d in deltas]
+            n = len(pieces)
         pieces.append(event(text_chunk("", "length")))
         tail = [usage(n, prompt), b"data: [DONE]\n\n"]
         broken = {

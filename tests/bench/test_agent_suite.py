@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from sparkspec.bench import suites
 from sparkspec.bench.suites import load
 from tests.badinput import refused_untouched, run
 
@@ -75,6 +76,14 @@ BAD = {
     "no-assistant-turn": (_with(turns=[{"role": "user", "content": "hi"}] * 2),
                           "no assistant turn"),
     "conversation-unknown-key": (_with(prompt="hi"), "unknown key 'prompt' beside \"turns\""),
+    # a $ref is never fetched (a URL, a file), and one that resolves nowhere is one line
+    "ref-a-url": (_tool(parameters={"type": "object", "properties": {
+        "path": {"$ref": "http://127.0.0.1:9/evil.json"}}}),
+        "$ref 'http://127.0.0.1:9/evil.json' points outside the schema"),
+    "ref-a-file": (_tool(parameters={"type": "object", "$ref": "file:///dev/zero"}),
+                   "$ref 'file:///dev/zero' points outside the schema"),
+    "ref-nowhere": (_tool(parameters={"type": "object", "properties": {
+        "path": {"$ref": "#/$defs/nope"}}}), "read_file's parameters hold a $ref that resolves"),
 }
 
 
@@ -144,3 +153,27 @@ def test_the_lossless_reference_replays_each_turn_as_recorded(fake: FakeVllm, wo
     ref.write_text(json.dumps(doc))
     refused_untouched(argv("check-output compare", fake, work, **{"--reference": str(ref)}),
                       [work], 2, match=r"ref-agent\.json: outputs\[1\]: turns\[1\] is str")
+
+
+def test_a_cycled_conversation_starts_a_new_unit_at_its_first_turn() -> None:
+    """--requests beyond a suite repeats its conversations: each repeat is its own unit (turns in
+    order within it), so repeats of one conversation can run side by side."""
+    prompts = load("agent")
+    first = [p for p in prompts if p.conversation == prompts[0].conversation]
+    units = suites.units(suites.cycle(first, 3 * len(first)))
+    assert [len(u) for u in units] == [len(first)] * 3
+    assert all([p.id for p in u] == [p.id for p in first] for u in units)
+
+
+def test_the_lossless_check_compares_tool_calls_not_their_empty_text(fake: FakeVllm,
+                                                                     work: Path) -> None:
+    """A parsed tool call leaves no text: its calls are compared, however the stream cut them."""
+    ref = work / "ref.json"
+    fake.auto_call = ('{"path": "a.py"}', 3)
+    assert run(*argv("check-output record", fake, work,
+                     **{"--suite": "agent", "--output": str(ref)})).rc == 0
+    fake.auto_call = ('{"path": "a.py"}', 7)   # the same call in other pieces
+    assert run(*argv("check-output compare", fake, work, **{"--reference": str(ref)})).rc == 0
+    fake.auto_call = ('{"path": "b.py"}', 3)   # another call: every turn differs
+    out = run(*argv("check-output compare", fake, work, **{"--reference": str(ref)}))
+    assert out.rc == 1 and "FAIL (identical share 0.000 < 1.000)" in out.stderr, out.stderr

@@ -349,7 +349,7 @@ def test_canary_notices_generation_settings_changed_behind_the_unit(provisioned,
         wait_for("the watchdog to stop at its cap",
                  lambda: ssh(provisioned,
                              f"systemctl is-active {watchdog}").stdout.strip() == "inactive", 120)
-        assert f'sparkspec_canary_mismatch_streak{{unit="{UNIT}"}} 2' in \
+        assert f'sparkspec_canary_mismatch_streak{{unit="{UNIT}"}} 2.0' in \
             ssh(provisioned, f"cat {textfile}").stdout
         firing = wait_for("the alert", lambda: monitoring.query(
             'ALERTS{alertname="SparkspecCanaryChanged",alertstate="firing"}'), 90, every=3)

@@ -1,6 +1,5 @@
 """Benchmark client: streamed chat completions against an OpenAI-compatible vLLM server, with result
-keys and units as ``vllm bench serve`` gives them, plus the article's per-request speed.
-"""
+keys and units as ``vllm bench serve`` gives them, plus the article's per-request speed."""
 
 from __future__ import annotations
 
@@ -47,7 +46,8 @@ class RequestResult:
     text: str = ""
     finish_reason: str | None = None
     token_ids: list[int] | None = None  # with return_token_ids, where the server sent them
-    tool_calls: int = 0  # the answer's tool calls (streamed tool_call deltas, by index)
+    tool_calls: int = 0  # the answer's tool calls, and their names and arguments (for lossless)
+    tool_text: str = ""
 
 
 def chat_url(base_url: str) -> str:
@@ -107,6 +107,7 @@ class ChunkParser:
         self.result, self.start, self.last = result, start, start
         self.max_tokens, self.secret = max_tokens, secret
         self.parts: list[str] = []
+        self.calls: dict[int, list[str]] = {}
         self.done = self.has_usage = False
 
     def feed(self, data: bytes) -> None:
@@ -155,6 +156,10 @@ class ChunkParser:
                 raise _shape("delta.tool_calls", calls)
             top = max((int(c.get("index", 0)) + 1 for c in calls), default=0)
             self.result.tool_calls = max(self.result.tool_calls, min(top, 1 << 16))
+            for c in calls:   # name and argument pieces per call, however the stream cut them
+                fn = c.get("function") if isinstance(c.get("function"), dict) else {}
+                self.calls.setdefault(int(c.get("index", 0)), []).extend(
+                    v for v in (fn.get("name"), fn.get("arguments")) if isinstance(v, str))
         if finish:
             self.result.finish_reason = clean(finish)
 
@@ -167,6 +172,8 @@ class ChunkParser:
         # as vllm bench serve: the end is the last chunk with choices
         self.result.e2e = self.last - self.start
         self.result.text = "".join(self.parts)
+        self.result.tool_text = "".join(f"\n<call {i}>" + "".join(self.calls[i])
+                                        for i in sorted(self.calls))
         return self.result
 
 
@@ -320,10 +327,6 @@ class BenchConfig:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def _cycle(prompts: list[Prompt], n: int | None) -> list[Prompt]:
-    return prompts if n is None else [prompts[i % len(prompts)] for i in range(n)]
-
-
 def _figures(results: list[RequestResult], duration: float, before: metrics.Snapshot | None,
              after: metrics.Snapshot | None) -> dict[str, Any]:
     figures = metrics.summarize(results, duration)
@@ -350,7 +353,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     that is not a vLLM one) raises UserError before any request; a failure after the first request
     raises RunFailure. Either way there is no result.
     """
-    planned = {name: _cycle(prompts, cfg.requests) for name, prompts in suites_for(cfg.suite)}
+    planned = {name: suites.cycle(prompts, cfg.requests) for name, prompts in suites_for(cfg.suite)}
     opts = RequestOptions(cfg.model, cfg.max_tokens, cfg.temperature, cfg.enable_thinking,
                           cfg.ignore_eos)
     with sync_client() as client:

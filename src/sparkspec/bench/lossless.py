@@ -93,7 +93,9 @@ def generate(url: str, model: str, prompts: list[Prompt], max_tokens: int,
              # an agent turn is its history and tools: compared, it is sent as recorded
              **({"conversation": p.conversation, "messages": list(p.messages),
                  "tools": list(p.tools)} if p.messages else {}),
-             "text": by_id[p.id].text, "output_tokens": by_id[p.id].output_tokens,
+             # a tool call's answer is its calls (the parser leaves no text)
+             "text": by_id[p.id].text + by_id[p.id].tool_text,
+             "output_tokens": by_id[p.id].output_tokens,
              "finish_reason": by_id[p.id].finish_reason, "token_ids": by_id[p.id].token_ids}
             for p in prompts]
 

@@ -40,7 +40,8 @@ def code(tier: int, depth: float) -> str:
 
 
 def _line(n: int) -> str:
-    return f"{n}. " + " ".join(_WORDS[(n * 3 + i) % len(_WORDS)] for i in range(10)) + "."
+    # fixed-width numbers: every line takes the same tokens, so a probe sizes the longest tier
+    return f"{n:06d}. " + " ".join(_WORDS[(n * 3 + i) % len(_WORDS)] for i in range(10)) + "."
 
 
 def haystack(lines: int, depth: float, needle: str, nonce: str) -> str:
@@ -76,7 +77,7 @@ async def _ask(url: str, prompt: str, opts: RequestOptions, api_key: str | None,
                 return await stream_chat(aclient, url, Prompt("needle", "needle", "needle",
                                                               prompt), opts, api_key)
         except (StreamError, TimeoutError) as exc:
-            raise RunFailure(f"{chat_url(url)}: {exc or 'no answer within the timeout'}; "
+            raise RunFailure(f"{chat_url(url)}: {str(exc) or 'no answer within the timeout'}; "
                              "nothing written, check the server's health and log") from None
 
 
@@ -107,11 +108,14 @@ def check(url: str, model: str, tiers: list[int], max_tokens: int = NEEDLE_ANSWE
         small, large = (asyncio.run(_ask(url, haystack(n, 0.5, "0000", "probe"), opts, api_key,
                                          timeout)).input_tokens
                         for n in (PROBE_LINES, 2 * PROBE_LINES))
-        per_line = max(large - small, 1) / PROBE_LINES
+        if large <= small:
+            raise RunFailure(f"{chat_url(url)}: twice the filler counted {large} prompt tokens "
+                             f"against {small}; point --url at a vLLM server")
+        per_line = (large - small) / PROBE_LINES
         around = max(small - per_line * PROBE_LINES, 0)
         out = []
         for tier in tiers:
-            lines = max(1, int(0.97 * (tier - around) / per_line))
+            lines = max(1, min(tier, int(0.97 * (tier - around) / per_line)))
             before = metrics.scrape(client, url, api_key)
             answers, results = _tier(url, tier, lines, opts, api_key, timeout, depths)
             after = metrics.settled(client, url, before, sum(r.output_tokens for r in results),
@@ -146,7 +150,6 @@ def verdict(report: dict[str, Any], expect_found: bool) -> tuple[bool, str]:
         for t in report["tiers"])
     found = sum(a["found"] for t in report["tiers"] for a in t["answers"])
     total = sum(len(t["answers"]) for t in report["tiers"])
-    checked = "checked" if expect_found else "not checked"
     checked = "checked" if expect_found else "not checked"
     return True, f"needle: {found} of {total} found ({checked}); {summary}"
 

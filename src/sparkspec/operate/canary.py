@@ -8,9 +8,12 @@ import json
 import math
 import os
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
 from sparkspec import outputs
 from sparkspec.bench.metrics import clean
@@ -86,22 +89,28 @@ def config(doc: dict[str, Any] | None) -> CanaryConfig | None:
 
 
 def request(model: str, cfg: CanaryConfig) -> dict[str, Any]:
+    """The canary's request; a fresh cache_salt keeps it off the prefix cache, so every ask runs
+    the same cold prefill as the recorded one."""
     return {"model": model, "messages": [{"role": "user", "content": cfg.prompt}],
             "max_tokens": cfg.max_tokens, "temperature": 0, "stream": False,
-            "chat_template_kwargs": {"enable_thinking": False}}
+            "chat_template_kwargs": {"enable_thinking": False}, "cache_salt": uuid.uuid4().hex}
 
 
-def answer_of(body: bytes) -> str:
-    """choices[0].message.content of a chat completion, else UserError in one line."""
+def answer_of(body: bytes) -> tuple[str, int]:
+    """choices[0].message.content of a chat completion and its usage.completion_tokens, else
+    UserError in one line."""
     try:
         doc = loads_bounded(body)
-        content = doc["choices"][0]["message"]["content"]
+        content, tokens = doc["choices"][0]["message"]["content"], \
+            doc["usage"]["completion_tokens"]
     except (ValueError, KeyError, IndexError, TypeError) as exc:
         raise UserError(f"the answer is not a chat completion ({clean(str(exc))[:SHOWN]})") \
             from None
     if not isinstance(content, str):
         raise UserError(f"the answer's content is {type(content).__name__}, not text")
-    return content
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or not 0 <= tokens <= MAX_TOKENS:
+        raise UserError(f"the answer's usage.completion_tokens is {tokens!r:.40}, not a count")
+    return content, tokens
 
 
 def key_of(cfg: CanaryConfig) -> tuple[dict[str, Any], str]:
@@ -156,9 +165,9 @@ class Streak:
 
 def textfile(unit: str, streak: Streak, checked: float, recorded: bool) -> bytes:
     """The canary's gauges in the Prometheus text format (the unit name is the label)."""
-    escaped = unit.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-    label = f'{{unit="{escaped}"}}'
-    rows = (("sparkspec_canary_mismatch_streak",
+    registry = CollectorRegistry()
+    for name, doc, value in (
+            ("sparkspec_canary_mismatch_streak",
              "Canary answers in a row that differ from the answer recorded at this start key.",
              streak.count),
             ("sparkspec_canary_streak_limit",
@@ -166,6 +175,6 @@ def textfile(unit: str, streak: Streak, checked: float, recorded: bool) -> bytes
             ("sparkspec_canary_recorded", "1 when an answer is recorded for this start key.",
              int(recorded)),
             ("sparkspec_canary_last_check_timestamp_seconds",
-             "When the canary last asked (Unix time).", checked))
-    return "".join(f"# HELP {n} {h}\n# TYPE {n} gauge\n{n}{label} {v:.17g}\n"
-                   for n, h, v in rows).encode()
+             "When the canary last asked (Unix time).", checked)):
+        Gauge(name, doc, ["unit"], registry=registry).labels(unit=unit).set(value)
+    return generate_latest(registry)

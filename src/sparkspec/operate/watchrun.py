@@ -161,8 +161,7 @@ class Runner:
             return None
         before = self._counters()
         if before is None or before.running > 0 or before.waiting > 0:
-            self.note(f"canary: {self.unit} is busy or unread: asking at the next round")
-            return None
+            return None   # busy (or unread): asked at the next idle round
         self.canary_due = now + cfg.interval_s
         try:
             key, digest = canary.key_of(cfg)
@@ -172,19 +171,25 @@ class Runner:
                                         canary.request(self.cfg.model, cfg))
             if status != 200:
                 raise UserError(f"HTTP {status}")
-            answer = canary.answer_of(body)
+            answer, tokens = canary.answer_of(body)
         except UserError as exc:
             self.note(f"canary: not asked or not answered ({exc}); asking again in "
                       f"{cfg.interval_s:g} s")
             return None
         after = self._counters()
-        if after is None or after.generation - before.generation > cfg.max_tokens \
-                or after.waiting > 0:
-            self.note("canary: other requests ran beside it; not counted")
+        # clean: nothing but the canary generated meanwhile, nothing runs now, and no deploy
+        # began (its record may name a new start key)
+        if after is None or after.generation - before.generation != tokens \
+                or after.running > 0 or after.waiting > 0 or not self._lock_free():
+            self.note("canary: other requests or a deploy ran beside it; not counted")
             return None
         record = canary.load_record(cfg, digest)
         if record is None:
-            canary.save_record(cfg, digest, key, answer)
+            try:
+                canary.save_record(cfg, digest, key, answer)
+            except (OSError, UserError) as exc:
+                self.note(f"canary: cannot record its answer ({exc}); asking again later")
+                return None
             say(f"canary: recorded the answer of {memfit.describe(key)}: {answer[:60]!r}")
         elif self.streak.feed(answer, record["answer"]):
             self._export(cfg, wall, True)
@@ -199,6 +204,13 @@ class Runner:
                 f"from the recorded one: {answer[:60]!r}")
         self._export(cfg, wall, True)
         return None
+
+    def _lock_free(self) -> bool:
+        lock = self._open_lock()
+        try:
+            return lock.take()
+        finally:
+            lock.close()
 
     def _export(self, cfg: canary.CanaryConfig, wall: float, recorded: bool) -> None:
         if cfg.textfile_dir is None or self.streak is None:
@@ -263,8 +275,9 @@ class Runner:
             say(f"restarting {self.unit} failed: {exc}")
         self.watch.reset()
         self.watch.restarted_at = now
-        if self.streak is not None:   # a fresh engine gets a fresh streak
-            self.streak.count = 0
+        if self.streak is not None and self.cfg.canary is not None:
+            self.streak.count = 0   # a fresh engine, a fresh streak
+            self._export(self.cfg.canary, wall, True)
         self.note_last = None
         return None
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from sparkspec.operate import canary
 from sparkspec.operate.watchdog import load_config
@@ -27,15 +28,18 @@ class ChatVllm(OpsVllm):
         self.answer = "blue blue blue"
         self.chat_body: bytes | None = None
         self.chats: list[dict[str, Any]] = []
+        self.others = 0   # tokens other requests generate while the canary's runs
 
     def handle(self, h: BaseHTTPRequestHandler) -> None:
         if h.path != "/v1/chat/completions":
             return super().handle(h)
         req = json.loads(h.rfile.read(int(h.headers.get("Content-Length") or 0)))
         self.chats.append(req)
-        self.generation += len(self.answer.split())
+        tokens = len(self.answer.split())
+        self.generation += tokens + self.others
         body = self.chat_body if self.chat_body is not None else json.dumps(
-            {"choices": [{"message": {"role": "assistant", "content": self.answer}}]}).encode()
+            {"choices": [{"message": {"role": "assistant", "content": self.answer}}],
+             "usage": {"prompt_tokens": 9, "completion_tokens": tokens}}).encode()
         return self.reply(h, 200, body)
 
 
@@ -119,8 +123,10 @@ def test_the_first_clean_answer_is_recorded_then_a_changed_one_alerts_and_restar
     assert ctl.restarts() == 0 and _gauge(tmp_path, "sparkspec_canary_mismatch_streak") == 1
     assert runner.step(260, 1e9 + 60) is None
     assert ctl.restarts() == 1
-    assert _gauge(tmp_path, "sparkspec_canary_mismatch_streak") == 2
+    # the restarted engine starts a fresh streak (the alert resolves until it builds again)
+    assert _gauge(tmp_path, "sparkspec_canary_mismatch_streak") == 0
     assert _gauge(tmp_path, "sparkspec_canary_streak_limit") == 2
+    assert chat.chats[-1]["cache_salt"] != chat.chats[0]["cache_salt"]   # never a cached prefill
     out = capsys.readouterr().out
     assert ("restarting vllm: canary answer changed: 2 answers in a row differ from the one "
             "recorded") in out and "'garbage garbage'" in out
@@ -154,14 +160,20 @@ def test_a_busy_server_is_not_asked_and_a_crowded_answer_not_counted(tmp_path: P
     runner.step(200, 1e9)
     assert chat.chats == [] and not (tmp_path / "canary").exists()
     chat.running = 0
-    chat.answer = " ".join(["x"] * 20)   # more tokens than the canary's 8: others generated too
+    chat.others = 5   # another request generated beside the canary's answer
     runner.step(201, 1e9 + 1)
     assert len(chat.chats) == 1 and not (tmp_path / "canary").exists()
+    chat.others = 0
+    runner.step(232, 1e9 + 32)   # due again, alone: recorded
+    assert len(list((tmp_path / "canary").glob("*.json"))) == 1
 
 
 @pytest.mark.parametrize("body", [b"not json", b'{"choices": []}', b'{"choices": [{"message": '
-                                  b'{"content": 5}}]}', b"[" * 100_000 + b"]" * 100_000],
-                         ids=["not-json", "no-choice", "content-a-number", "deep"])
+                                  b'{"content": 5}}], "usage": {"completion_tokens": 1}}',
+                                  b'{"choices": [{"message": {"content": "x"}}], "usage": '
+                                  b'{"completion_tokens": -1}}',
+                                  b"[" * 100_000 + b"]" * 100_000],
+                         ids=["not-json", "no-choice", "content-a-number", "usage-negative", "deep"])
 def test_a_hostile_answer_is_one_line_and_no_record(tmp_path: Path, chat: ChatVllm,
                                                     capsys: pytest.CaptureFixture[str],
                                                     body: bytes) -> None:
@@ -188,6 +200,8 @@ def test_the_record_follows_the_command_line(tmp_path: Path, chat: ChatVllm) -> 
 
 
 def test_the_textfile_escapes_the_unit_label() -> None:
-    text = canary.textfile('u"x\\', canary.Streak(3, 1), 1.5e9, True).decode()
-    assert 'sparkspec_canary_mismatch_streak{unit="u\\"x\\\\"} 1\n' in text
-    assert "sparkspec_canary_last_check_timestamp_seconds" in text and "1500000000" in text
+    text = canary.textfile('u"x\\\n', canary.Streak(3, 1), 1.5e9, True).decode()
+    assert 'sparkspec_canary_mismatch_streak{unit="u\\"x\\\\\\n"} 1.0\n' in text
+    samples = {s.name: s for f in text_string_to_metric_families(text) for s in f.samples}
+    assert samples["sparkspec_canary_last_check_timestamp_seconds"].value == 1.5e9
+    assert samples["sparkspec_canary_streak_limit"].labels == {"unit": 'u"x\\\n'}

@@ -140,8 +140,8 @@ def test_deploy_defaults(facts: dict[str, Any]) -> None:
 def test_verify_answers_concurrency_falls_back_to_the_fact(facts: dict[str, Any]) -> None:
     """The verify role's fallback N (no knob, no --max-num-seqs on the unit) is PR #281's 8."""
     text = (ROOT / "roles/verify/tasks/main.yml").read_text()
-    fallback = re.search(r"if '--max-num-seqs' in \(_rec\.args \| default\(\[\]\)\)\[:-1\] "
-                         r"else (\d+)\) \}\}", text)
+    fallback = re.search(r"if '--max-num-seqs' in \(_rec\.args \| default\(\[\], true\)\)"
+                         r"\[:-1\] else (\d+)\) \}\}", text)
     assert fallback and int(fallback.group(1)) == facts["answers_concurrency"]
 
 

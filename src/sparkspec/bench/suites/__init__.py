@@ -101,11 +101,19 @@ def units(prompts: list[Prompt]) -> list[list[Prompt]]:
     answer before it), every other prompt alone."""
     out: list[list[Prompt]] = []
     for p in prompts:
-        if out and p.conversation is not None and out[-1][-1].conversation == p.conversation:
+        last = out[-1][-1] if out else None
+        # the same conversation, one turn further (a cycled suite starts it over: a new unit)
+        if last is not None and p.conversation is not None \
+                and last.conversation == p.conversation and len(p.messages) > len(last.messages):
             out[-1].append(p)
         else:
             out.append([p])
     return out
+
+
+def cycle(prompts: list[Prompt], n: int | None) -> list[Prompt]:
+    """``n`` requests from ``prompts`` in turn (each once when ``n`` is None)."""
+    return prompts if n is None else [prompts[i % len(prompts)] for i in range(n)]
 
 
 def load(name: str) -> list[Prompt]:

@@ -8,6 +8,8 @@ import re
 from typing import Any
 
 from jsonschema import Draft202012Validator, SchemaError, ValidationError
+from referencing import Registry
+from referencing.exceptions import Unresolvable
 
 from sparkspec.errors import UserError
 from sparkspec.jsonfile import expect, loads_bounded
@@ -18,6 +20,23 @@ MAX_TURNS = 512
 MAX_TOOLS = 128
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")   # OpenAI's rule for a function name
 FIX = "fix that line (docs/methods.md, \"Agent suites\")"
+NO_FETCH: Registry[Any] = Registry()   # a $ref resolves inside its schema or not at all
+
+
+def _remote_ref(node: Any) -> str | None:
+    """The first $ref / $dynamicRef that points outside its schema (a URL, a file), else None."""
+    stack = [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            for key, value in item.items():
+                if key in ("$ref", "$dynamicRef") and not (isinstance(value, str)
+                                                           and value.startswith("#")):
+                    return str(value)
+                stack.append(value)
+        elif isinstance(item, list):
+            stack.extend(item)
+    return None
 
 
 def tools_of(row: dict[str, Any], where: str) -> dict[str, dict[str, Any]]:
@@ -46,6 +65,10 @@ def tools_of(row: dict[str, Any], where: str) -> dict[str, dict[str, Any]]:
             at = "".join(f"[{p!r}]" for p in exc.absolute_path) or " (the top)"
             raise UserError(f"{here}.function.parameters is not valid JSON Schema: at{at} "
                             f"{exc.message[:160]}; {FIX}") from None
+        remote = _remote_ref(params)
+        if remote is not None:
+            raise UserError(f"{here}.function.parameters: $ref {remote[:80]!r} points outside the "
+                            f"schema; sparkspec fetches nothing: inline it under $defs; {FIX}")
         if params.get("type") != "object":
             raise UserError(f'{here}.function.parameters: a tool takes an object ("type": '
                             f'"object"); {FIX}')
@@ -74,7 +97,11 @@ def _calls(turn: dict[str, Any], here: str, tools: dict[str, dict[str, Any]]) ->
         raw = expect(fn, "arguments", str, at, FIX)
         try:
             arguments = loads_bounded(raw)
-            Draft202012Validator(tools[name]["function"]["parameters"]).validate(arguments)
+            Draft202012Validator(tools[name]["function"]["parameters"],
+                                 registry=NO_FETCH).validate(arguments)
+        except Unresolvable as exc:
+            raise UserError(f"{at}: {name}'s parameters hold a $ref that resolves nowhere "
+                            f"({str(exc)[:120]}); {FIX}") from None
         except ValueError as exc:
             raise UserError(f"{at}: arguments are not JSON ({exc}); {FIX}") from None
         except ValidationError as exc:

@@ -25,6 +25,7 @@ PREFIX = "sparkspec watchdog:"
 KEY_ENV = scrape.KEY_ENV
 MAX_METRICS = scrape.MAX_METRICS  # bytes of one /metrics read
 SHOW = "ActiveState,ActiveEnterTimestampMonotonic,InvocationID"
+SETTLE_READS, SETTLE_S = 10, 0.5   # /metrics reads until a canary answer's tokens are counted
 
 
 def say(text: str) -> None:
@@ -177,6 +178,11 @@ class Runner:
                       f"{cfg.interval_s:g} s")
             return None
         after = self._counters()
+        for _ in range(SETTLE_READS):   # vLLM's counters can lag its answer by a step
+            if after is None or after.generation - before.generation >= tokens:
+                break
+            time.sleep(SETTLE_S)
+            after = self._counters()
         # clean: nothing but the canary generated meanwhile, nothing runs now, and no deploy
         # began (its record may name a new start key)
         if after is None or after.generation - before.generation != tokens \

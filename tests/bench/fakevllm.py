@@ -362,6 +362,9 @@ def argv(command: str, fake: FakeVllm, work: Path, **flags: str | None) -> list[
                                           "--min-share": "1.0",
                                           "--method": "ngram", "--concurrency": "1",
                                           "--output": str(work / "out.json")},
+        "check answers": server | {"--known": str(work / "known.json"), "--concurrency": "2",
+                                   "--output": str(work / "out.json")},
+        "check needle": server | {"--tiers": "256", "--output": str(work / "out.json")},
         "report": {"--inputs": str(work / "result.json"), "--markdown": str(work / "out.md"),
                    "--plot": str(work / "out.png")},
         "model tiny": {"--out": str(work / "model"), "--seed": "0"},
@@ -378,6 +381,7 @@ def write_work(folder: Path) -> Path:
     ``folder``."""
     (folder / "suite.jsonl").write_text('{"id": "a", "prompt": "Say hi."}\n'
                                         '{"id": "b", "prompt": "Count."}\n')
+    (folder / "known.json").write_text('[{"prompt": "Say tok.", "expect": "tok"}]\n')
     key = folder / "key"
     key.write_text(KEY + "\n")
     key.chmod(0o600)

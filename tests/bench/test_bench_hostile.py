@@ -224,7 +224,8 @@ STREAMS = {
 }
 
 
-@pytest.mark.parametrize("command", ["bench", "check-output record", "check-output compare"])
+@pytest.mark.parametrize("command", ["bench", "check-output record", "check-output compare",
+                                     "check answers", "check needle"])
 @pytest.mark.parametrize("mode", list(STREAMS))
 def test_broken_stream_ends_the_run_in_one_line_and_writes_nothing(
         command: str, mode: str, fake: FakeVllm, work: Path) -> None:

@@ -173,7 +173,8 @@ def test_a_busy_server_is_not_asked_and_a_crowded_answer_not_counted(tmp_path: P
                                   b'{"choices": [{"message": {"content": "x"}}], "usage": '
                                   b'{"completion_tokens": -1}}',
                                   b"[" * 100_000 + b"]" * 100_000],
-                         ids=["not-json", "no-choice", "content-a-number", "usage-negative", "deep"])
+                         ids=["not-json", "no-choice", "content-a-number", "usage-negative",
+                              "deep"])
 def test_a_hostile_answer_is_one_line_and_no_record(tmp_path: Path, chat: ChatVllm,
                                                     capsys: pytest.CaptureFixture[str],
                                                     body: bytes) -> None:

@@ -1,11 +1,6 @@
-"""Hostile input against `bench`, `check-output record|compare` and `report`, in-process: flags,
-outputs, the server's answers and streams, the API key, and the stream parser under hypothesis.
-
-Every bad flag value is refused with one line ``sparkspec: error: ...`` and exit 2 before any
-request and before anything is written; a server whose stream is broken ends the run with one line
-naming the URL and exit 1, with no output file and no temp file left. The server is the fake vLLM of
-fakevllm.py. The files the commands read, and ``model tiny``, are in test_bench_hostile_files.py.
-"""
+"""Hostile input against `bench`, `check-output`, `check answers|needle` and `report`, in-process:
+flags, outputs, the server's answers and streams, the API key, and the stream parser under
+hypothesis; each refused in one line before anything is written (docs/design.md, "Module notes")."""
 
 from __future__ import annotations
 

@@ -3,18 +3,11 @@ answer checked against its pattern."""
 
 from __future__ import annotations
 
-import asyncio
 import re
 import time
 from typing import Any
 
-from sparkspec.bench.client import (
-    RequestOptions,
-    async_client,
-    preflight,
-    run_requests,
-    sync_client,
-)
+from sparkspec.bench import lossless
 from sparkspec.bench.metrics import clean
 from sparkspec.bench.suites import Prompt
 from sparkspec.errors import UserError
@@ -57,21 +50,16 @@ def check(url: str, model: str, known: list[tuple[str, re.Pattern[str]]], concur
     n = max(concurrency, len(known))
     prompts = [Prompt(f"known-{i % len(known) + 1}#{i // len(known) + 1}", "known", "known",
                       known[i % len(known)][0]) for i in range(n)]
-    opts = RequestOptions(model, max_tokens, 0.0)
-    with sync_client() as client:
-        preflight(client, url, model, api_key)
-
-    async def go() -> tuple[list[Any], float]:
-        async with async_client(concurrency, timeout) as aclient:
-            return await run_requests(aclient, url, prompts, opts, concurrency, api_key, timeout)
-
-    results, duration = asyncio.run(go())
+    start = time.perf_counter()
+    outputs = lossless.generate(url, model, prompts, max_tokens, api_key, concurrency,
+                                timeout=timeout)
+    duration = time.perf_counter() - start
     patterns = {p.id: known[i % len(known)][1] for i, p in enumerate(prompts)}
-    wrong = [{"id": r.prompt.id, "prompt": r.prompt.prompt, "expect": patterns[r.prompt.id].pattern,
-              "answer": clean(r.text)[:4096]}
-             for r in results if not patterns[r.prompt.id].search(r.text)]
+    wrong = [{"id": o["id"], "prompt": o["prompt"], "expect": patterns[o["id"]].pattern,
+              "answer": clean(o["text"])[:4096]}
+             for o in outputs if not patterns[o["id"]].search(o["text"])]
     return {"format": FORMAT, "check": "answers", "method": method, "model": model, "url": url,
-            "concurrency": concurrency, "total": len(results), "wrong": wrong,
+            "concurrency": concurrency, "total": len(outputs), "wrong": wrong,
             "duration": duration, "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
 

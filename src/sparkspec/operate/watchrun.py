@@ -101,13 +101,8 @@ class Runner:
     def step(self, now: float, wall: float) -> int | None:
         """One round at ``now`` (time.monotonic()) and ``wall`` (time.time()): the exit code when
         the watchdog stops (the cap), else None."""
-        lock = self._open_lock()
-        try:
-            # a deploy in progress? released at once: no read happens under the lock
-            free = lock.take()
-        finally:
-            lock.close()
-        if not free:
+        # a deploy in progress? released at once: no read happens under the lock
+        if not self._lock_free():
             self._deploying()
             return None
         unit = parse_show(self.systemctl(["show", self.unit, "-p", SHOW]))

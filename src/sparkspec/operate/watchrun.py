@@ -50,6 +50,8 @@ class Runner:
         self.canary_due = 0.0
         # a lock that cannot be made is one line now, not at the first restart
         self._open_lock().close()
+        if cfg.canary is not None:   # the canary's series exist from the start, streak 0
+            self._export(cfg.canary, time.time(), False)
 
     # --- the files --------------------------------------------------------------------------------
     def _open_lock(self) -> _Lock:

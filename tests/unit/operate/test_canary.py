@@ -112,6 +112,9 @@ def test_the_first_clean_answer_is_recorded_then_a_changed_one_alerts_and_restar
         tmp_path: Path, chat: ChatVllm, capsys: pytest.CaptureFixture[str]) -> None:
     ctl = FakeSystemctl(entered=0)
     runner = _runner(tmp_path, chat, ctl)
+    # its series exist from the start (a dashboard panel and the alert have them at once)
+    assert _gauge(tmp_path, "sparkspec_canary_mismatch_streak") == 0
+    assert _gauge(tmp_path, "sparkspec_canary_recorded") == 0
     assert runner.step(200, 1e9) is None
     records = list((tmp_path / "canary").glob("*.json"))
     assert len(records) == 1 and json.loads(records[0].read_text())["answer"] == "blue blue blue"

@@ -14,6 +14,7 @@ from typing import Any
 import ansible_runner
 import pytest
 
+from sparkspec.hub.dest import HF_DOWNLOADS, REVISION_FILE, state
 from sparkspec.hub.server import HubServer
 from tests.support.hubpublish import publish
 from tests.support.throttle import ThrottleProxy
@@ -244,15 +245,21 @@ def test_a_fetch_started_in_one_task_is_followed_in_a_later_one(tmp_path: Path,
 
 
 def test_a_stopped_fetch_ends_and_the_follow_says_so(tmp_path: Path, hub: tuple[str, Path]) -> None:
-    url, _ = hub
+    url, source = hub
     runner, events = split_play(tmp_path, fetch_argv(REPO, url, tmp_path / "dest"), stop=True)
     assert runner.rc != 0
     failed = [e["event_data"]["res"] for e in events if e.get("event") == "runner_on_failed"]
     # the fetch's own exit on SIGTERM (130), or the signal's (143) when it lands before Python set
     # its handler
     assert len(failed) == 1 and failed[0]["rc"] in (130, 143, -15), failed
-    weights = tmp_path / "dest" / "weights.bin"   # stopped half-way: no whole file
-    assert not weights.exists() or weights.stat().st_size < SIZE, weights.stat().st_size
+    # stopped before its end: nothing looks complete. huggingface_hub renames a file into place only
+    # once whole, so weights.bin is absent or exactly the source's (a loaded machine may finish it
+    # before the signal lands); the fetch records no completion and leaves no partial download
+    dest = tmp_path / "dest"
+    weights = dest / "weights.bin"
+    assert not weights.exists() or weights.read_bytes() == (source / "weights.bin").read_bytes()
+    assert not state(dest).get("complete") and not (dest / REVISION_FILE).exists(), state(dest)
+    assert not list(dest.joinpath(*HF_DOWNLOADS).rglob("*.incomplete"))
 
 
 def test_a_job_that_was_not_started_here_is_refused(tmp_path: Path, hub: tuple[str, Path]) -> None:

@@ -217,6 +217,7 @@ def test_first_start_is_measured_and_status_shows_it(provisioned, inventory, api
 @pytest.mark.slow
 def test_prometheus_serves_every_rule_and_panel(provisioned, api_key):
     traffic("sim-tiny", api_key, requests=6)
+    needle_figures(provisioned)
     monitoring.wait_for_scrape(expr=PER_POSITION, timeout=120)
     rules = monitoring.recording_rules()
     empty = [name for name in rules if not _data(name)]
@@ -249,6 +250,20 @@ def test_a_textfile_folder_the_prometheus_user_could_redirect_is_refused(provisi
     args = ssh(provisioned, "cat /etc/default/prometheus-node-exporter").stdout
     # as it was
     assert "--collector.textfile.directory=/var/lib/sparkspec-monitoring/textfile" in args
+
+
+def needle_figures(sim) -> None:
+    """The needle check at one tier on the served ngram (n-gram drafts from its filler, so it has
+    an acceptance), published as verify publishes it: the needle panels' series."""
+    tools = "/opt/sparkspec/venvs/tools/bin/sparkspec"
+    report = "/var/lib/sparkspec/verify/operate-needle.json"
+    checked = ssh(sim, f"sudo -u sparkspec {tools} check needle --url http://127.0.0.1:8000 "
+                       "--model sim-tiny --method ngram --tiers 1024 --expect any "
+                       f"--api-key-file /opt/sparkspec/api-key --output {report}", timeout=300)
+    assert checked.returncode == 0, checked.stderr[-2000:]
+    published = ssh(sim, f"{tools} check needle-metrics --report {report} --unit {UNIT} "
+                         "--method ngram --dir /var/lib/sparkspec-monitoring/textfile")
+    assert published.returncode == 0, published.stderr[-2000:]
 
 
 def _data(expr: str) -> bool:

@@ -1,8 +1,6 @@
 """Secrets on the simulated Spark: the vLLM API key, the hub token and pip's index credentials never
-reach a process's command line, a log, the journal, a report or a file other than the few 0600/0640
-files meant to hold them; teardown removes the key and token files.
-
-The tests run in file order and share the provisioned host (the session's one provision).
+reach a command line, a log, the journal, a report or a file other than the few 0600/0640 files
+meant to hold them; teardown removes the key and token files. In file order, on the one provision.
 """
 
 from __future__ import annotations
@@ -23,6 +21,8 @@ pytestmark = [pytest.mark.sim, pytest.mark.slow]
 PROBE = "/root/secret-probe"
 HOME = "/opt/sparkspec"
 ENV_FILE = "/etc/sparkspec/sparkspec-vllm.env"
+NEEDLE_FIGURES = ("/var/lib/sparkspec-monitoring/textfile/"     # verify's, for Prometheus
+                  "sparkspec-needle.sparkspec-vllm+baseline.prom")
 # Where each secret may be, and how that file must be protected: (mode, owner, group).
 ALLOWED = {
     ENV_FILE: ({"api_key"}, ("0o640", "root", "sparkspec")),
@@ -151,9 +151,12 @@ def _exists(sim, path: str) -> bool:
 
 def test_teardown_removes_the_key_and_token_files(provisioned, known):
     assert _exists(provisioned, f"{HOME}/api-key") and _exists(provisioned, f"{HOME}/hf-token")
+    # baseline's needle figures from the last verify (provision's, at the latest)
+    assert _exists(provisioned, NEEDLE_FIGURES)
     kept = run_cli(f"{BIN}/invoke", "teardown", "--host", "sim01", "--keep-token", timeout=600)
     assert kept.returncode == 0, kept.stdout[-3000:] + kept.stderr
     assert not _exists(provisioned, f"{HOME}/api-key") and not _exists(provisioned, ENV_FILE)
+    assert not _exists(provisioned, NEEDLE_FIGURES)
     assert _exists(provisioned, f"{HOME}/hf-token"), "--keep-token removed the token"
     gone = run_cli(f"{BIN}/invoke", "teardown", "--host", "sim01", timeout=600)
     assert gone.returncode == 0, gone.stdout[-3000:] + gone.stderr

@@ -1,12 +1,17 @@
 """Needle check: a fact placed at several depths of a long filler context, at each declared context
-tier; every answer checked for the fact, with tok/s and acceptance measured per tier."""
+tier; every answer checked for the fact, with tok/s and acceptance measured per tier, and those
+figures for the node exporter's textfile collector."""
 
 from __future__ import annotations
 
 import asyncio
+import datetime
+import re
 import time
 import uuid
 from typing import Any
+
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
 from sparkspec.bench import metrics
 from sparkspec.bench.client import (
@@ -22,7 +27,8 @@ from sparkspec.bench.client import (
 from sparkspec.bench.metrics import clean
 from sparkspec.bench.suites import Prompt
 from sparkspec.errors import RunFailure, UserError
-from sparkspec.registry.data import NEEDLE_ANSWER_TOKENS, NEEDLE_MAX_TIERS, NEEDLE_MIN_TIER
+from sparkspec.jsonfile import expect, read_json
+from sparkspec.registry.data import NAMES, NEEDLE_ANSWER_TOKENS, NEEDLE_MAX_TIERS, NEEDLE_MIN_TIER
 
 FORMAT = "sparkspec-check-needle/1"
 DEPTHS = (0.1, 0.5, 0.9)
@@ -156,3 +162,89 @@ def verdict(report: dict[str, Any], expect_found: bool) -> tuple[bool, str]:
 
 def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
+
+
+# --- the figures for Prometheus ------------------------------------------------------------------
+# a unit and a method label in a file name root writes: the unit as the contract names it, the
+# method as verify labels it (the method, then '+lever' each); the unit holds no '+', the name
+# splits at its first
+_UNIT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@-]{0,127}")
+_METHOD = re.compile(rf"{NAMES['method'][0]}(?:\+{NAMES['lever'][0]}){{0,16}}")
+_GAUGES = (
+    ("found_ratio", "Share of the needle check's depths whose answer held the fact, per tier."),
+    ("tokens_per_second", "Mean per-request output tok/s of the needle check, per tier."),
+    ("ttft_seconds", "Mean time to first token of the needle check, per tier."),
+    ("acceptance_ratio", "Draft acceptance (0-1) during the needle check, per tier (speculative "
+                         "methods)."),
+)
+
+
+def textfile_name(unit: str, method: str) -> str:
+    """The file a method's needle figures go to in the textfile folder (one per unit and method)."""
+    if not _UNIT.fullmatch(unit):
+        raise UserError(f"--unit {unit!r:.60} is not a unit name (letters, digits, '_.@-'); give "
+                        "the served unit, e.g. sparkspec-vllm")
+    if not _METHOD.fullmatch(method):
+        raise UserError(f"--method {method!r:.60} is not a method label (ngram, mtp+int8_lm_head); "
+                        "give the one the report was measured with")
+    return f"sparkspec-needle.{unit}+{method}.prom"
+
+
+def _number(doc: dict[str, Any], key: str, where: str, fix: str) -> float | None:
+    value = expect(doc, key, (int, float, type(None)), where, fix, required=False)
+    return None if value is None else float(value)
+
+
+def load_report(path: str, method: str) -> dict[str, Any]:
+    """A needle report written by ``--output``, checked to be one (measured with ``method``) whose
+    figures are numbers: it may come from another user."""
+    fix = "re-run sparkspec check needle --output"
+    doc: dict[str, Any] = read_json(path, "no needle report here; " + fix, fix)
+    if expect(doc, "format", str, path, fix) != FORMAT:
+        raise UserError(f"{path}: is not a needle report ({FORMAT}); {fix}")
+    if expect(doc, "method", (str, type(None)), path, fix) != method:
+        raise UserError(f"{path}: was measured with --method {doc['method']!r:.60}, not "
+                        f"{method!r}; publish it under its own method")
+    expect(doc, "model", str, path, fix)
+    try:
+        datetime.datetime.strptime(expect(doc, "date", str, path, fix), "%Y-%m-%dT%H:%M:%S%z")
+    except ValueError:
+        raise UserError(f"{path}: 'date' is not a time (%Y-%m-%dT%H:%M:%S%z); {fix}") from None
+    tiers = expect(doc, "tiers", list, path, fix)
+    if not 1 <= len(tiers) <= NEEDLE_MAX_TIERS:
+        raise UserError(f"{path}: holds {len(tiers)} tiers, not 1 to {NEEDLE_MAX_TIERS}; {fix}")
+    for i, tier in enumerate(tiers):
+        where = f"{path}: tiers[{i}]"
+        if expect(tier, "tier", int, where, fix) < NEEDLE_MIN_TIER:
+            raise UserError(f"{where}: 'tier' is below {NEEDLE_MIN_TIER} tokens; {fix}")
+        answers = expect(tier, "answers", list, where, fix)
+        if not answers:
+            raise UserError(f"{where}: has no answers; {fix}")
+        for a in answers:
+            expect(a, "found", bool, f"{where}.answers", fix)
+        for key in ("per_request_tok_s_mean", "mean_ttft_ms", "spec_decode_acceptance_rate"):
+            _number(tier, key, where, fix)
+    return doc
+
+
+def textfile(report: dict[str, Any], unit: str) -> bytes:
+    """A checked report's per-tier figures as gauges (labels unit, method, model, tier) and when it
+    ran, in the Prometheus text format; a figure the run did not have is left out."""
+    registry = CollectorRegistry()
+    labels = ["unit", "method", "model", "tier"]
+    gauges = {name: Gauge(f"sparkspec_needle_{name}", doc, labels, registry=registry)
+              for name, doc in _GAUGES}
+    base = {"unit": unit, "method": report["method"], "model": report["model"]}
+    for t in report["tiers"]:
+        found = sum(a["found"] for a in t["answers"]) / len(t["answers"])
+        tok_s, ttft_ms, rate = (t.get(k) for k in ("per_request_tok_s_mean", "mean_ttft_ms",
+                                                   "spec_decode_acceptance_rate"))
+        for name, value in (("found_ratio", found), ("tokens_per_second", tok_s),
+                            ("ttft_seconds", None if ttft_ms is None else ttft_ms / 1000),
+                            ("acceptance_ratio", None if rate is None else rate / 100)):
+            if value is not None:
+                gauges[name].labels(**base, tier=str(t["tier"])).set(value)
+    when = datetime.datetime.strptime(report["date"], "%Y-%m-%dT%H:%M:%S%z").timestamp()
+    Gauge("sparkspec_needle_checked_timestamp_seconds", "When the needle check ran (Unix time).",
+          labels[:3], registry=registry).labels(**base).set(when)
+    return generate_latest(registry)

@@ -1,14 +1,17 @@
-"""``sparkspec check answers`` (known answers under concurrency) and ``sparkspec check needle``
-(a fact at several depths of each context tier)."""
+"""``sparkspec check answers`` (known answers under concurrency), ``sparkspec check needle`` (a
+fact at several depths of each context tier) and ``check needle-metrics`` (its figures for
+Prometheus)."""
 
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable
 from typing import Any
 
 from sparkspec.argtypes import number
 from sparkspec.bench.client import MAX_TOKENS
+from sparkspec.cli.common import emit_json
 from sparkspec.errors import UserError
 from sparkspec.registry.data import NEEDLE_ANSWER_TOKENS
 
@@ -55,6 +58,27 @@ def run(args: argparse.Namespace, key: str | None) -> tuple[dict[str, Any], bool
     return report, ok, summary, {"tiers": [t["tier"] for t in report["tiers"]]}
 
 
+def _metrics(args: argparse.Namespace) -> int:
+    """Write a needle report's figures into the textfile folder (run as root by verify)."""
+    from sparkspec import outputs
+    from sparkspec.bench import needle
+
+    name = needle.textfile_name(args.unit, args.method)
+    if not os.path.isabs(args.dir) or os.path.islink(args.dir) or not os.path.isdir(args.dir):
+        raise UserError(f"--dir {args.dir!r:.80} is not an absolute path to a folder (a link is "
+                        "refused); give the node exporter's textfile folder")
+    body = needle.textfile(needle.load_report(args.report, args.method), args.unit)
+    target = os.path.join(args.dir, name)
+    try:
+        outputs.write_atomic(target, body, mode=0o644, flag="--dir")
+    except OSError as exc:
+        raise UserError(f"{target}: cannot write ({exc.strerror}); check --dir") from None
+    print(f"needle figures for {args.unit} ({args.method}): {target}")
+    if args.json:
+        emit_json({"changed": True, "path": target})
+    return 0
+
+
 def register(checks_sub: argparse._SubParsersAction,  # type: ignore[type-arg]
              add_server_args: Callable[[argparse.ArgumentParser], None],
              handler: Callable[[argparse.Namespace], int]) -> None:
@@ -81,3 +105,13 @@ def register(checks_sub: argparse._SubParsersAction,  # type: ignore[type-arg]
                     help=f"max output tokens per answer (default {NEEDLE_ANSWER_TOKENS})")
     nd.add_argument("--output", help="report JSON to write")
     nd.set_defaults(func=handler)
+    nm = checks_sub.add_parser("needle-metrics", help="a needle report's figures per tier as "
+                               "gauges in the node exporter's textfile folder")
+    nm.add_argument("--report", required=True, help="the needle check's --output")
+    nm.add_argument("--unit", required=True, help="the served unit (a label and the file name)")
+    nm.add_argument("--method", required=True,
+                    help="the method label the report was measured with (ngram+int8_lm_head)")
+    nm.add_argument("--dir", required=True,
+                    help="the textfile folder (writes sparkspec-needle.UNIT+METHOD.prom)")
+    nm.add_argument("--json", action="store_true", help="print a final JSON line")
+    nm.set_defaults(func=_metrics)

@@ -219,7 +219,8 @@ def test_host_cli_lists_the_host_commands_and_no_generator() -> None:
         "checkpoint check-head", "checkpoint digest",
         "fetch repo", "fetch fp8-subset", "fetch batch", "fetch plan", "hub serve",
         "bench", "check-output record", "check-output compare", "check prefix-cache",
-        "check tool-call", "check answers", "check needle", "cluster supervise", "memfit guard",
+        "check tool-call", "check answers", "check needle", "check needle-metrics",
+        "cluster supervise", "memfit guard",
         "memfit measure", "memfit show",
         "memfit forget", "watchdog", "startup"}
 

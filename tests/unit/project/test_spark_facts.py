@@ -134,7 +134,9 @@ def test_deploy_defaults(facts: dict[str, Any]) -> None:
         d["deploy_watchdog_interval_s"]
     assert d["deploy_watchdog_canary_streak"] == facts["canary_streak"]
     assert d["deploy_watchdog_textfile_dir"] == facts["textfile_dir"] == \
-        _yaml("roles/monitoring/defaults/main.yml")["monitoring_textfile_dir"]
+        _yaml("roles/monitoring/defaults/main.yml")["monitoring_textfile_dir"] == \
+        _yaml("roles/verify/defaults/main.yml")["verify_textfile_dir"] == \
+        _yaml("playbooks/teardown.yml")[0]["vars"]["teardown_textfile_dir"]
 
 
 def test_verify_answers_concurrency_falls_back_to_the_fact(facts: dict[str, Any]) -> None:

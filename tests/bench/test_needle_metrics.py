@@ -84,7 +84,7 @@ def test_each_tier_becomes_gauges_with_the_reports_figures(report: Path, textfil
     # the fake serves no speculative decoding: no acceptance, rather than a made-up 0
     assert "sparkspec_needle_acceptance_ratio" not in got
     (when,) = got["sparkspec_needle_checked_timestamp_seconds"].values()
-    assert when == datetime.datetime.strptime(doc["date"], "%Y-%m-%dT%H:%M:%S%z").timestamp()
+    assert when == datetime.datetime.strptime(doc["date"], needle.DATE).timestamp()
 
 
 def test_acceptance_is_a_ratio_per_tier() -> None:
@@ -153,3 +153,16 @@ def test_a_folder_that_is_a_link_or_missing_is_refused(report: Path, textfiles: 
         out = refused_untouched(publish(report, folder), [tmp_path])
         assert "is not an absolute path to a folder (a link is refused)" in out.stderr
     assert not (tmp_path / "missing").exists() and os.listdir(textfiles) == []
+
+
+def test_a_report_that_is_a_link_or_the_output_is_refused(report: Path, textfiles: Path,
+                                                          tmp_path: Path) -> None:
+    """root would read through another user's link, or overwrite the report it reads."""
+    link = tmp_path / "link.json"
+    link.symlink_to(report)
+    out = refused_untouched(publish(link, textfiles), [tmp_path])
+    assert "is a symbolic link; give the report itself" in out.stderr
+    same = textfiles / f"sparkspec-needle.{UNIT}+ngram.prom"
+    same.write_bytes(report.read_bytes())
+    out = refused_untouched(publish(same, textfiles), [tmp_path])
+    assert f"is the input --report {same}" in out.stderr

@@ -31,6 +31,7 @@ from sparkspec.jsonfile import expect, read_json
 from sparkspec.registry.data import NAMES, NEEDLE_ANSWER_TOKENS, NEEDLE_MAX_TIERS, NEEDLE_MIN_TIER
 
 FORMAT = "sparkspec-check-needle/1"
+DATE = "%Y-%m-%dT%H:%M:%S%z"   # the report's date, as every sparkspec report writes it
 DEPTHS = (0.1, 0.5, 0.9)
 MIN_REACHED = 0.8   # a tier's prompt must reach this share of its tokens (else it was not tested)
 PROBE_LINES = 20
@@ -132,7 +133,7 @@ def check(url: str, model: str, tiers: list[int], max_tokens: int = NEEDLE_ANSWE
                         "mean_ttft_ms": figures["mean_ttft_ms"],
                         **metrics.spec_decode_figures(metrics.delta(before, after))})
     return {"format": FORMAT, "check": "needle", "method": method, "model": model, "url": url,
-            "max_tokens": max_tokens, "tiers": out, "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+            "max_tokens": max_tokens, "tiers": out, "date": time.strftime(DATE)}
 
 
 def verdict(report: dict[str, Any], expect_found: bool) -> tuple[bool, str]:
@@ -207,9 +208,9 @@ def load_report(path: str, method: str) -> dict[str, Any]:
                         f"{method!r}; publish it under its own method")
     expect(doc, "model", str, path, fix)
     try:
-        datetime.datetime.strptime(expect(doc, "date", str, path, fix), "%Y-%m-%dT%H:%M:%S%z")
+        datetime.datetime.strptime(expect(doc, "date", str, path, fix), DATE)
     except ValueError:
-        raise UserError(f"{path}: 'date' is not a time (%Y-%m-%dT%H:%M:%S%z); {fix}") from None
+        raise UserError(f"{path}: 'date' is not a time ({DATE}); {fix}") from None
     tiers = expect(doc, "tiers", list, path, fix)
     if not 1 <= len(tiers) <= NEEDLE_MAX_TIERS:
         raise UserError(f"{path}: holds {len(tiers)} tiers, not 1 to {NEEDLE_MAX_TIERS}; {fix}")
@@ -244,7 +245,7 @@ def textfile(report: dict[str, Any], unit: str) -> bytes:
                             ("acceptance_ratio", None if rate is None else rate / 100)):
             if value is not None:
                 gauges[name].labels(**base, tier=str(t["tier"])).set(value)
-    when = datetime.datetime.strptime(report["date"], "%Y-%m-%dT%H:%M:%S%z").timestamp()
+    when = datetime.datetime.strptime(report["date"], DATE).timestamp()
     Gauge("sparkspec_needle_checked_timestamp_seconds", "When the needle check ran (Unix time).",
           labels[:3], registry=registry).labels(**base).set(when)
     return generate_latest(registry)

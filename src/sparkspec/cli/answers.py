@@ -67,8 +67,12 @@ def _metrics(args: argparse.Namespace) -> int:
     if not os.path.isabs(args.dir) or os.path.islink(args.dir) or not os.path.isdir(args.dir):
         raise UserError(f"--dir {args.dir!r:.80} is not an absolute path to a folder (a link is "
                         "refused); give the node exporter's textfile folder")
-    body = needle.textfile(needle.load_report(args.report, args.method), args.unit)
     target = os.path.join(args.dir, name)
+    # root reads a file another user wrote: not through a link they planted, never the output itself
+    if os.path.islink(args.report):
+        raise UserError(f"--report {args.report!r:.80} is a symbolic link; give the report itself")
+    outputs.check_disjoint(target, {"--report": args.report}, "--dir")
+    body = needle.textfile(needle.load_report(args.report, args.method), args.unit)
     try:
         outputs.write_atomic(target, body, mode=0o644, flag="--dir")
     except OSError as exc:
